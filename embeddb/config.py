@@ -1,0 +1,1131 @@
+"""Embedding configuration: tables, features, feature groups and optimizers, read from YAML.
+
+embeddb reads PERSIA's ``embedding_config.yaml`` as-is (``feature_index_prefix_bit``,
+``slots_config``, ``feature_groups``) and adds optional keys of its own (``seed``, ``defaults``,
+``tables``, ``store`` and a ``table`` key per slot). A worked example::
+
+    feature_index_prefix_bit: 8      # top 8 bits of every table id hold the feature group index
+    seed: 0                          # embeddb: initializer seed of every table unless overridden
+    slots_config:                    # the features (PERSIA calls them slots)
+      user_id: {dim: 16}
+      user_city: {dim: 16}
+      item_id:
+        dim: 16
+        hash_stack_config: {hash_stack_rounds: 2, embedding_size: 100000}
+      item_tag: {dim: 16, table: item_tags}   # embeddb: read an explicitly named table
+    feature_groups:
+      user: [user_id, user_city]
+    defaults:                        # embeddb: settings of every table ...
+      optimizer: {type: adagrad, lr: 0.01}
+      capacity: 1000000
+    tables:                          # embeddb: ... overridden per table, plus standalone tables
+      user: {capacity: 200000, optimizer: {type: adam, lr: 0.001}}
+      item_tags: {initializer: {type: zeros}}
+      bias: {dim: 1}                 # a table no feature reads needs its own dim
+    store: {stripes: 4, eviction_chunk: 0.015625}
+
+It yields these features and tables::
+
+    feature    group     group_index  table      dim  FeatureConfig.encode(ids) of n ids
+    user_id    user      0            user       16   shape (n,):   prefix 0 | low 56 bits of id
+    user_city  user      0            user       16   shape (n,):   prefix 0 | low 56 bits of id
+    item_id    item_id   1            item_id    16   shape (n, 2): prefix 1 | hash-stack bucket
+    item_tag   item_tag  2            item_tags  16   shape (n,):   prefix 2 | low 56 bits of id
+    -          -         -            bias        1
+
+    table      optimizer                      capacity  initializer
+    user       adam lr=0.001 (eps 1e-8)       200000    uniform [-0.01, 0.01]
+    item_id    adagrad lr=0.01                1000000   uniform [-0.01, 0.01]
+    item_tags  adagrad lr=0.01                1000000   zeros
+    bias       adagrad lr=0.01                1000000   uniform [-0.01, 0.01]
+
+How features map to groups and tables:
+
+* **Groups.** Each ``feature_groups`` entry is a group; each feature not in any group forms its own
+  group named after itself. Groups are numbered in file order: the ``feature_groups`` entries
+  first, then the ungrouped features in ``slots_config`` order. With ``feature_index_prefix_bit``
+  ``b > 0`` the group index goes into the top ``b`` bits of every id, so at most ``2**b`` groups
+  fit; ``b == 0`` disables prefixing (all groups share one id space).
+* **Tables.** All features of a group read one table named after the group (so they need equal
+  ``dim``); an ungrouped feature reads a table named after itself; a slot's ``table:`` key
+  overrides either. Features sharing a table need equal ``dim`` and equal hash-stack settings.
+* **Table settings.** Every table starts from ``defaults`` and then applies its ``tables:`` entry.
+  An ``optimizer:`` (or ``initializer:``) section is merged key by key over the default one when
+  it keeps the same ``type`` (or gives none), and replaces it when it names another type; Adam's
+  ``eps`` then defaults to 1e-8. A table's ``seed`` defaults to the top-level ``seed``.
+
+Every invalid value raises :class:`~embeddb.errors.ConfigError` whose key is the dotted path of
+the offending YAML key, e.g. ``slots_config.age.dim``. The dataclasses validate themselves on
+construction too, so configs built in code are checked by the same rules.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import difflib
+import enum
+import math
+import numbers
+import os
+import re
+import types
+from collections.abc import Collection, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import numpy as np
+import numpy.typing as npt
+import yaml
+
+from embeddb.errors import ConfigError, TableNotFoundError
+from embeddb.routing import as_ids, hash_stack, with_group_prefix
+
+__all__ = [
+    "EmbeddingConfig",
+    "FeatureConfig",
+    "InitializerConfig",
+    "InitializerKind",
+    "OptimizerConfig",
+    "OptimizerKind",
+    "StoreConfig",
+    "TableConfig",
+]
+
+_KindT = TypeVar("_KindT", bound=enum.Enum)
+
+_NAME_RE = re.compile(r"[A-Za-z0-9_.-]+")
+_MAX_PREFIX_BITS = 32
+_MAX_STRIPES = 64
+# routing.hash_stack multiplies 32-bit hashes by the bucket count in uint64 arithmetic.
+_MAX_HASH_STACK_SIZE = 1 << 32
+_ADAM_DEFAULT_EPS = 1e-8
+_TEMPLATE_TABLE = "defaults"  # name of the placeholder table that holds the parsed `defaults:`
+
+# PERSIA's docs and its versions spell the features section three ways; the first is canonical.
+_SLOTS_KEYS = ("slots_config", "slot_configs", "slot_config")
+_TOP_KEYS = frozenset(
+    {
+        *_SLOTS_KEYS,
+        "feature_index_prefix_bit",
+        "feature_groups",
+        "seed",
+        "defaults",
+        "tables",
+        "store",
+    }
+)
+_SLOT_KEYS = frozenset(
+    {
+        "dim",
+        "embedding_summation",
+        "sqrt_scaling",
+        "sample_fixed_size",
+        "hash_stack_config",
+        "table",
+    }
+)
+_SLOT_SETTINGS = ("embedding_summation", "sqrt_scaling", "sample_fixed_size")
+_HASH_STACK_KEYS = frozenset({"hash_stack_rounds", "embedding_size"})
+_TABLE_SETTINGS = ("admit_probability", "weight_bound", "capacity")
+_DEFAULTS_KEYS = frozenset({"optimizer", "initializer", *_TABLE_SETTINGS})
+_TABLE_KEYS = _DEFAULTS_KEYS | {"dim", "seed"}
+_STORE_KEYS = frozenset({"stripes", "eviction_chunk"})
+_FEATURE_KEY_ALIASES = types.MappingProxyType(
+    {
+        "hash_stack_rounds": "hash_stack_config.hash_stack_rounds",
+        "hash_stack_size": "hash_stack_config.embedding_size",
+    }
+)
+_KIND_KEY_ALIASES = types.MappingProxyType({"kind": "type"})
+
+
+# --------------------------------------------------------------------------------------------
+# Field validators: each checks one value, returns it normalised, or raises ConfigError(key, ...)
+# --------------------------------------------------------------------------------------------
+
+
+def _describe(value: object) -> str:
+    return f"{type(value).__name__} {value!r}"
+
+
+def _did_you_mean(word: str, choices: Collection[str]) -> str:
+    close = difflib.get_close_matches(word, sorted(choices), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _as_int(value: object, key: str, *, minimum: int, maximum: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ConfigError(key, f"must be an integer, got {_describe(value)}")
+    number = int(value)
+    if number < minimum or (maximum is not None and number > maximum):
+        bounds = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
+        raise ConfigError(key, f"must be an integer {bounds}, got {number}")
+    return number
+
+
+def _interval(low: float | None, high: float | None, low_open: bool, high_open: bool) -> str:
+    if low is not None and high is not None:
+        return f" in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+    if low is not None:
+        return f" {'>' if low_open else '>='} {low:g}"
+    if high is not None:
+        return f" {'<' if high_open else '<='} {high:g}"
+    return ""
+
+
+def _as_float(
+    value: object,
+    key: str,
+    *,
+    low: float | None = None,
+    high: float | None = None,
+    low_open: bool = False,
+    high_open: bool = False,
+) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ConfigError(key, f"must be a number, got {_describe(value)}")
+    number = float(value)
+    too_low = low is not None and (number <= low if low_open else number < low)
+    too_high = high is not None and (number >= high if high_open else number > high)
+    if not math.isfinite(number) or too_low or too_high:
+        bounds = _interval(low, high, low_open, high_open)
+        raise ConfigError(key, f"must be a finite number{bounds}, got {number!r}")
+    return number
+
+
+def _as_bool(value: object, key: str) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(key, f"must be true or false, got {_describe(value)}")
+    return value
+
+
+def _as_name(value: object, key: str, what: str) -> str:
+    if not isinstance(value, str) or not _NAME_RE.fullmatch(value) or value in {".", ".."}:
+        raise ConfigError(
+            key,
+            f"{what} must be a non-empty string of letters, digits, '_', '.' and '-' "
+            f"(not '.' or '..'), got {value!r}",
+        )
+    return value
+
+
+def _as_kind(kind_type: type[_KindT], value: object, key: str, what: str) -> _KindT:
+    if isinstance(value, kind_type):
+        return value
+    choices = [str(member.value) for member in kind_type]
+    if isinstance(value, str):
+        with contextlib.suppress(ValueError):
+            return kind_type(value)
+    hint = _did_you_mean(str(value), choices)
+    raise ConfigError(key, f"unknown {what} {value!r}{hint}; expected one of: {', '.join(choices)}")
+
+
+def _set(obj: object, name: str, value: object) -> None:
+    """Store a normalised value on a frozen dataclass during ``__post_init__``."""
+    object.__setattr__(obj, name, value)
+
+
+# --------------------------------------------------------------------------------------------
+# Public configuration types
+# --------------------------------------------------------------------------------------------
+
+
+class OptimizerKind(str, enum.Enum):
+    """Server-side optimizer of a table (YAML ``optimizer.type``)."""
+
+    SGD = "sgd"
+    ADAGRAD = "adagrad"
+    ADAM = "adam"
+
+
+class InitializerKind(str, enum.Enum):
+    """How a table fills the vector of a row on first access (YAML ``initializer.type``)."""
+
+    UNIFORM = "uniform"
+    NORMAL = "normal"
+    ZEROS = "zeros"
+
+
+# The parameters each kind takes; YAML keys of other kinds are rejected.
+_OPTIMIZER_PARAMS: Mapping[OptimizerKind, tuple[str, ...]] = types.MappingProxyType(
+    {
+        OptimizerKind.SGD: ("lr", "weight_decay"),
+        OptimizerKind.ADAGRAD: (
+            "lr",
+            "weight_decay",
+            "initial_accumulator",
+            "eps",
+            "vectorwise_shared",
+        ),
+        OptimizerKind.ADAM: ("lr", "weight_decay", "beta1", "beta2", "eps"),
+    }
+)
+_INITIALIZER_PARAMS: Mapping[InitializerKind, tuple[str, ...]] = types.MappingProxyType(
+    {
+        InitializerKind.UNIFORM: ("low", "high"),
+        InitializerKind.NORMAL: ("mean", "std"),
+        InitializerKind.ZEROS: (),
+    }
+)
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    """Server-side optimizer of one table.
+
+    Every field is validated on construction whatever the kind; fields another kind uses keep
+    their defaults and are ignored.
+
+    Attributes:
+        kind: sgd, adagrad or adam (a plain string such as ``"adam"`` is converted).
+        lr: learning rate, > 0.
+        weight_decay: L2 coefficient added to the gradient, >= 0.
+        initial_accumulator: Adagrad's starting accumulator value, >= 0 (PERSIA's 1e-2).
+        eps: added to the denominator, > 0. The YAML parser uses 1e-8 for Adam when not given.
+        vectorwise_shared: Adagrad keeps one accumulator per row instead of one per float.
+        beta1: Adam's first-moment decay, in [0, 1).
+        beta2: Adam's second-moment decay, in [0, 1).
+    """
+
+    kind: OptimizerKind = OptimizerKind.ADAGRAD
+    lr: float = 0.01
+    weight_decay: float = 0.0
+    initial_accumulator: float = 0.01
+    eps: float = 1e-10
+    vectorwise_shared: bool = False
+    beta1: float = 0.9
+    beta2: float = 0.999
+
+    def __post_init__(self) -> None:
+        _set(self, "kind", _as_kind(OptimizerKind, self.kind, "kind", "optimizer type"))
+        _set(self, "lr", _as_float(self.lr, "lr", low=0.0, low_open=True))
+        _set(self, "weight_decay", _as_float(self.weight_decay, "weight_decay", low=0.0))
+        _set(
+            self,
+            "initial_accumulator",
+            _as_float(self.initial_accumulator, "initial_accumulator", low=0.0),
+        )
+        _set(self, "eps", _as_float(self.eps, "eps", low=0.0, low_open=True))
+        _set(self, "vectorwise_shared", _as_bool(self.vectorwise_shared, "vectorwise_shared"))
+        for name in ("beta1", "beta2"):
+            beta = _as_float(getattr(self, name), name, low=0.0, high=1.0, high_open=True)
+            _set(self, name, beta)
+
+    def state_dim(self, dim: int) -> int:
+        """Return how many floats of optimizer state a row of ``dim`` floats carries.
+
+        Args:
+            dim: the table's vector width.
+
+        Returns:
+            0 for SGD; ``dim`` for Adagrad (1 when ``vectorwise_shared``); ``2 * dim + 1`` for
+            Adam (first moment, second moment, step count).
+        """
+        if self.kind is OptimizerKind.SGD:
+            return 0
+        if self.kind is OptimizerKind.ADAGRAD:
+            return 1 if self.vectorwise_shared else dim
+        return 2 * dim + 1
+
+
+@dataclass(frozen=True)
+class InitializerConfig:
+    """How a table initialises the vector of a row it has never seen.
+
+    Attributes:
+        kind: uniform, normal or zeros (a plain string is converted).
+        low: uniform lower bound; must be < ``high``.
+        high: uniform upper bound.
+        mean: normal mean.
+        std: normal standard deviation, > 0.
+    """
+
+    kind: InitializerKind = InitializerKind.UNIFORM
+    low: float = -0.01
+    high: float = 0.01
+    mean: float = 0.0
+    std: float = 0.01
+
+    def __post_init__(self) -> None:
+        _set(self, "kind", _as_kind(InitializerKind, self.kind, "kind", "initializer type"))
+        for name in ("low", "high", "mean"):
+            _set(self, name, _as_float(getattr(self, name), name))
+        _set(self, "std", _as_float(self.std, "std", low=0.0, low_open=True))
+        if self.low >= self.high:
+            raise ConfigError("low", f"must be less than high ({self.high!r}), got {self.low!r}")
+
+
+@dataclass(frozen=True)
+class TableConfig:
+    """One embedding table: its width, optimizer, initializer and RAM-tier budget.
+
+    A row of the table stores ``row_width`` float32 values, the vector first::
+
+        dim=4, adagrad (state_dim 4):  [ v0 v1 v2 v3 | a0 a1 a2 a3 ]   row_width 8
+        dim=4, adam    (state_dim 9):  [ v0 v1 v2 v3 | m0..m3 | s0..s3 | step ]   row_width 13
+
+    Attributes:
+        name: table name, a non-empty string of ``[A-Za-z0-9_.-]``.
+        dim: vector width, > 0.
+        optimizer: the table's server-side optimizer.
+        initializer: how new rows are initialised.
+        admit_probability: probability that an unseen id gets a row on its first update, in
+            (0, 1]; 1 admits every id.
+        weight_bound: when set (> 0), every vector element is clamped to
+            ``[-weight_bound, weight_bound]`` after each update.
+        capacity: RAM-tier rows per shard for this table, > 0.
+        seed: initializer seed, >= 0.
+    """
+
+    name: str
+    dim: int
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    initializer: InitializerConfig = field(default_factory=InitializerConfig)
+    admit_probability: float = 1.0
+    weight_bound: float | None = None
+    capacity: int = 1_000_000
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        _as_name(self.name, "name", "table name")
+        _set(self, "dim", _as_int(self.dim, "dim", minimum=1))
+        if not isinstance(self.optimizer, OptimizerConfig):
+            raise ConfigError(
+                "optimizer", f"must be an OptimizerConfig, got {_describe(self.optimizer)}"
+            )
+        if not isinstance(self.initializer, InitializerConfig):
+            raise ConfigError(
+                "initializer", f"must be an InitializerConfig, got {_describe(self.initializer)}"
+            )
+        _set(
+            self,
+            "admit_probability",
+            _as_float(
+                self.admit_probability, "admit_probability", low=0.0, high=1.0, low_open=True
+            ),
+        )
+        if self.weight_bound is not None:
+            bound = _as_float(self.weight_bound, "weight_bound", low=0.0, low_open=True)
+            _set(self, "weight_bound", bound)
+        _set(self, "capacity", _as_int(self.capacity, "capacity", minimum=1))
+        _set(self, "seed", _as_int(self.seed, "seed", minimum=0))
+
+    @property
+    def state_dim(self) -> int:
+        """Floats of optimizer state per row."""
+        return self.optimizer.state_dim(self.dim)
+
+    @property
+    def row_width(self) -> int:
+        """Floats per row: ``dim`` vector floats followed by ``state_dim`` state floats."""
+        return self.dim + self.state_dim
+
+
+@dataclass(frozen=True)
+class FeatureConfig:
+    """One input feature (a PERSIA slot): which table it reads and how its ids are encoded.
+
+    Attributes:
+        name: feature name, a non-empty string of ``[A-Za-z0-9_.-]``.
+        table: the table the feature reads.
+        dim: vector width; equals the table's ``dim``.
+        group: the feature group; an ungrouped feature's group is named after the feature.
+        group_index: index of the group, stored in the top ``prefix_bits`` bits of its ids.
+        embedding_summation: the trainer sums the vectors of one sample (PERSIA's default).
+        sqrt_scaling: the trainer scales the sum by ``1 / sqrt(count)``.
+        sample_fixed_size: ids per sample kept when not summing, > 0.
+        hash_stack_rounds: hash-stack rounds, >= 0; 0 disables the hash stack.
+        hash_stack_size: buckets per round (PERSIA's ``embedding_size``); > 0 exactly when
+            ``hash_stack_rounds > 0``.
+        prefix_bits: the config's ``feature_index_prefix_bit``, in [0, 32].
+    """
+
+    name: str
+    table: str
+    dim: int
+    group: str
+    group_index: int
+    embedding_summation: bool = True
+    sqrt_scaling: bool = False
+    sample_fixed_size: int = 10
+    hash_stack_rounds: int = 0
+    hash_stack_size: int = 0
+    prefix_bits: int = 8
+
+    def __post_init__(self) -> None:
+        _as_name(self.name, "name", "feature name")
+        _as_name(self.table, "table", "table name")
+        _as_name(self.group, "group", "feature group name")
+        _set(self, "dim", _as_int(self.dim, "dim", minimum=1))
+        bits = _as_int(self.prefix_bits, "prefix_bits", minimum=0, maximum=_MAX_PREFIX_BITS)
+        _set(self, "prefix_bits", bits)
+        max_index = (1 << bits) - 1 if bits else None
+        _set(
+            self,
+            "group_index",
+            _as_int(self.group_index, "group_index", minimum=0, maximum=max_index),
+        )
+        for name in ("embedding_summation", "sqrt_scaling"):
+            _set(self, name, _as_bool(getattr(self, name), name))
+        _set(
+            self,
+            "sample_fixed_size",
+            _as_int(self.sample_fixed_size, "sample_fixed_size", minimum=1),
+        )
+        self._check_hash_stack()
+
+    def _check_hash_stack(self) -> None:
+        rounds = _as_int(self.hash_stack_rounds, "hash_stack_rounds", minimum=0)
+        size = _as_int(
+            self.hash_stack_size, "hash_stack_size", minimum=0, maximum=_MAX_HASH_STACK_SIZE
+        )
+        _set(self, "hash_stack_rounds", rounds)
+        _set(self, "hash_stack_size", size)
+        if rounds > 0 and size == 0:
+            raise ConfigError("hash_stack_size", "must be > 0 when hash_stack_rounds > 0")
+        if rounds == 0 and size != 0:
+            raise ConfigError(
+                "hash_stack_size", f"must be 0 when hash_stack_rounds is 0, got {size}"
+            )
+        if rounds * size > 1 << (64 - self.prefix_bits):
+            raise ConfigError(
+                "hash_stack_size",
+                f"{rounds} rounds x {size} buckets do not fit in the {64 - self.prefix_bits} id "
+                "bits left by the group prefix",
+            )
+
+    def encode(self, ids: npt.ArrayLike) -> npt.NDArray[np.uint64]:
+        """Turn raw ids of this feature into ids of rows of its table.
+
+        Without a hash stack each id keeps its low ``64 - prefix_bits`` bits and gets the group
+        index in its top ``prefix_bits`` bits, so features of one group share an id space and
+        different groups never collide. With a hash stack each id becomes ``hash_stack_rounds``
+        bucket ids (see :func:`embeddb.routing.hash_stack`), each prefixed the same way.
+
+        Args:
+            ids: 1-D array of non-negative integer feature ids.
+
+        Returns:
+            ``uint64`` table ids of shape ``(n,)``, or ``(n, hash_stack_rounds)`` with a hash
+            stack.
+
+        Raises:
+            InvalidArgumentError: ``ids`` is not a 1-D array of non-negative integers.
+        """
+        raw = as_ids(ids, name=f"ids of feature {self.name!r}")
+        if self.hash_stack_rounds == 0:
+            return with_group_prefix(raw, self.group_index, self.prefix_bits)
+        # routing.hash_stack multiplies uint64 salts outside np.errstate; wrap-around is intended.
+        with np.errstate(over="ignore"):
+            buckets = hash_stack(raw, self.hash_stack_rounds, self.hash_stack_size)
+        prefixed = with_group_prefix(buckets.ravel(), self.group_index, self.prefix_bits)
+        return prefixed.reshape(buckets.shape)
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    """Settings of every table's store on a shard.
+
+    Attributes:
+        stripes: lock stripes per table, a power of two in [1, 64].
+        eviction_chunk: least fraction of a table's capacity evicted per eviction, in (0, 0.5].
+    """
+
+    stripes: int = 4
+    eviction_chunk: float = 1 / 64
+
+    def __post_init__(self) -> None:
+        stripes = _as_int(self.stripes, "stripes", minimum=1, maximum=_MAX_STRIPES)
+        if stripes & (stripes - 1):
+            raise ConfigError("stripes", f"must be a power of two, got {stripes}")
+        _set(self, "stripes", stripes)
+        chunk = _as_float(self.eviction_chunk, "eviction_chunk", low=0.0, high=0.5, low_open=True)
+        _set(self, "eviction_chunk", chunk)
+
+
+@dataclass(frozen=True)
+class EmbeddingConfig:
+    """The whole embedding configuration of a job: tables, features and feature groups.
+
+    Build one with :meth:`from_yaml` (the usual way), :meth:`from_dict` or :meth:`single_table`.
+    The mappings are read-only views in insertion order: tables in the order features first read
+    them, then standalone tables; features in file order.
+
+    Attributes:
+        tables: table name -> table.
+        features: feature name -> feature.
+        feature_groups: group name -> names of its features (ungrouped features are not listed).
+        feature_index_prefix_bit: bits of every id that hold the group index, in [0, 32].
+        store: settings of every table's store.
+        seed: default initializer seed of the tables, >= 0.
+
+    Raises:
+        ConfigError: on construction, when the parts are inconsistent: a feature reads an unknown
+            table or one of another ``dim``, group membership or group indices disagree with
+            ``feature_groups``, or no table is defined.
+    """
+
+    tables: Mapping[str, TableConfig]
+    features: Mapping[str, FeatureConfig] = field(default_factory=dict)
+    feature_groups: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    feature_index_prefix_bit: int = 8
+    store: StoreConfig = field(default_factory=StoreConfig)
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        bits = _as_int(
+            self.feature_index_prefix_bit,
+            "feature_index_prefix_bit",
+            minimum=0,
+            maximum=_MAX_PREFIX_BITS,
+        )
+        _set(self, "feature_index_prefix_bit", bits)
+        _set(self, "seed", _as_int(self.seed, "seed", minimum=0))
+        if not isinstance(self.store, StoreConfig):
+            raise ConfigError("store", f"must be a StoreConfig, got {_describe(self.store)}")
+        _set(self, "tables", _by_name(self.tables, TableConfig, "tables"))
+        _set(self, "features", _by_name(self.features, FeatureConfig, "features"))
+        if not self.tables:
+            raise ConfigError("tables", "no tables: define slots_config or tables")
+        if not isinstance(self.feature_groups, Mapping):
+            raise ConfigError(
+                "feature_groups", f"must be a mapping, got {_describe(self.feature_groups)}"
+            )
+        group_of = _group_of(self.feature_groups, self.features)
+        groups = {group: tuple(members) for group, members in self.feature_groups.items()}
+        _set(self, "feature_groups", types.MappingProxyType(groups))
+        index_of = _group_indices(groups, group_of, self.features, bits)
+        for feature in self.features.values():
+            self._check_feature(feature, group_of.get(feature.name, feature.name), index_of)
+
+    def _check_feature(
+        self, feature: FeatureConfig, group: str, index_of: Mapping[str, int]
+    ) -> None:
+        path = f"features.{feature.name}"
+        table = self.tables.get(feature.table)
+        if table is None:
+            raise ConfigError(f"{path}.table", f"unknown table {feature.table!r}")
+        if feature.dim != table.dim:
+            raise ConfigError(
+                f"{path}.dim", f"{feature.dim} differs from dim {table.dim} of table {table.name!r}"
+            )
+        if feature.group != group:
+            raise ConfigError(
+                f"{path}.group", f"must be {group!r} (from feature_groups), got {feature.group!r}"
+            )
+        if feature.group_index != index_of[group]:
+            raise ConfigError(
+                f"{path}.group_index",
+                f"must be {index_of[group]}: groups are numbered in feature_groups order, then "
+                f"ungrouped features in features order; got {feature.group_index}",
+            )
+        if feature.prefix_bits != self.feature_index_prefix_bit:
+            raise ConfigError(
+                f"{path}.prefix_bits",
+                f"must equal feature_index_prefix_bit ({self.feature_index_prefix_bit}), "
+                f"got {feature.prefix_bits}",
+            )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Read-only mapping views do not pickle; rebuild from plain dicts (multiprocessing, copy).
+        return (
+            type(self),
+            (
+                dict(self.tables),
+                dict(self.features),
+                dict(self.feature_groups),
+                self.feature_index_prefix_bit,
+                self.store,
+                self.seed,
+            ),
+        )
+
+    def __hash__(self) -> int:
+        return hash(
+            (
+                tuple(self.tables.items()),
+                tuple(self.features.items()),
+                tuple(self.feature_groups.items()),
+                self.feature_index_prefix_bit,
+                self.store,
+                self.seed,
+            )
+        )
+
+    @classmethod
+    def from_yaml(cls, path: str | os.PathLike[str]) -> EmbeddingConfig:
+        """Load and validate a YAML config file.
+
+        Args:
+            path: the YAML file.
+
+        Raises:
+            ConfigError: the file is missing or unreadable, is not valid YAML, or the config is
+                invalid (the message names the key path and the file).
+        """
+        file = Path(path)
+        try:
+            text = file.read_text(encoding="utf-8")
+        except FileNotFoundError as exc:
+            raise ConfigError("", f"config file not found: {file}") from exc
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError("", f"cannot read config file {file}: {exc}") from exc
+        return cls.from_yaml_text(text, source=str(file))
+
+    @classmethod
+    def from_yaml_text(cls, text: str, source: str = "<string>") -> EmbeddingConfig:
+        """Parse and validate a YAML config document.
+
+        Besides standard YAML, ``1e-10`` (an exponent without a dot) reads as a float, and a
+        mapping with a duplicate key is an error instead of silently keeping the last value.
+
+        Args:
+            text: the YAML document.
+            source: where the text came from, for error messages.
+
+        Raises:
+            ConfigError: invalid YAML or an invalid config.
+        """
+        try:
+            data = yaml.load(text, Loader=_YamlLoader)
+        except yaml.YAMLError as exc:
+            raise ConfigError("", f"{source}: invalid YAML: {exc}") from exc
+        try:
+            return cls.from_dict(data)
+        except ConfigError as exc:
+            if source == "<string>":
+                raise
+            raise ConfigError(exc.key, f"{_detail(exc)} (in {source})") from exc.__cause__
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> EmbeddingConfig:
+        """Build a config from parsed YAML data (the schema in the module docstring).
+
+        Raises:
+            ConfigError: the data is not a mapping or the config is invalid.
+        """
+        if data is None:
+            raise ConfigError("", "the config is empty")
+        if not isinstance(data, Mapping):
+            raise ConfigError(
+                "", f"the top level must be a mapping of config keys, got {_describe(data)}"
+            )
+        return cls(**_parse(data))
+
+    @classmethod
+    def single_table(cls, name: str, dim: int, **table_kwargs: Any) -> EmbeddingConfig:
+        """Build a config of one table and no features (for tests and benchmarks).
+
+        Args:
+            name: the table name.
+            dim: the table's vector width.
+            **table_kwargs: further :class:`TableConfig` fields.
+
+        Raises:
+            ConfigError: an invalid table setting.
+        """
+        return cls(tables={name: TableConfig(name=name, dim=dim, **table_kwargs)})
+
+    def table(self, name: str) -> TableConfig:
+        """Return the table called ``name``.
+
+        Raises:
+            TableNotFoundError: no such table.
+        """
+        try:
+            return self.tables[name]
+        except KeyError:
+            raise TableNotFoundError(name, tuple(self.tables)) from None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return plain data in the YAML schema; ``from_dict(c.to_dict()) == c``.
+
+        Every table and feature is written out in full (each slot with its explicit ``table``),
+        so the result needs no ``defaults`` section and can be dumped with ``yaml.safe_dump``.
+        """
+        return {
+            "feature_index_prefix_bit": self.feature_index_prefix_bit,
+            "seed": self.seed,
+            "slots_config": {name: _feature_to_dict(f) for name, f in self.features.items()},
+            "feature_groups": {
+                name: list(members) for name, members in self.feature_groups.items()
+            },
+            "tables": {name: _table_to_dict(t) for name, t in self.tables.items()},
+            "store": {"stripes": self.store.stripes, "eviction_chunk": self.store.eviction_chunk},
+        }
+
+
+# --------------------------------------------------------------------------------------------
+# Consistency rules shared by EmbeddingConfig and the parser
+# --------------------------------------------------------------------------------------------
+
+
+def _by_name(items: object, kind: type, key: str) -> Mapping[str, Any]:
+    if not isinstance(items, Mapping):
+        raise ConfigError(
+            key, f"must be a mapping of name -> {kind.__name__}, got {_describe(items)}"
+        )
+    for name, item in items.items():
+        if not isinstance(item, kind) or getattr(item, "name", None) != name:
+            raise ConfigError(
+                f"{key}.{name}", f"must be a {kind.__name__} named {name!r}, got {item!r}"
+            )
+    return types.MappingProxyType(dict(items))
+
+
+def _group_of(feature_groups: Mapping[Any, Any], features: Collection[str]) -> dict[str, str]:
+    """Validate ``feature_groups`` against the feature names; return feature -> its group."""
+    group_of: dict[str, str] = {}
+    for group, members in feature_groups.items():
+        _as_name(group, "feature_groups", "feature group name")
+        path = f"feature_groups.{group}"
+        if group in features:
+            raise ConfigError(path, f"{group!r} is both a feature group and a feature; rename one")
+        if isinstance(members, (str, bytes)) or not isinstance(members, Sequence):
+            raise ConfigError(path, f"must be a list of feature names, got {_describe(members)}")
+        if not members:
+            raise ConfigError(path, "empty group: list at least one feature")
+        for member in members:
+            if not isinstance(member, str) or member not in features:
+                hint = _did_you_mean(str(member), features)
+                raise ConfigError(path, f"unknown feature {member!r}{hint}")
+            if member in group_of:
+                raise ConfigError(
+                    path, f"feature {member!r} is already in group {group_of[member]!r}"
+                )
+            group_of[member] = group
+    return group_of
+
+
+def _group_indices(
+    groups: Collection[str],
+    group_of: Mapping[str, str],
+    features: Collection[str],
+    prefix_bits: int,
+) -> dict[str, int]:
+    """Number the groups: ``groups`` in order, then the ungrouped features in order."""
+    names = [*groups, *(name for name in features if name not in group_of)]
+    if prefix_bits and len(names) > 1 << prefix_bits:
+        raise ConfigError(
+            "feature_index_prefix_bit",
+            f"{len(names)} feature groups ({len(groups)} in feature_groups, "
+            f"{len(names) - len(groups)} ungrouped features) do not fit in {prefix_bits} prefix "
+            f"bits (at most {1 << prefix_bits})",
+        )
+    return {name: index for index, name in enumerate(names)}
+
+
+# --------------------------------------------------------------------------------------------
+# YAML schema -> EmbeddingConfig fields
+# --------------------------------------------------------------------------------------------
+
+
+def _detail(exc: ConfigError) -> str:
+    """The message of ``exc`` without its ``"key: "`` prefix."""
+    return str(exc).removeprefix(f"{exc.key}: ") if exc.key else str(exc)
+
+
+@contextlib.contextmanager
+def _at(path: str, aliases: Mapping[str, str] | None = None) -> Iterator[None]:
+    """Re-key ConfigErrors of a dataclass constructor from its field names to YAML paths."""
+    try:
+        yield
+    except ConfigError as exc:
+        head, dot, rest = exc.key.partition(".")
+        key = (aliases or {}).get(head, head) + dot + rest
+        full = ".".join(part for part in (path, key) if part)
+        raise ConfigError(full, _detail(exc)) from exc.__cause__
+
+
+def _join(path: str, key: object) -> str:
+    return f"{path}.{key}" if path else str(key)
+
+
+def _section(raw: object, path: str, known: Collection[str] | None = None) -> Mapping[str, Any]:
+    """Return ``raw`` as a mapping (``None`` -> empty), checking its keys against ``known``."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, Mapping):
+        raise ConfigError(path, f"must be a mapping, got {_describe(raw)}")
+    if known is not None:
+        _check_keys(raw, path, known)
+    return raw
+
+
+def _check_keys(section: Mapping[Any, Any], path: str, known: Collection[str]) -> None:
+    for key in section:
+        if key not in known:
+            hint = _did_you_mean(str(key), known)
+            choices = ", ".join(sorted(known))
+            raise ConfigError(_join(path, key), f"unknown key{hint}; known keys: {choices}")
+
+
+def _parse(top: Mapping[str, Any]) -> dict[str, Any]:
+    _section(top, "", _TOP_KEYS)
+    bits = _as_int(
+        top.get("feature_index_prefix_bit", 8),
+        "feature_index_prefix_bit",
+        minimum=0,
+        maximum=_MAX_PREFIX_BITS,
+    )
+    seed = _as_int(top.get("seed", 0), "seed", minimum=0)
+    slots_key, slots = _slots_section(top)
+    for name in slots:
+        _as_name(name, slots_key, "feature name")
+    groups = _section(top.get("feature_groups"), "feature_groups")
+    group_of = _group_of(groups, slots)
+    index_of = _group_indices(groups, group_of, slots, bits)
+    features: dict[str, FeatureConfig] = {}
+    for name, raw in slots.items():
+        group = group_of.get(name, name)
+        features[name] = _parse_feature(
+            f"{slots_key}.{name}", name, raw, group, index_of[group], bits
+        )
+    _check_shared_tables(features, slots_key)
+    template = _parse_defaults(top.get("defaults"), seed)
+    return {
+        "tables": _parse_tables(_section(top.get("tables"), "tables"), features, template),
+        "features": features,
+        "feature_groups": {group: tuple(members) for group, members in groups.items()},
+        "feature_index_prefix_bit": bits,
+        "store": _parse_store(top.get("store")),
+        "seed": seed,
+    }
+
+
+def _slots_section(top: Mapping[str, Any]) -> tuple[str, Mapping[str, Any]]:
+    present = [key for key in _SLOTS_KEYS if key in top]
+    if len(present) > 1:
+        raise ConfigError(present[1], f"duplicates {present[0]!r}: give the features once")
+    key = present[0] if present else _SLOTS_KEYS[0]
+    return key, _section(top.get(key), key)
+
+
+def _parse_feature(
+    path: str, name: str, raw: object, group: str, group_index: int, prefix_bits: int
+) -> FeatureConfig:
+    slot = _section(raw, path, _SLOT_KEYS)
+    if "dim" not in slot:
+        raise ConfigError(f"{path}.dim", "required key is missing")
+    stack = _section(slot.get("hash_stack_config"), f"{path}.hash_stack_config", _HASH_STACK_KEYS)
+    rounds = stack.get("hash_stack_rounds", 0)
+    disabled = rounds == 0 and not isinstance(rounds, bool)  # PERSIA ignores the size then
+    settings = {key: slot[key] for key in _SLOT_SETTINGS if key in slot}
+    with _at(path, _FEATURE_KEY_ALIASES):
+        return FeatureConfig(
+            name=name,
+            table=slot.get("table", group),
+            dim=slot["dim"],
+            group=group,
+            group_index=group_index,
+            hash_stack_rounds=rounds,
+            hash_stack_size=0 if disabled else stack.get("embedding_size", 0),
+            prefix_bits=prefix_bits,
+            **settings,
+        )
+
+
+def _check_shared_tables(features: Mapping[str, FeatureConfig], slots_key: str) -> None:
+    """Features reading one table need equal dim and equal hash-stack settings."""
+    first_reader: dict[str, FeatureConfig] = {}
+    for feature in features.values():
+        other = first_reader.setdefault(feature.table, feature)
+        path = f"{slots_key}.{feature.name}"
+        shared = f"both read table {feature.table!r}"
+        if feature.dim != other.dim:
+            raise ConfigError(
+                f"{path}.dim",
+                f"{feature.dim} differs from dim {other.dim} of feature {other.name!r}; {shared}",
+            )
+        stack = (feature.hash_stack_rounds, feature.hash_stack_size)
+        if stack != (other.hash_stack_rounds, other.hash_stack_size):
+            raise ConfigError(
+                f"{path}.hash_stack_config",
+                f"(rounds, embedding_size) {stack} differs from "
+                f"{(other.hash_stack_rounds, other.hash_stack_size)} of feature {other.name!r}; "
+                f"{shared}",
+            )
+
+
+def _kind_and_params(
+    section: Mapping[str, Any],
+    path: str,
+    kind_type: type[_KindT],
+    base_kind: _KindT,
+    params_of: Mapping[_KindT, tuple[str, ...]],
+) -> tuple[_KindT, dict[str, Any]]:
+    """Split an optimizer/initializer section into its kind and the parameters it sets."""
+    what = f"{path.rpartition('.')[2]} type"
+    kind = (
+        _as_kind(kind_type, section["type"], f"{path}.type", what)
+        if "type" in section
+        else base_kind
+    )
+    params = {key: value for key, value in section.items() if key != "type"}
+    allowed = params_of[kind]
+    for key in params:
+        if key not in allowed:
+            takes = f"it takes: {', '.join(allowed)}" if allowed else "it takes no parameters"
+            raise ConfigError(f"{path}.{key}", f"does not apply to {what} {kind.value!r}; {takes}")
+    return kind, params
+
+
+def _parse_optimizer(raw: object, path: str, base: OptimizerConfig) -> OptimizerConfig:
+    known = {"type", *(key for keys in _OPTIMIZER_PARAMS.values() for key in keys)}
+    section = _section(raw, path, known)
+    kind, params = _kind_and_params(section, path, OptimizerKind, base.kind, _OPTIMIZER_PARAMS)
+    if kind is not base.kind:
+        eps = _ADAM_DEFAULT_EPS if kind is OptimizerKind.ADAM else OptimizerConfig.eps
+        base = OptimizerConfig(kind=kind, eps=eps)
+    with _at(path, _KIND_KEY_ALIASES):
+        return dataclasses.replace(base, **params)
+
+
+def _parse_initializer(raw: object, path: str, base: InitializerConfig) -> InitializerConfig:
+    known = {"type", *(key for keys in _INITIALIZER_PARAMS.values() for key in keys)}
+    section = _section(raw, path, known)
+    kind, params = _kind_and_params(section, path, InitializerKind, base.kind, _INITIALIZER_PARAMS)
+    if kind is not base.kind:
+        base = InitializerConfig(kind=kind)
+    with _at(path, _KIND_KEY_ALIASES):
+        return dataclasses.replace(base, **params)
+
+
+def _table_changes(section: Mapping[str, Any], path: str, base: TableConfig) -> dict[str, Any]:
+    """The TableConfig fields a ``defaults`` or ``tables`` entry sets."""
+    changes = {key: section[key] for key in (*_TABLE_SETTINGS, "dim", "seed") if key in section}
+    if "optimizer" in section:
+        changes["optimizer"] = _parse_optimizer(
+            section["optimizer"], f"{path}.optimizer", base.optimizer
+        )
+    if "initializer" in section:
+        changes["initializer"] = _parse_initializer(
+            section["initializer"], f"{path}.initializer", base.initializer
+        )
+    return changes
+
+
+def _parse_defaults(raw: object, seed: int) -> TableConfig:
+    """Parse ``defaults`` into a template table that every table starts from."""
+    section = _section(raw, "defaults", _DEFAULTS_KEYS)
+    base = TableConfig(name=_TEMPLATE_TABLE, dim=1, seed=seed)
+    changes = _table_changes(section, "defaults", base)
+    with _at("defaults"):
+        return dataclasses.replace(base, **changes)
+
+
+def _parse_tables(
+    entries: Mapping[str, Any], features: Mapping[str, FeatureConfig], template: TableConfig
+) -> dict[str, TableConfig]:
+    for name in entries:
+        _as_name(name, "tables", "table name")
+    first_reader: dict[str, FeatureConfig] = {}
+    for feature in features.values():
+        first_reader.setdefault(feature.table, feature)
+    tables = {
+        name: _parse_table(name, entries.get(name), template, reader)
+        for name, reader in first_reader.items()
+    }
+    for name, raw in entries.items():
+        if name not in tables:
+            tables[name] = _parse_table(name, raw, template, None)
+    return tables
+
+
+def _parse_table(
+    name: str, raw: object, template: TableConfig, reader: FeatureConfig | None
+) -> TableConfig:
+    path = f"tables.{name}"
+    section = _section(raw, path, _TABLE_KEYS)
+    if reader is None and "dim" not in section:
+        raise ConfigError(f"{path}.dim", "required for a table that no feature reads")
+    changes: dict[str, Any] = {"name": name}
+    if reader is not None:
+        changes["dim"] = reader.dim
+    changes.update(_table_changes(section, path, template))
+    with _at(path):
+        table = dataclasses.replace(template, **changes)
+    if reader is not None and table.dim != reader.dim:
+        raise ConfigError(
+            f"{path}.dim",
+            f"{table.dim} differs from dim {reader.dim} of feature {reader.name!r}, which reads "
+            "this table",
+        )
+    return table
+
+
+def _parse_store(raw: object) -> StoreConfig:
+    section = _section(raw, "store", _STORE_KEYS)
+    with _at("store"):
+        return StoreConfig(**section)
+
+
+def _feature_to_dict(feature: FeatureConfig) -> dict[str, Any]:
+    slot: dict[str, Any] = {
+        "dim": feature.dim,
+        "table": feature.table,
+        "embedding_summation": feature.embedding_summation,
+        "sqrt_scaling": feature.sqrt_scaling,
+        "sample_fixed_size": feature.sample_fixed_size,
+    }
+    if feature.hash_stack_rounds:
+        slot["hash_stack_config"] = {
+            "hash_stack_rounds": feature.hash_stack_rounds,
+            "embedding_size": feature.hash_stack_size,
+        }
+    return slot
+
+
+def _table_to_dict(table: TableConfig) -> dict[str, Any]:
+    optimizer, initializer = table.optimizer, table.initializer
+    return {
+        "dim": table.dim,
+        "optimizer": {
+            "type": optimizer.kind.value,
+            **{key: getattr(optimizer, key) for key in _OPTIMIZER_PARAMS[optimizer.kind]},
+        },
+        "initializer": {
+            "type": initializer.kind.value,
+            **{key: getattr(initializer, key) for key in _INITIALIZER_PARAMS[initializer.kind]},
+        },
+        "admit_probability": table.admit_probability,
+        "weight_bound": table.weight_bound,
+        "capacity": table.capacity,
+        "seed": table.seed,
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# YAML loading
+# --------------------------------------------------------------------------------------------
+
+
+class _YamlLoader(yaml.SafeLoader):
+    """SafeLoader that rejects duplicate mapping keys and reads ``1e-10`` as a float."""
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            with contextlib.suppress(TypeError):  # unhashable keys: the base class reports them
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        "while constructing a mapping",
+                        node.start_mark,
+                        f"found duplicate key {key!r}",
+                        key_node.start_mark,
+                    )
+                seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+# YAML 1.1 floats need a dot and a signed exponent (`1.0e-10`); also accept `1e-10`, `1.5e3`.
+_YamlLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."),
+)

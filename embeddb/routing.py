@@ -1,0 +1,166 @@
+"""Id arithmetic shared by the server, the client and the trainer.
+
+All functions work on whole ``numpy.uint64`` arrays and are exact (integer arithmetic modulo
+2**64), so a client and a shard always agree on where an id lives.
+
+* :func:`mix64` is the SplitMix64 finaliser: a bijective, well-mixed 64-bit hash. Keys that
+  differ in one bit differ in about half the output bits, so sequential ids, ids sharing a
+  feature-group prefix, and ids that are multiples of a power of two all spread uniformly.
+* :func:`shard_of` picks the shard of each id from ``mix64(id ^ SHARD_SALT)``. The salt keeps
+  shard routing independent of the in-shard hashing (stripes and hash buckets use other salts),
+  so the ids of one shard still spread evenly over that shard's stripes.
+* :func:`with_group_prefix` puts a feature group's index in the top ``prefix_bits`` bits of its
+  ids (PERSIA's ``feature_index_prefix_bit``); :func:`hash_stack` maps one id to several bucket
+  rows (PERSIA's ``hash_stack_config``).
+
+Worked example (``prefix_bits=8``, group index 3)::
+
+    id            0x00000000_0000002a
+    prefixed      0x03000000_0000002a   top 8 bits = 3, low 56 bits = the id's low 56 bits
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+from embeddb.errors import InvalidArgumentError
+
+__all__ = [
+    "SHARD_SALT",
+    "STRIPE_SALT",
+    "as_ids",
+    "hash_stack",
+    "mix64",
+    "shard_of",
+    "split_by_shard",
+    "with_group_prefix",
+]
+
+U64 = npt.NDArray[np.uint64]
+
+SHARD_SALT = np.uint64(0x5D1C_E0DB_5EED_0001)
+STRIPE_SALT = np.uint64(0x3C6E_F372_FE94_F82B)
+_HASH_STACK_SALT = np.uint64(0xA076_1D64_78BD_642F)
+_GOLDEN = np.uint64(0x9E37_79B9_7F4A_7C15)
+_M1 = np.uint64(0xBF58_476D_1CE4_E5B9)
+_M2 = np.uint64(0x94D0_49BB_1331_11EB)
+
+
+def as_ids(ids: object, name: str = "ids") -> U64:
+    """Validate and return ``ids`` as a contiguous 1-D ``uint64`` array.
+
+    Accepts any integer array of non-negative values (a copy is made when the dtype differs).
+
+    Raises:
+        InvalidArgumentError: not 1-D, not an integer dtype, or negative values.
+    """
+    arr = np.asarray(ids)
+    if arr.ndim != 1:
+        raise InvalidArgumentError(f"{name} must be 1-D, got shape {arr.shape}")
+    if arr.dtype == np.uint64:
+        return np.ascontiguousarray(arr)
+    if arr.size == 0 and arr.dtype == np.float64:  # np.asarray([]) is float64
+        return np.empty(0, dtype=np.uint64)
+    if not np.issubdtype(arr.dtype, np.integer):
+        raise InvalidArgumentError(
+            f"{name} must be an integer array (uint64), got dtype {arr.dtype}"
+        )
+    if np.issubdtype(arr.dtype, np.signedinteger) and arr.size and arr.min() < 0:
+        raise InvalidArgumentError(f"{name} must be non-negative")
+    return arr.astype(np.uint64)
+
+
+_NO_SALT = np.uint64(0)
+
+
+def mix64(ids: U64, salt: np.uint64 = _NO_SALT) -> U64:
+    """SplitMix64 finaliser of ``ids ^ salt`` (a bijection on uint64)."""
+    with np.errstate(over="ignore"):
+        z = (ids ^ salt) + _GOLDEN
+        z = (z ^ (z >> np.uint64(30))) * _M1
+        z = (z ^ (z >> np.uint64(27))) * _M2
+        return z ^ (z >> np.uint64(31))
+
+
+def shard_of(ids: U64, num_shards: int) -> npt.NDArray[np.int64]:
+    """Return the shard index in ``[0, num_shards)`` of each id.
+
+    Uses Lemire's multiply-shift on the top 32 mixed bits, which is uniform for any shard
+    count (not only powers of two) and avoids a 64-bit modulo.
+
+    Raises:
+        InvalidArgumentError: ``num_shards`` is not positive.
+    """
+    if num_shards < 1:
+        raise InvalidArgumentError(f"num_shards must be >= 1, got {num_shards}")
+    hi = mix64(as_ids(ids), SHARD_SALT) >> np.uint64(32)
+    return ((hi * np.uint64(num_shards)) >> np.uint64(32)).astype(np.int64)
+
+
+def split_by_shard(
+    ids: U64, num_shards: int
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """Group positions of ``ids`` by shard.
+
+    Returns:
+        ``(order, bounds)``: ``ids[order[bounds[k]:bounds[k + 1]]]`` are the ids of shard ``k``,
+        in their original relative order.
+    """
+    shards = shard_of(ids, num_shards)
+    order = np.argsort(shards, kind="stable")
+    bounds = np.searchsorted(shards[order], np.arange(num_shards + 1))
+    return order.astype(np.int64), bounds.astype(np.int64)
+
+
+def with_group_prefix(ids: U64, group_index: int, prefix_bits: int) -> U64:
+    """Put ``group_index`` in the top ``prefix_bits`` bits of each id.
+
+    The id's own top ``prefix_bits`` bits are dropped (as PERSIA does), so two features of
+    different groups never share a row while features of one group share one id space.
+    ``prefix_bits == 0`` returns the ids unchanged.
+
+    Raises:
+        InvalidArgumentError: ``group_index`` does not fit in ``prefix_bits`` bits.
+    """
+    if not 0 <= prefix_bits < 64:
+        raise InvalidArgumentError(f"prefix_bits must be in [0, 64), got {prefix_bits}")
+    ids = as_ids(ids)
+    if prefix_bits == 0:
+        return ids
+    if not 0 <= group_index < (1 << prefix_bits):
+        raise InvalidArgumentError(
+            f"group index {group_index} does not fit in {prefix_bits} prefix bits"
+        )
+    shift = np.uint64(64 - prefix_bits)
+    low_mask = np.uint64((1 << (64 - prefix_bits)) - 1)
+    return (ids & low_mask) | (np.uint64(group_index) << shift)
+
+
+def hash_stack(ids: U64, rounds: int, embedding_size: int) -> U64:
+    """Map each id to ``rounds`` bucket ids (PERSIA's hash stack).
+
+    Round ``r`` hashes the id with its own salt into ``[0, embedding_size)`` and offsets it by
+    ``r * embedding_size``, so the rounds address disjoint ranges of one table of
+    ``rounds * embedding_size`` rows; a trainer sums the ``rounds`` vectors. Two ids collide in
+    every round only with probability about ``embedding_size ** -rounds``.
+
+    Returns:
+        ``uint64`` array of shape ``(len(ids), rounds)``.
+
+    Raises:
+        InvalidArgumentError: non-positive ``rounds`` or ``embedding_size``.
+    """
+    if rounds < 1 or embedding_size < 1:
+        raise InvalidArgumentError(
+            f"hash stack needs rounds >= 1 and embedding_size >= 1, got {rounds}, {embedding_size}"
+        )
+    ids = as_ids(ids)
+    out = np.empty((ids.size, rounds), dtype=np.uint64)
+    size = np.uint64(embedding_size)
+    for r in range(rounds):  # rounds is a small constant; each round is vectorised over ids
+        with np.errstate(over="ignore"):
+            salt = _HASH_STACK_SALT * np.uint64(r + 1)
+        hi = mix64(ids, salt) >> np.uint64(32)
+        out[:, r] = ((hi * size) >> np.uint64(32)) + np.uint64(r) * size
+    return out

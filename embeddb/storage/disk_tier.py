@@ -1,0 +1,178 @@
+"""The disk tier: rows evicted from RAM, kept in RocksDB (via ``rocksdict``).
+
+One RocksDB database per shard, one column family per table (``table.<name>``). A key is the
+id as 8 big-endian bytes (so RocksDB's order is numeric order); a value is the row's raw
+float32 bytes ``[vector | state]``. All traffic is batched: one multi-get per lookup, one write
+batch per eviction or promotion.
+
+RocksDB's own write-ahead log is disabled: this tier is a spill area, not the durability
+mechanism. The disk tier survives a clean :meth:`close` (the shard spills its RAM tier first and
+records that it did); crash recovery is the update log's job.
+
+The rocksdict API takes Python lists of ``bytes``; keys and values are converted with numpy's
+void-dtype views (``tolist`` on a ``V8`` array builds the list in C), never a per-id Python loop.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+import rocksdict
+
+from embeddb.errors import StorageError
+
+__all__ = ["DiskTier"]
+
+_CF_PREFIX = "table."
+
+
+def _keys(ids: npt.NDArray[np.uint64]) -> list[bytes]:
+    keys: list[bytes] = ids.astype(">u8").view("V8").tolist()
+    return keys
+
+
+def _options() -> rocksdict.Options:
+    opt = rocksdict.Options(raw_mode=True)
+    opt.create_if_missing(True)
+    opt.set_max_background_jobs(2)
+    table = rocksdict.BlockBasedOptions()
+    table.set_bloom_filter(10, False)  # misses (new ids) rarely touch data blocks
+    table.set_block_cache(rocksdict.Cache(64 << 20))
+    opt.set_block_based_table_factory(table)
+    return opt
+
+
+class DiskTier:
+    """RocksDB storage of spilled rows for all tables of one shard.
+
+    Args:
+        path: the RocksDB directory (created if missing).
+        widths: ``{table name: row width in float32}`` for every table.
+
+    Raises:
+        StorageError: RocksDB cannot open the directory (locked, unwritable, corrupt).
+    """
+
+    def __init__(self, path: str | os.PathLike[str], widths: dict[str, int]) -> None:
+        self.path = Path(path)
+        self._widths = dict(widths)
+        self._write_opts = rocksdict.WriteOptions()
+        self._write_opts.disable_wal = True  # type: ignore[method-assign,assignment]  # stub is wrong: a property
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            self._db = rocksdict.Rdict(str(self.path), _options())
+            existing = set(rocksdict.Rdict.list_cf(str(self.path), _options()))
+            # Per table: an Rdict view of its column family (multi-get, iteration) and a handle
+            # (write batches).
+            self._views: dict[str, rocksdict.Rdict] = {}
+            self._cfs: dict[str, rocksdict.ColumnFamily] = {}
+            for name in self._widths:
+                cf_name = _CF_PREFIX + name
+                if cf_name not in existing:
+                    self._db.create_column_family(cf_name, _options())
+                self._views[name] = self._db.get_column_family(cf_name)
+                self._cfs[name] = self._db.get_column_family_handle(cf_name)
+        except Exception as exc:  # rocksdict raises plain Exception subclasses
+            raise StorageError(f"cannot open disk tier at {self.path}: {exc}") from exc
+
+    def get(
+        self, table: str, ids: npt.NDArray[np.uint64]
+    ) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.float32]]:
+        """Multi-get ``ids``.
+
+        Returns:
+            ``(found, rows)``: ``found[i]`` tells whether ``ids[i]`` is stored; ``rows`` holds
+            the found rows only, in the order of ``ids[found]``.
+        """
+        width = self._widths[table]
+        if ids.size == 0:
+            return np.zeros(0, dtype=bool), np.empty((0, width), dtype=np.float32)
+        try:
+            values = self._views[table].get(_keys(ids))  # type: ignore[arg-type]
+        except Exception as exc:
+            raise StorageError(f"disk tier read failed for table {table!r}: {exc}") from exc
+        found = np.array(values, dtype=object) != None  # noqa: E711 (element-wise, in C)
+        blob = b"".join(filter(None, values))  # type: ignore[arg-type]
+        rows = np.frombuffer(blob, dtype=np.float32).reshape(-1, width).copy()
+        if rows.shape[0] != int(found.sum()):
+            raise StorageError(f"disk tier of table {table!r} holds rows of the wrong width")
+        return found, rows
+
+    def put(self, table: str, ids: npt.NDArray[np.uint64], rows: npt.NDArray[np.float32]) -> None:
+        """Write ``rows[i]`` under ``ids[i]`` in one write batch."""
+        if ids.size == 0:
+            return
+        width = self._widths[table]
+        values = np.ascontiguousarray(rows, dtype=np.float32).view(f"V{4 * width}").ravel().tolist()
+        batch = rocksdict.WriteBatch(raw_mode=True)
+        cf = self._cfs[table]
+        for key, value in zip(_keys(ids), values, strict=True):
+            batch.put(key, value, cf)
+        self._write(batch, table)
+
+    def delete(self, table: str, ids: npt.NDArray[np.uint64]) -> None:
+        """Delete ``ids`` (absent ids are ignored) in one write batch."""
+        if ids.size == 0:
+            return
+        batch = rocksdict.WriteBatch(raw_mode=True)
+        cf = self._cfs[table]
+        for key in _keys(ids):
+            batch.delete(key, cf)
+        self._write(batch, table)
+
+    def _write(self, batch: rocksdict.WriteBatch, table: str) -> None:
+        try:
+            self._db.write(batch, self._write_opts)
+        except Exception as exc:
+            raise StorageError(f"disk tier write failed for table {table!r}: {exc}") from exc
+
+    def iter_rows(
+        self, table: str, chunk: int = 65536
+    ) -> Iterator[tuple[npt.NDArray[np.uint64], npt.NDArray[np.float32]]]:
+        """Yield ``(ids, rows)`` chunks of every stored row of ``table`` in id order."""
+        width = self._widths[table]
+        it = self._views[table].iter()
+        it.seek_to_first()
+        keys: list[bytes] = []
+        values: list[bytes] = []
+        while it.valid():
+            keys.append(it.key())
+            values.append(it.value())
+            if len(keys) == chunk:
+                yield _decode(keys, values, width)
+                keys, values = [], []
+            it.next()
+        if keys:
+            yield _decode(keys, values, width)
+
+    def flush(self) -> None:
+        """Flush every table's memtable to SST files."""
+        try:
+            for view in self._views.values():
+                view.flush()
+        except Exception as exc:
+            raise StorageError(f"disk tier flush failed: {exc}") from exc
+
+    def close(self) -> None:
+        """Flush and close the database; further calls fail."""
+        try:
+            self.flush()
+            for view in self._views.values():
+                view.close()
+            self._views.clear()
+            self._cfs.clear()
+            self._db.close()
+        except Exception as exc:
+            raise StorageError(f"disk tier close failed: {exc}") from exc
+
+
+def _decode(
+    keys: list[bytes], values: list[bytes], width: int
+) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.float32]]:
+    ids = np.frombuffer(b"".join(keys), dtype=">u8").astype(np.uint64)
+    rows = np.frombuffer(b"".join(values), dtype=np.float32).reshape(-1, width).copy()
+    return ids, rows

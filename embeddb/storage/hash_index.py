@@ -1,0 +1,258 @@
+"""Compiled open-addressing hash index: uint64 id → RAM-tier slot, with a recency stamp.
+
+The index is one ``uint64`` array of shape ``(buckets, 2)`` (a power of two, at least twice the
+slot capacity, so the load factor stays ≤ 0.5)::
+
+    bucket b:  [ id        | stamp << 32  |  slot + 1 ]
+                 col 0       col 1: high 32 bits = last training access (a tick),
+                                    low 32 bits  = slot + 1 (0 means the bucket is empty)
+
+Keeping the stamp next to the key means a training lookup reads the key, refreshes the stamp
+and learns the slot from one cache line. Collisions use linear probing from
+``mix64(id ^ BUCKET_SALT) & mask``; deletion uses backward shifting, so there are no tombstones
+and probe chains never degrade. Every function here is ``numba.njit(nogil=True)``: callers hold
+their stripe's lock, not the GIL.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+__all__ = [
+    "collect_victims",
+    "dedup_sum",
+    "insert",
+    "lookup_gather",
+    "new_index",
+    "probe",
+    "remove",
+]
+
+BUCKET_SALT = np.uint64(0x2545F4914F6CDD1D)
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+_S30 = np.uint64(30)
+_S27 = np.uint64(27)
+_S31 = np.uint64(31)
+_S32 = np.uint64(32)
+_LOW32 = np.uint64(0xFFFFFFFF)
+_ONE = np.uint64(1)
+
+
+def new_index(capacity: int) -> np.ndarray:
+    """An empty index for ``capacity`` slots (buckets: next power of two ≥ 2 * capacity)."""
+    buckets = 1 << max(4, int(2 * max(capacity, 1) - 1).bit_length())
+    return np.zeros((buckets, 2), dtype=np.uint64)
+
+
+@numba.njit(nogil=True, cache=True, inline="always")
+def _home(key, mask):
+    z = (key ^ BUCKET_SALT) + _GOLDEN
+    z = (z ^ (z >> _S30)) * _M1
+    z = (z ^ (z >> _S27)) * _M2
+    return (z ^ (z >> _S31)) & mask
+
+
+@numba.njit(nogil=True, cache=True)
+def lookup_gather(index, rows, ids, positions, out, tick, touch, miss_out):
+    """Copy the vectors of resident ids into ``out`` and list the misses.
+
+    For each ``i``: if ``ids[i]`` is resident, ``out[positions[i]] = rows[slot, :dim]`` (``dim``
+    is ``out.shape[1]``) and, when ``touch``, its stamp becomes ``tick``; otherwise ``i`` is
+    appended to ``miss_out``.
+
+    Returns:
+        The number of misses written to ``miss_out``.
+    """
+    mask = np.uint64(index.shape[0] - 1)
+    dim = out.shape[1]
+    stamp = np.uint64(tick) << _S32
+    n_miss = 0
+    for i in range(ids.size):
+        key = ids[i]
+        b = _home(key, mask)
+        while True:
+            v = index[b, 1]
+            if v == 0:
+                miss_out[n_miss] = i
+                n_miss += 1
+                break
+            if index[b, 0] == key:
+                low = v & _LOW32
+                if touch:
+                    index[b, 1] = stamp | low
+                slot = np.int64(low) - 1
+                p = positions[i]
+                for j in range(dim):
+                    out[p, j] = rows[slot, j]
+                break
+            b = (b + _ONE) & mask
+    return n_miss
+
+
+@numba.njit(nogil=True, cache=True)
+def probe(index, ids, tick, touch, slots_out):
+    """``slots_out[i]`` = slot of ``ids[i]`` or -1; when ``touch``, found rows get stamp ``tick``.
+
+    Returns:
+        The number of missing ids.
+    """
+    mask = np.uint64(index.shape[0] - 1)
+    stamp = np.uint64(tick) << _S32
+    missing = 0
+    for i in range(ids.size):
+        key = ids[i]
+        b = _home(key, mask)
+        slots_out[i] = -1
+        while True:
+            v = index[b, 1]
+            if v == 0:
+                missing += 1
+                break
+            if index[b, 0] == key:
+                low = v & _LOW32
+                if touch:
+                    index[b, 1] = stamp | low
+                slots_out[i] = np.int64(low) - 1
+                break
+            b = (b + _ONE) & mask
+    return missing
+
+
+@numba.njit(nogil=True, cache=True)
+def insert(index, keys, slots, tick):
+    """Insert ``keys[k] → slots[k]`` with stamp ``tick``. The keys must be absent."""
+    mask = np.uint64(index.shape[0] - 1)
+    stamp = np.uint64(tick) << _S32
+    for k in range(keys.size):
+        key = keys[k]
+        b = _home(key, mask)
+        while index[b, 1] != 0:
+            b = (b + _ONE) & mask
+        index[b, 0] = key
+        index[b, 1] = stamp | np.uint64(slots[k] + 1)
+
+
+@numba.njit(nogil=True, cache=True)
+def remove(index, keys, slots_out):
+    """Remove ``keys``; ``slots_out[k]`` = the freed slot or -1 if absent. Returns #removed.
+
+    Backward-shift deletion: after emptying bucket ``i``, each following entry of the probe
+    run moves back into the hole unless its home lies cyclically in ``(i, j]``.
+    """
+    mask = np.uint64(index.shape[0] - 1)
+    removed = 0
+    for k in range(keys.size):
+        key = keys[k]
+        b = _home(key, mask)
+        slots_out[k] = -1
+        while True:
+            v = index[b, 1]
+            if v == 0:
+                break
+            if index[b, 0] == key:
+                slots_out[k] = np.int64(v & _LOW32) - 1
+                removed += 1
+                i = b
+                j = b
+                while True:
+                    j = (j + _ONE) & mask
+                    if index[j, 1] == 0:
+                        break
+                    h = _home(index[j, 0], mask)
+                    # the entry at j stays iff its home lies cyclically in (i, j]
+                    stays = (i < h and h <= j) if i <= j else (i < h or h <= j)
+                    if not stays:
+                        index[i, 0] = index[j, 0]
+                        index[i, 1] = index[j, 1]
+                        i = j
+                index[i, 0] = 0
+                index[i, 1] = 0
+                break
+            b = (b + _ONE) & mask
+    return removed
+
+
+@numba.njit(nogil=True, cache=True)
+def collect_victims(index, count, below_tick, keys_out, slots_out):
+    """Choose up to ``count`` least recently used entries whose stamp is ``< below_tick``.
+
+    Exact at tick granularity: every chosen entry is at least as old as every entry not chosen
+    (ties at the threshold stamp are broken by bucket order). One pass collects the eligible
+    stamps, a partition finds the ``count``-th smallest, a second pass picks the victims.
+
+    Returns:
+        The number of victims written to ``keys_out`` / ``slots_out``.
+    """
+    nb = index.shape[0]
+    limit = np.uint64(below_tick)
+    stamps = np.empty(nb, dtype=np.uint64)
+    n = 0
+    for b in range(nb):
+        v = index[b, 1]
+        if v != 0 and (v >> _S32) < limit:
+            stamps[n] = v >> _S32
+            n += 1
+    if n == 0 or count <= 0:
+        return 0
+    if count >= n:
+        threshold = limit  # everything eligible goes
+        take_equal = 0
+    else:
+        part = np.partition(stamps[:n], count - 1)
+        threshold = part[count - 1]
+        below = 0
+        for x in range(n):
+            if stamps[x] < threshold:
+                below += 1
+        take_equal = count - below
+    out = 0
+    for b in range(nb):
+        v = index[b, 1]
+        if v == 0:
+            continue
+        s = v >> _S32
+        if s >= limit:
+            continue
+        if s < threshold or (s == threshold and take_equal > 0):
+            if s == threshold:
+                take_equal -= 1
+            keys_out[out] = index[b, 0]
+            slots_out[out] = np.int64(v & _LOW32) - 1
+            out += 1
+            if out == count:
+                break
+    return out
+
+
+@numba.njit(nogil=True, cache=True)
+def dedup_sum(slots, grads, scratch, uniq_out, sums_out):
+    """Sum gradient rows that share a slot, in first-appearance order.
+
+    ``scratch`` is an int64 array over all slots filled with -1; it is restored before return.
+    Negative slots are skipped.
+
+    Returns:
+        ``k``: ``uniq_out[:k]`` are the distinct slots, ``sums_out[:k]`` their summed gradients.
+    """
+    dim = grads.shape[1]
+    k = 0
+    for i in range(slots.size):
+        s = slots[i]
+        if s < 0:
+            continue
+        pos = scratch[s]
+        if pos < 0:
+            scratch[s] = k
+            uniq_out[k] = s
+            for j in range(dim):
+                sums_out[k, j] = grads[i, j]
+            k += 1
+        else:
+            for j in range(dim):
+                sums_out[pos, j] += grads[i, j]
+    for x in range(k):
+        scratch[uniq_out[x]] = -1
+    return k

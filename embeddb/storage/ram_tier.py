@@ -1,0 +1,120 @@
+"""One lock stripe of a table's RAM tier: preallocated rows, a hash index and a free list.
+
+A stripe owns a fixed number of slots. Row storage is one contiguous float32 array::
+
+    rows[slot] = [ v_0 .. v_dim-1 | s_0 .. s_state-1 ]     (see embeddb.optim.Optimizer)
+
+    e.g. dim=4, Adagrad:  slot 7 = [0.01 -0.02 0.00 0.03 | 0.01 0.01 0.01 0.01]
+
+The hash index (``embeddb.storage.hash_index``) maps ids to slots and keeps each row's last
+training tick; free slots sit on a stack. A stripe is guarded by its own lock; the compiled
+kernels it calls release the GIL, so stripes of one table work in parallel.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, fields
+
+import numpy as np
+import numpy.typing as npt
+
+from embeddb.storage import hash_index
+
+__all__ = ["Counters", "RamStripe"]
+
+_MAX_TICK = (1 << 32) - 2
+
+
+@dataclass
+class Counters:
+    """Event counts of one stripe (summed over stripes by the table).
+
+    Lookup counts are per looked-up id (duplicates count each time); creation counts are per
+    distinct id.
+    """
+
+    lookup_ids: int = 0
+    ram_hits: int = 0
+    disk_hits: int = 0
+    misses: int = 0
+    admitted: int = 0
+    rejected: int = 0
+    evicted: int = 0
+    promoted: int = 0
+    overflow: int = 0
+    update_ids: int = 0
+    updated_rows: int = 0
+    nan_skipped: int = 0
+    missing_updates: int = 0
+    assigned_rows: int = 0
+    deleted_rows: int = 0
+    disk_rows: int = 0
+
+    def add(self, other: Counters) -> None:
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+
+class RamStripe:
+    """Fixed-capacity slot storage with an id index and LRU stamps.
+
+    Args:
+        capacity: number of slots (rows) this stripe holds.
+        width: floats per row (``dim + state_dim``).
+    """
+
+    def __init__(self, capacity: int, width: int) -> None:
+        self.capacity = capacity
+        self.width = width
+        self.index = hash_index.new_index(capacity)
+        self.rows = np.zeros((capacity, width), dtype=np.float32)
+        self._free = np.arange(capacity - 1, -1, -1, dtype=np.int64)
+        self.n_free = capacity
+        self.scratch = np.full(capacity, -1, dtype=np.int64)
+        self.tick = 0
+        self.lock = threading.Lock()
+        self.counters = Counters()
+
+    @property
+    def size(self) -> int:
+        """Resident rows."""
+        return self.capacity - self.n_free
+
+    def next_tick(self) -> int:
+        """Advance and return the stripe's clock (renumbering stamps before it would wrap)."""
+        if self.tick >= _MAX_TICK:
+            self._renumber_stamps()
+        self.tick += 1
+        return self.tick
+
+    def take_slots(self, n: int) -> npt.NDArray[np.int64]:
+        """Pop ``n`` free slots (``n <= n_free``)."""
+        start = self.n_free - n
+        slots = self._free[start : self.n_free][::-1].copy()
+        self.n_free = start
+        return slots
+
+    def release_slots(self, slots: npt.NDArray[np.int64]) -> None:
+        """Return slots to the free list and zero their rows."""
+        n = slots.size
+        self._free[self.n_free : self.n_free + n] = slots
+        self.n_free += n
+        self.rows[slots] = 0.0
+
+    def resident(self) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.int64]]:
+        """``(ids, slots)`` of every resident row, in bucket order."""
+        occupied = self.index[:, 1] != 0
+        ids = self.index[occupied, 0].copy()
+        slots = (self.index[occupied, 1] & np.uint64(0xFFFFFFFF)).astype(np.int64) - 1
+        return ids, slots
+
+    def _renumber_stamps(self) -> None:
+        """Compress stamps to their ranks (keeps LRU order) so the 32-bit clock can go on."""
+        col = self.index[:, 1]
+        occupied = col != 0
+        stamps = col[occupied] >> np.uint64(32)
+        _, rank = np.unique(stamps, return_inverse=True)
+        low = col[occupied] & np.uint64(0xFFFFFFFF)
+        col[occupied] = ((rank.astype(np.uint64) + np.uint64(1)) << np.uint64(32)) | low
+        self.tick = int(rank.max()) + 1 if rank.size else 0

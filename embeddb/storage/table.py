@@ -1,0 +1,403 @@
+"""A table's tiered store on one shard: striped RAM tier (LRU) over the RocksDB disk tier.
+
+Ids are split into ``stripes`` (a power of two) by ``mix64(id ^ STRIPE_SALT)``; each stripe has
+its own lock, slots, index and clock, so concurrent calls on different stripes run in parallel.
+
+Life of a row:
+
+* **created** by a training lookup of an id found in neither tier, if admitted (probability
+  ``admit_probability``, drawn per attempt); its vector comes from the deterministic
+  initializer, its state from the optimizer. An unadmitted id reads as zeros and stores nothing.
+* **resident** in RAM; training lookups and gradient updates stamp it with the stripe's tick.
+  Evaluation lookups (``train=False``) never insert, promote or re-stamp.
+* **evicted** when a stripe needs slots: the least recently used rows (exact LRU at the
+  granularity of one call) are written to RocksDB in one batch, then freed. To amortise the
+  ``O(capacity)`` victim search, at least ``eviction_chunk * capacity`` rows go at once, so a
+  full stripe runs between ``1 - eviction_chunk`` and 100% occupancy.
+* **promoted** back to RAM (and deleted from disk) by a training lookup or update that misses
+  RAM. A row is in exactly one tier at any moment.
+* If a single call touches more distinct ids than a stripe can hold, the excess rows
+  **overflow**: they are served from memory for this call and kept on disk.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from embeddb.config import StoreConfig, TableConfig
+from embeddb.initializers import initial_vectors, table_key
+from embeddb.optim import Optimizer
+from embeddb.routing import STRIPE_SALT, mix64
+from embeddb.storage import hash_index
+from embeddb.storage.disk_tier import DiskTier
+from embeddb.storage.ram_tier import Counters, RamStripe
+
+__all__ = ["TableStats", "TieredTable", "UpdateResult"]
+
+F32 = npt.NDArray[np.float32]
+U64 = npt.NDArray[np.uint64]
+I64 = npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True)
+class UpdateResult:
+    """Outcome of one ``apply_gradients`` call (counts of distinct ids)."""
+
+    applied: int
+    nan_skipped: int
+    missing: int
+
+
+@dataclass(frozen=True)
+class TableStats:
+    """A table's sizes and event counters on one shard."""
+
+    table: str
+    dim: int
+    ram_rows: int
+    ram_capacity: int
+    disk_rows: int
+    lookup_ids: int
+    ram_hits: int
+    disk_hits: int
+    misses: int
+    admitted: int
+    rejected: int
+    evicted: int
+    promoted: int
+    overflow: int
+    update_ids: int
+    updated_rows: int
+    nan_skipped: int
+    missing_updates: int
+    assigned_rows: int
+    deleted_rows: int
+
+    def as_dict(self) -> dict[str, int | str]:
+        return asdict(self)
+
+
+def _stripe_count(requested: int, capacity: int) -> int:
+    """Largest power of two ≤ ``requested`` that still leaves every stripe ≥ 1 slot."""
+    s = requested
+    while s > 1 and capacity // s < 1:
+        s //= 2
+    return s
+
+
+class TieredTable:
+    """One table on one shard. Callers validate inputs; this class trusts them.
+
+    Args:
+        config: the table's settings.
+        store: stripe count and eviction chunk.
+        disk: the shard's disk tier (shared by its tables).
+        disk_rows: rows of this table already in the disk tier (when reopening).
+    """
+
+    def __init__(
+        self, config: TableConfig, store: StoreConfig, disk: DiskTier, disk_rows: int = 0
+    ) -> None:
+        self.config = config
+        self.name = config.name
+        self.dim = config.dim
+        self.optimizer = Optimizer(config.optimizer, config.dim, config.weight_bound)
+        self.width = config.dim + self.optimizer.state_dim
+        self._disk = disk
+        self._key = table_key(config.name, config.seed)
+        n = _stripe_count(store.stripes, config.capacity)
+        self._shift = np.uint64(64 - (n.bit_length() - 1))
+        caps = [config.capacity // n + (1 if i < config.capacity % n else 0) for i in range(n)]
+        self.stripes = [RamStripe(c, self.width) for c in caps]
+        self._chunks = [max(1, int(c * store.eviction_chunk)) for c in caps]
+        seed_seq = np.random.SeedSequence([config.seed, int(self._key)])
+        self._rngs = [np.random.default_rng(s) for s in seed_seq.spawn(n)]
+        self.stripes[0].counters.disk_rows = disk_rows
+
+    # ------------------------------------------------------------------ routing to stripes
+    def _split(self, ids: U64) -> Iterator[tuple[int, I64 | None]]:
+        """Yield ``(stripe, positions)``; positions ``None`` means all ids (single stripe)."""
+        if len(self.stripes) == 1:
+            yield 0, None
+            return
+        stripe_of = (mix64(ids, STRIPE_SALT) >> self._shift).astype(np.uint8)
+        order = np.argsort(stripe_of, kind="stable")  # radix sort for uint8 keys
+        bounds = np.searchsorted(stripe_of[order], np.arange(len(self.stripes) + 1))
+        for s in range(len(self.stripes)):
+            if bounds[s + 1] > bounds[s]:
+                yield s, order[bounds[s] : bounds[s + 1]]
+
+    # ------------------------------------------------------------------ public operations
+    def lookup(self, ids: U64, train: bool) -> F32:
+        """Vectors of ``ids`` in input order (see the module docstring for what train does)."""
+        out = np.empty((ids.size, self.dim), dtype=np.float32)
+        for s, pos in self._split(ids):
+            sub = ids if pos is None else ids[pos]
+            where = np.arange(ids.size, dtype=np.int64) if pos is None else pos
+            stripe = self.stripes[s]
+            with stripe.lock:
+                self._lookup_stripe(s, stripe, sub, where, out, train)
+        return out
+
+    def apply_gradients(self, ids: U64, grads: F32) -> UpdateResult:
+        """Sum duplicate ids' gradients, skip non-finite rows, run the optimizer."""
+        applied = skipped = missing = 0
+        for s, pos in self._split(ids):
+            sub = ids if pos is None else ids[pos]
+            g = grads if pos is None else grads[pos]
+            stripe = self.stripes[s]
+            with stripe.lock:
+                a, k, m = self._update_stripe(stripe, sub, g)
+            applied += a
+            skipped += k
+            missing += m
+        return UpdateResult(applied, skipped, missing)
+
+    def assign(self, ids: U64, vectors: F32) -> int:
+        """Overwrite vectors (creating rows as needed) and reset their optimizer state.
+
+        For duplicate ids the last vector wins. Returns the number of distinct ids written.
+        """
+        written = 0
+        for s, pos in self._split(ids):
+            sub = ids if pos is None else ids[pos]
+            v = vectors if pos is None else vectors[pos]
+            stripe = self.stripes[s]
+            with stripe.lock:
+                written += self._assign_stripe(stripe, sub, v)
+        return written
+
+    def delete(self, ids: U64) -> int:
+        """Remove rows from both tiers. Returns how many existed."""
+        deleted = 0
+        for s, pos in self._split(ids):
+            sub = ids if pos is None else ids[pos]
+            stripe = self.stripes[s]
+            with stripe.lock:
+                deleted += self._delete_stripe(stripe, sub)
+        return deleted
+
+    def peek(self, ids: U64) -> tuple[npt.NDArray[np.bool_], F32]:
+        """Full rows ``[vector | state]`` of ``ids`` without any side effect.
+
+        Returns:
+            ``(found, rows)``: ``rows[i]`` is zeros where ``found[i]`` is false.
+        """
+        found = np.zeros(ids.size, dtype=bool)
+        rows = np.zeros((ids.size, self.width), dtype=np.float32)
+        for s, pos in self._split(ids):
+            where = np.arange(ids.size, dtype=np.int64) if pos is None else pos
+            sub = ids[where]
+            stripe = self.stripes[s]
+            with stripe.lock:
+                slots = np.empty(sub.size, dtype=np.int64)
+                hash_index.probe(stripe.index, sub, 0, False, slots)
+                hit = slots >= 0
+                rows[where[hit]] = stripe.rows[slots[hit]]
+                on_disk, disk_rows = self._disk.get(self.name, sub[~hit])
+                rows[where[~hit][on_disk]] = disk_rows
+            found[where] = hit
+            found[where[~hit]] = on_disk
+        return found, rows
+
+    def stats(self) -> TableStats:
+        total = Counters()
+        for stripe in self.stripes:
+            total.add(stripe.counters)
+        counts = asdict(total)
+        return TableStats(
+            table=self.name,
+            dim=self.dim,
+            ram_rows=sum(s.size for s in self.stripes),
+            ram_capacity=sum(s.capacity for s in self.stripes),
+            **counts,
+        )
+
+    def spill_all(self) -> None:
+        """Move every resident row to the disk tier (before a clean close)."""
+        for stripe in self.stripes:
+            with stripe.lock:
+                ids, slots = stripe.resident()
+                self._disk.put(self.name, ids, stripe.rows[slots])
+                freed = np.empty(ids.size, dtype=np.int64)
+                hash_index.remove(stripe.index, ids, freed)
+                stripe.release_slots(slots)
+                stripe.counters.disk_rows += ids.size
+
+    # ------------------------------------------------------------------ per-stripe work
+    def _lookup_stripe(
+        self, s: int, stripe: RamStripe, ids: U64, where: I64, out: F32, train: bool
+    ) -> None:
+        c = stripe.counters
+        tick = stripe.next_tick() if train else 0
+        miss = np.empty(ids.size, dtype=np.int64)
+        n_miss = hash_index.lookup_gather(
+            stripe.index, stripe.rows, ids, where, out, tick, train, miss
+        )
+        c.lookup_ids += ids.size
+        c.ram_hits += ids.size - n_miss
+        if n_miss == 0:
+            return
+        miss = miss[:n_miss]
+        uniq, inv = np.unique(ids[miss], return_inverse=True)
+        found, disk_rows = self._disk.get(self.name, uniq)
+        values = np.zeros((uniq.size, self.width), dtype=np.float32)
+        values[found] = disk_rows
+        c.disk_hits += int(found[inv].sum())
+        c.misses += int((~found[inv]).sum())
+        if train:
+            new = ~found
+            admitted = new.copy()
+            p = self.config.admit_probability
+            if p < 1.0 and new.any():
+                admitted[new] = self._rngs[s].random(int(new.sum())) < p
+            if admitted.any():
+                values[admitted] = self._new_rows(uniq[admitted])
+            c.admitted += int(admitted.sum())
+            c.rejected += int(new.sum()) - int(admitted.sum())
+            keep = found | admitted
+            self._store(stripe, uniq[keep], values[keep], found[keep], tick, dirty=False)
+        out[where[miss]] = values[inv, : self.dim]
+
+    def _update_stripe(self, stripe: RamStripe, ids: U64, grads: F32) -> tuple[int, int, int]:
+        c = stripe.counters
+        c.update_ids += ids.size
+        tick = stripe.next_tick()
+        slots = np.empty(ids.size, dtype=np.int64)
+        n_miss = hash_index.probe(stripe.index, ids, tick, True, slots)
+        missing = 0
+        skipped = 0
+        applied = 0
+        if n_miss:
+            miss = np.flatnonzero(slots < 0)
+            uniq = np.unique(ids[miss])
+            found, disk_rows = self._disk.get(self.name, uniq)
+            missing = int((~found).sum())
+            self._store(stripe, uniq[found], disk_rows, found[found], tick, dirty=False)
+            sub_slots = np.empty(miss.size, dtype=np.int64)
+            hash_index.probe(stripe.index, ids[miss], tick, False, sub_slots)
+            slots[miss] = sub_slots
+            still = sub_slots < 0  # overflow rows (on disk) and ids that exist nowhere
+            if still.any():
+                a, k = self._update_on_disk(ids[miss[still]], grads[miss[still]])
+                applied += a
+                skipped += k
+        uniq_slots = np.empty(ids.size, dtype=np.int64)
+        sums = np.empty((ids.size, self.dim), dtype=np.float32)
+        k = hash_index.dedup_sum(slots, grads, stripe.scratch, uniq_slots, sums)
+        nan = self.optimizer.apply(stripe.rows, uniq_slots[:k], sums[:k])
+        skipped += nan
+        applied += k - nan
+        c.updated_rows += applied
+        c.nan_skipped += skipped
+        c.missing_updates += missing
+        return applied, skipped, missing
+
+    def _update_on_disk(self, ids: U64, grads: F32) -> tuple[int, int]:
+        """Apply gradients to rows that stay on disk (overflow); ids absent everywhere are
+        ignored (they were counted as missing)."""
+        uniq, inv = np.unique(ids, return_inverse=True)
+        found, rows = self._disk.get(self.name, uniq)
+        sums = np.zeros((uniq.size, self.dim), dtype=np.float32)
+        np.add.at(sums, inv, grads)
+        sums = sums[found]
+        nan = self.optimizer.apply(rows, np.arange(rows.shape[0], dtype=np.int64), sums)
+        self._disk.put(self.name, uniq[found], rows)  # skipped rows are rewritten unchanged
+        return int(rows.shape[0]) - nan, nan
+
+    def _assign_stripe(self, stripe: RamStripe, ids: U64, vectors: F32) -> int:
+        c = stripe.counters
+        n = ids.size
+        uniq, first_in_reversed = np.unique(ids[::-1], return_index=True)
+        vecs = vectors[n - 1 - first_in_reversed]
+        rows = np.empty((uniq.size, self.width), dtype=np.float32)
+        rows[:, : self.dim] = vecs
+        rows[:, self.dim :] = self.optimizer.initial_state(uniq.size)
+        tick = stripe.next_tick()
+        slots = np.empty(uniq.size, dtype=np.int64)
+        hash_index.probe(stripe.index, uniq, tick, True, slots)
+        resident = slots >= 0
+        stripe.rows[slots[resident]] = rows[resident]
+        absent = ~resident
+        if absent.any():
+            on_disk, _ = self._disk.get(self.name, uniq[absent])
+            self._store(stripe, uniq[absent], rows[absent], on_disk, tick, dirty=True)
+        c.assigned_rows += uniq.size
+        return int(uniq.size)
+
+    def _delete_stripe(self, stripe: RamStripe, ids: U64) -> int:
+        c = stripe.counters
+        uniq = np.unique(ids)
+        freed = np.empty(uniq.size, dtype=np.int64)
+        n_ram = hash_index.remove(stripe.index, uniq, freed)
+        stripe.release_slots(freed[freed >= 0])
+        rest = uniq[freed < 0]
+        found, _ = self._disk.get(self.name, rest)
+        self._disk.delete(self.name, rest[found])
+        n_disk = int(found.sum())
+        c.disk_rows -= n_disk
+        c.deleted_rows += n_ram + n_disk
+        return int(n_ram) + n_disk
+
+    # ------------------------------------------------------------------ tier movement
+    def _new_rows(self, ids: U64) -> F32:
+        rows = np.empty((ids.size, self.width), dtype=np.float32)
+        rows[:, : self.dim] = initial_vectors(ids, self.dim, self.config.initializer, self._key)
+        rows[:, self.dim :] = self.optimizer.initial_state(ids.size)
+        return rows
+
+    def _store(
+        self,
+        stripe: RamStripe,
+        ids: U64,
+        rows: F32,
+        on_disk: npt.NDArray[np.bool_],
+        tick: int,
+        dirty: bool,
+    ) -> None:
+        """Make ``ids`` resident with ``rows``, evicting LRU rows older than ``tick``.
+
+        ``on_disk[k]``: ``ids[k]`` currently has a disk-tier copy (deleted once it is resident).
+        Rows that do not fit overflow to disk; ``dirty`` rows are rewritten there even if a
+        copy exists (their values changed), clean ones are left as they are.
+        """
+        k = ids.size
+        if k == 0:
+            return
+        c = stripe.counters
+        if stripe.n_free < k:
+            s = self.stripes.index(stripe)
+            want = min(max(k - stripe.n_free, self._chunks[s]), stripe.size)
+            self._evict(stripe, want, tick)
+        fit = min(k, stripe.n_free)
+        slots = stripe.take_slots(fit)
+        stripe.rows[slots] = rows[:fit]
+        hash_index.insert(stripe.index, ids[:fit], slots, tick)
+        promoted = ids[:fit][on_disk[:fit]]
+        self._disk.delete(self.name, promoted)
+        c.promoted += promoted.size
+        c.disk_rows -= promoted.size
+        if fit < k:
+            over_ids, over_rows, over_disk = ids[fit:], rows[fit:], on_disk[fit:]
+            write = np.ones(over_ids.size, dtype=bool) if dirty else ~over_disk
+            self._disk.put(self.name, over_ids[write], over_rows[write])
+            c.disk_rows += int((write & ~over_disk).sum())
+            c.overflow += over_ids.size
+
+    def _evict(self, stripe: RamStripe, want: int, tick: int) -> None:
+        keys = np.empty(want, dtype=np.uint64)
+        slots = np.empty(want, dtype=np.int64)
+        n = hash_index.collect_victims(stripe.index, want, tick, keys, slots)
+        if n == 0:
+            return
+        keys, slots = keys[:n], slots[:n]
+        self._disk.put(self.name, keys, stripe.rows[slots])  # raises before anything is freed
+        freed = np.empty(n, dtype=np.int64)
+        hash_index.remove(stripe.index, keys, freed)
+        stripe.release_slots(slots)
+        stripe.counters.evicted += n
+        stripe.counters.disk_rows += n

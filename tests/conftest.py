@@ -1,0 +1,60 @@
+"""Shared fixtures: real shards on real RocksDB directories under pytest's tmp_path."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from embeddb.config import EmbeddingConfig, OptimizerConfig, OptimizerKind, StoreConfig, TableConfig
+from embeddb.shard import Shard
+
+SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+MakeShard = Callable[..., Shard]
+
+
+def one_table_config(
+    dim: int = 4,
+    capacity: int = 64,
+    stripes: int = 1,
+    eviction_chunk: float = 1e-6,
+    optimizer: OptimizerConfig | None = None,
+    **table: Any,
+) -> EmbeddingConfig:
+    """A config with one table ``t``; by default one stripe and exact-need eviction."""
+    spec = TableConfig(
+        name="t", dim=dim, capacity=capacity, optimizer=optimizer or OptimizerConfig(), **table
+    )
+    return EmbeddingConfig(
+        tables={"t": spec}, store=StoreConfig(stripes=stripes, eviction_chunk=eviction_chunk)
+    )
+
+
+@pytest.fixture
+def make_shard(tmp_path: Path) -> Iterator[MakeShard]:
+    """Build shards over ``tmp_path/shard-N``; all are closed at teardown."""
+    shards: list[Shard] = []
+
+    def make(
+        config: EmbeddingConfig | None = None, data_dir: Path | None = None, **kw: Any
+    ) -> Shard:
+        cfg = config if config is not None else one_table_config(**kw)
+        shard = Shard(cfg, data_dir if data_dir is not None else tmp_path / f"shard-{len(shards)}")
+        shards.append(shard)
+        return shard
+
+    yield make
+    for shard in shards:
+        shard.close()
+
+
+def sgd(lr: float = 1.0) -> OptimizerConfig:
+    return OptimizerConfig(kind=OptimizerKind.SGD, lr=lr)
+
+
+def ids(*values: int) -> np.ndarray:
+    return np.array(values, dtype=np.uint64)
