@@ -131,7 +131,7 @@ _HASH_STACK_KEYS = frozenset({"hash_stack_rounds", "embedding_size"})
 _TABLE_SETTINGS = ("admit_probability", "weight_bound", "capacity")
 _DEFAULTS_KEYS = frozenset({"optimizer", "initializer", *_TABLE_SETTINGS})
 _TABLE_KEYS = _DEFAULTS_KEYS | {"dim", "seed"}
-_STORE_KEYS = frozenset({"stripes", "eviction_chunk"})
+_STORE_KEYS = frozenset({"stripes", "eviction_chunk", "min_stripe_rows"})
 _FEATURE_KEY_ALIASES = types.MappingProxyType(
     {
         "hash_stack_rounds": "hash_stack_config.hash_stack_rounds",
@@ -531,10 +531,13 @@ class StoreConfig:
     Attributes:
         stripes: lock stripes per table, a power of two in [1, 64].
         eviction_chunk: least fraction of a table's capacity evicted per eviction, in (0, 0.5].
+        min_stripe_rows: a table gets fewer stripes rather than stripes smaller than this (a
+            small table is not worth striping, and a tiny stripe fills up on a few unlucky ids).
     """
 
     stripes: int = 4
     eviction_chunk: float = 1 / 64
+    min_stripe_rows: int = 1024
 
     def __post_init__(self) -> None:
         stripes = _as_int(self.stripes, "stripes", minimum=1, maximum=_MAX_STRIPES)
@@ -543,6 +546,7 @@ class StoreConfig:
         _set(self, "stripes", stripes)
         chunk = _as_float(self.eviction_chunk, "eviction_chunk", low=0.0, high=0.5, low_open=True)
         _set(self, "eviction_chunk", chunk)
+        _set(self, "min_stripe_rows", _as_int(self.min_stripe_rows, "min_stripe_rows", minimum=1))
 
 
 @dataclass(frozen=True)
@@ -753,7 +757,11 @@ class EmbeddingConfig:
                 name: list(members) for name, members in self.feature_groups.items()
             },
             "tables": {name: _table_to_dict(t) for name, t in self.tables.items()},
-            "store": {"stripes": self.store.stripes, "eviction_chunk": self.store.eviction_chunk},
+            "store": {
+                "stripes": self.store.stripes,
+                "eviction_chunk": self.store.eviction_chunk,
+                "min_stripe_rows": self.store.min_stripe_rows,
+            },
         }
 
 

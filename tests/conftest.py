@@ -25,12 +25,17 @@ def one_table_config(
     optimizer: OptimizerConfig | None = None,
     **table: Any,
 ) -> EmbeddingConfig:
-    """A config with one table ``t``; by default one stripe and exact-need eviction."""
+    """A config with one table ``t``; by default one stripe and exact-need eviction.
+
+    Stripes of any size are allowed (``min_stripe_rows=1``) so that tiny test tables still
+    exercise the multi-stripe paths.
+    """
     spec = TableConfig(
         name="t", dim=dim, capacity=capacity, optimizer=optimizer or OptimizerConfig(), **table
     )
     return EmbeddingConfig(
-        tables={"t": spec}, store=StoreConfig(stripes=stripes, eviction_chunk=eviction_chunk)
+        tables={"t": spec},
+        store=StoreConfig(stripes=stripes, eviction_chunk=eviction_chunk, min_stripe_rows=1),
     )
 
 

@@ -71,6 +71,8 @@ class Optimizer:
         good = finite_rows(grads, finite)
         if good < index.size:
             index, grads = index[finite], np.ascontiguousarray(grads[finite])
+        if index.size == 0:
+            return int(finite.size - good)
         c = self.config
         apply_rows(  # type: ignore[call-arg]
             _KIND_CODE[c.kind], rows, index, grads, *self._blocks(min(index.size, CHUNK_ROWS)),

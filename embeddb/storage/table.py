@@ -2,6 +2,7 @@
 
 Ids are split into ``stripes`` (a power of two) by ``mix64(id ^ STRIPE_SALT)``; each stripe has
 its own lock, slots, index and clock, so concurrent calls on different stripes run in parallel.
+A table smaller than ``stripes * min_stripe_rows`` gets fewer stripes (down to one).
 
 Life of a row:
 
@@ -81,10 +82,10 @@ class TableStats:
         return asdict(self)
 
 
-def _stripe_count(requested: int, capacity: int) -> int:
-    """Largest power of two ≤ ``requested`` that still leaves every stripe ≥ 1 slot."""
+def _stripe_count(requested: int, capacity: int, min_rows: int) -> int:
+    """Largest power of two ≤ ``requested`` that leaves every stripe ≥ ``min_rows`` slots."""
     s = requested
-    while s > 1 and capacity // s < 1:
+    while s > 1 and capacity // s < min_rows:
         s //= 2
     return s
 
@@ -109,7 +110,7 @@ class TieredTable:
         self.width = config.dim + self.optimizer.state_dim
         self._disk = disk
         self._key = table_key(config.name, config.seed)
-        n = _stripe_count(store.stripes, config.capacity)
+        n = _stripe_count(store.stripes, config.capacity, store.min_stripe_rows)
         self._shift = np.uint64(64 - (n.bit_length() - 1))
         caps = [config.capacity // n + (1 if i < config.capacity % n else 0) for i in range(n)]
         self.stripes = [RamStripe(c, self.width) for c in caps]

@@ -1,0 +1,797 @@
+"""Storage benchmark of one embeddb shard: RAM-tier and disk-tier throughput against raw numpy.
+
+Everything runs in one process and one calling thread, on batches of 65,536 ids (``BATCH``),
+for tables of dim 16 and 64. Three measurements:
+
+(i) **RAM-resident.** An Adagrad table with exactly 1M RAM-tier rows, pre-populated with ids
+    0..1M-1, is read with training lookups and updated with ``apply_gradients`` on uniform and
+    Zipf(1.05) id batches. In the same run, on the same batches (as int64 indices), two raw numpy
+    baselines set the bar:
+
+    * gather: ``arr[idx]`` on a preallocated float32 array of shape ``(1M, dim)`` -- the least a
+      lookup must do (move ``dim`` floats per id from random rows into a fresh output array);
+    * scatter-update: ``arr[idx] -= lr * g`` (gather, subtract, scatter) on the same array -- the
+      least an update must do (read and write ``dim`` floats per id).
+
+    ``lookup_ratio`` and ``update_ratio`` are ours / raw. An Adagrad row also carries its
+    accumulator (``state_dim == dim``), so the update inevitably moves twice the bytes of the
+    ``(1M, dim)`` baseline; a second, width-matched baseline runs the same scatter-update on a
+    ``(1M, dim + state_dim)`` array with gradient rows of that width, and
+    ``update_ratio_same_bytes`` compares against it. The shard does more than either baseline:
+    hash-index probes, LRU stamps, duplicate-id gradient summing, NaN checks and the Adagrad
+    arithmetic; the baselines are what a perfect store with a dense id space would cost.
+(ii) **Spill.** Zipf(1.05) ids over 10M distinct ids with 1M RAM rows (``--quick``: 2M ids over
+    200K rows), so that roughly 10% of looked-up ids come from the RocksDB disk tier. The table is
+    populated first, then warmed up with Zipf batches until the per-batch disk share stops
+    falling (the LRU tier reaches its steady state), then training lookups are timed. The
+    measured disk share (``disk_hits / lookup_ids`` over the timed phase, from the stats delta)
+    is reported as it is: an LRU tier keeps fewer hot rows than an ideal top-k cache, so it is
+    usually somewhat above the ~10% that the Zipf mass outside the top 1M ranks suggests.
+(iii) **Capacity** (full mode only). One SGD table of dim 16 (no optimizer state, to keep the
+    disk small) with 1M RAM rows grows to 1M, 10M and 100M distinct ids (``--max-ids`` caps the
+    series; it stops at 10M when less than 20 GB of disk is free); after each growth step Zipf
+    lookups over the current table size are timed. This is the single-machine analogue of the
+    paper's capacity test. The populate rate (rows created per second, evictions to RocksDB
+    included) is reported too.
+
+Id batches: uniform ids are ``rng.integers``; Zipf ids draw ranks by inverse CDF over the finite
+id space (cumulative weights ``k ** -1.05``, ``np.searchsorted`` on uniform draws) and map rank to
+id through a fixed random permutation, so hot ids are neither the small ids nor clustered. Above
+20M ids the permutation is replaced by the cheaper bijection ``(a * rank + b) mod n`` with a prime
+``a`` (it keeps ids inside the populated range ``0..n-1``, which a multiply mod 2**64 would not).
+
+Timing: batches are generated before timing; each measurement runs a few untimed warm-up batches
+and then times batches with ``time.perf_counter`` until it has run for at least 1 s and at least
+20 batches (``--quick``: whichever comes first). The reported rate is total ids / total time;
+the median of per-batch rates is kept in the JSON as well. RAM-resident batches cycle through a
+pool of 32 pre-generated batches; spill and capacity batches are never repeated.
+
+Output: a table printed as the run goes, then, as the last line, one JSON object (keys described
+in ``benchmarks/README.md``). The issue's targets (``lookup_ratio`` and ``update_ratio`` >= 0.5
+for RAM-resident ids; >= 1M lookup ids/s with ~10% disk-tier ids) are printed next to the figures
+and never enforced.
+
+Usage::
+
+    PYTHONPATH=. python benchmarks/storage.py --quick
+    PYTHONPATH=. python benchmarks/storage.py --json-out storage.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from embeddb.config import (
+    EmbeddingConfig,
+    OptimizerConfig,
+    OptimizerKind,
+    StoreConfig,
+    TableConfig,
+)
+from embeddb.shard import Shard
+from embeddb.storage import TableStats
+
+F32 = npt.NDArray[np.float32]
+I64 = npt.NDArray[np.int64]
+U64 = npt.NDArray[np.uint64]
+
+TABLE = "t"
+BATCH = 65_536
+DIMS = (16, 64)
+DISTRIBUTIONS = ("uniform", "zipf")
+ZIPF_S = 1.05
+LR = 0.01
+
+RAM_IDS = 1_000_000
+RAM_POOL_BATCHES = 32
+GRAD_POOL = 4
+WARMUP_BATCHES = 3
+
+SPILL_FULL = (10_000_000, 1_000_000)  # (distinct ids, RAM-tier rows)
+SPILL_QUICK = (2_000_000, 200_000)
+SPILL_TIMED_BATCHES = 64
+SPILL_WARMUP_WINDOW = 5  # batches per window of the steady-state check
+SPILL_WARMUP_TOLERANCE = 0.002  # the disk share may fall by this much per window and count as flat
+SPILL_WARMUP_MAX_BATCHES = 300
+
+CAPACITY_SIZES = (1_000_000, 10_000_000, 100_000_000)
+CAPACITY_RAM_ROWS = 1_000_000
+CAPACITY_DIM = 16
+CAPACITY_FALLBACK_MAX_IDS = 10_000_000
+MIN_FREE_DISK_BYTES = 20 * 10**9
+
+PERMUTATION_MAX_IDS = 20_000_000
+AFFINE_MULTIPLIER = 2_654_435_761  # a prime, so coprime with every id count below it
+AFFINE_OFFSET = 1_234_567
+
+MIN_SECONDS = 1.0
+MIN_BATCHES = 20
+PROGRESS_SECONDS = 30.0
+
+TARGET_RATIO = 0.5
+TARGET_SPILL_IDS_PER_S = 1_000_000
+TARGET_SPILL_DISK_SHARE = 0.10
+
+TIMING_METHOD = "total ids / total time (median of per-batch rates also given)"
+
+
+# ------------------------------------------------------------------------------------ timing
+
+
+@dataclass(frozen=True)
+class Budget:
+    """How long one measurement runs: ``min_seconds`` and ``min_batches`` (quick: either)."""
+
+    quick: bool
+    min_seconds: float = MIN_SECONDS
+    min_batches: int = MIN_BATCHES
+
+    def satisfied(self, seconds: float, batches: int) -> bool:
+        enough_time = seconds >= self.min_seconds
+        enough_batches = batches >= self.min_batches
+        return enough_time or enough_batches if self.quick else enough_time and enough_batches
+
+
+@dataclass(frozen=True)
+class Rate:
+    """Throughput of one measurement."""
+
+    ids_per_s: float  # total ids / total time
+    median_batch_ids_per_s: float
+    batches: int
+    seconds: float
+
+    def as_dict(self) -> dict[str, float | int]:
+        return {
+            "ids_per_s": self.ids_per_s,
+            "median_batch_ids_per_s": self.median_batch_ids_per_s,
+            "batches": self.batches,
+            "seconds": self.seconds,
+        }
+
+
+def time_batches(work: Callable[[int], object], budget: Budget, limit: int | None) -> Rate:
+    """Time ``work(i)`` for i = 0, 1, ... (each call handles ``BATCH`` ids).
+
+    Stops once ``budget`` is satisfied or after ``limit`` batches (``None``: no limit).
+    """
+    per_batch: list[float] = []
+    total = 0.0
+    while not budget.satisfied(total, len(per_batch)) and (limit is None or len(per_batch) < limit):
+        start = time.perf_counter()
+        work(len(per_batch))
+        elapsed = time.perf_counter() - start
+        per_batch.append(elapsed)
+        total += elapsed
+    rates = [BATCH / t for t in per_batch]
+    return Rate(BATCH * len(per_batch) / total, statistics.median(rates), len(per_batch), total)
+
+
+def warm_up(work: Callable[[int], object], batches: int = WARMUP_BATCHES) -> None:
+    for i in range(batches):
+        work(i)
+
+
+# ------------------------------------------------------------------------------------ ids
+
+
+class IdSampler:
+    """Batches of ids in ``0..n-1``: uniform, or Zipf(``ZIPF_S``) ranks mapped to scattered ids.
+
+    Args:
+        n: the number of distinct ids.
+        distribution: ``"uniform"`` or ``"zipf"``.
+        rng: the generator that draws ids (and the rank -> id permutation).
+    """
+
+    def __init__(self, n: int, distribution: str, rng: np.random.Generator) -> None:
+        self.n = n
+        self.distribution = distribution
+        self._rng = rng
+        self._cdf: npt.NDArray[np.float64] | None = None
+        self._permutation: I64 | None = None
+        if distribution == "zipf":
+            self._cdf = zipf_cdf(n, ZIPF_S)
+            if n <= PERMUTATION_MAX_IDS:
+                self._permutation = rng.permutation(n)
+        elif distribution != "uniform":
+            raise ValueError(f"unknown distribution {distribution!r}")
+
+    def batch(self, size: int = BATCH) -> I64:
+        if self._cdf is None:
+            return self._rng.integers(0, self.n, size=size, dtype=np.int64)
+        ranks = np.searchsorted(self._cdf, self._rng.random(size), side="right")
+        if self._permutation is not None:
+            return self._permutation[ranks]
+        return affine_ids(ranks.astype(np.int64), self.n)
+
+
+def zipf_cdf(n: int, s: float) -> npt.NDArray[np.float64]:
+    """Normalised cumulative weights ``sum_{j<=k} j**-s`` for k = 1..n (float64)."""
+    cdf = np.arange(1, n + 1, dtype=np.float64)
+    np.power(cdf, -s, out=cdf)
+    np.cumsum(cdf, out=cdf)
+    cdf /= cdf[-1]
+    cdf[-1] = 1.0
+    return cdf
+
+
+def affine_ids(ranks: I64, n: int) -> I64:
+    """The bijection ``(a * rank + b) mod n`` of ``0..n-1`` (``a`` prime, ``n < a``)."""
+    if math.gcd(AFFINE_MULTIPLIER, n) != 1:
+        raise ValueError(f"{AFFINE_MULTIPLIER} is not coprime with {n}")
+    return (ranks * AFFINE_MULTIPLIER + AFFINE_OFFSET) % n  # < 2**63 for n < 2**31
+
+
+def as_table_ids(index: I64) -> U64:
+    """The uint64 view of non-negative int64 ids (no copy)."""
+    return index.view(np.uint64)
+
+
+def rng_for(seed: int, *keys: int) -> np.random.Generator:
+    """An independent generator per phase, so skipping a phase changes no other phase's ids."""
+    return np.random.default_rng([seed, *keys])
+
+
+# ------------------------------------------------------------------------------------ shard
+
+
+def make_config(
+    dim: int, capacity: int, kind: OptimizerKind, stripes: int | None
+) -> EmbeddingConfig:
+    store = StoreConfig() if stripes is None else StoreConfig(stripes=stripes)
+    table = TableConfig(
+        name=TABLE, dim=dim, capacity=capacity, optimizer=OptimizerConfig(kind=kind)
+    )
+    return EmbeddingConfig(tables={TABLE: table}, store=store)
+
+
+@contextmanager
+def open_shard(config: EmbeddingConfig, root: Path, label: str) -> Iterator[Shard]:
+    """A shard in a fresh directory under ``root``; closed and removed afterwards."""
+    data_dir = Path(tempfile.mkdtemp(prefix=f"{label}-", dir=root))
+    shard = Shard(config, data_dir)
+    try:
+        yield shard
+    finally:
+        shard.close()
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def table_stats(shard: Shard) -> TableStats:
+    return shard.stats().tables[TABLE]
+
+
+def disk_share(before: TableStats, after: TableStats) -> float:
+    """Share of looked-up ids served by the disk tier between two stats snapshots."""
+    looked_up = after.lookup_ids - before.lookup_ids
+    return (after.disk_hits - before.disk_hits) / looked_up if looked_up else 0.0
+
+
+@dataclass(frozen=True)
+class Populate:
+    rows: int
+    seconds: float
+
+    @property
+    def rows_per_s(self) -> float:
+        return self.rows / self.seconds if self.seconds else 0.0
+
+
+def populate(shard: Shard, start: int, stop: int) -> Populate:
+    """Create rows ``start..stop-1`` with training lookups of ``BATCH`` ids (timed)."""
+    began = time.perf_counter()
+    last_report = began
+    for low in range(start, stop, BATCH):
+        shard.lookup(TABLE, np.arange(low, min(low + BATCH, stop), dtype=np.uint64), train=True)
+        now = time.perf_counter()
+        if now - last_report >= PROGRESS_SECONDS:
+            done = min(low + BATCH, stop) - start
+            rate = done / (now - began)
+            left = (stop - start - done) / rate
+            say(
+                f"    populating: {done:,} of {stop - start:,} rows, {fmt_rate(rate)} rows/s, "
+                f"~{left / 60:.1f} min left"
+            )
+            last_report = now
+    return Populate(stop - start, time.perf_counter() - began)
+
+
+def dir_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+# ------------------------------------------------------------------------------------ printing
+
+
+def say(text: str = "") -> None:
+    print(text, flush=True)
+
+
+def fmt_rate(value: float) -> str:
+    if value >= 1e6:
+        return f"{value / 1e6:.2f}M"
+    return f"{value / 1e3:.0f}K"
+
+
+def verdict(met: bool) -> str:
+    return "met" if met else "NOT met"
+
+
+# ------------------------------------------------------------------------------------ (i) RAM
+
+
+@dataclass(frozen=True)
+class RamBatches:
+    """One distribution's pool of id batches (uint64 for the shard, int64 for numpy)."""
+
+    index: list[I64]
+
+    def ids(self, i: int) -> U64:
+        return as_table_ids(self.index[i % len(self.index)])
+
+    def idx(self, i: int) -> I64:
+        return self.index[i % len(self.index)]
+
+
+def ram_combination(
+    shard: Shard,
+    batches: RamBatches,
+    raw: F32,
+    raw_wide: F32,
+    grads: Sequence[F32],
+    grads_wide: Sequence[F32],
+    budget: Budget,
+) -> dict[str, Any]:
+    """Measure lookup, Adagrad update and the three numpy baselines on one batch pool."""
+
+    def lookup(i: int) -> object:
+        return shard.lookup(TABLE, batches.ids(i), train=True)
+
+    def update(i: int) -> object:
+        return shard.apply_gradients(TABLE, batches.ids(i), grads[i % GRAD_POOL])
+
+    def gather(i: int) -> object:
+        return raw[batches.idx(i)]
+
+    def scatter(i: int) -> None:
+        raw[batches.idx(i)] -= LR * grads[i % GRAD_POOL]
+
+    def scatter_wide(i: int) -> None:
+        raw_wide[batches.idx(i)] -= LR * grads_wide[i % GRAD_POOL]
+
+    rates: dict[str, Rate] = {}
+    before = table_stats(shard)
+    for name, work in (
+        ("lookup", lookup),
+        ("adagrad", update),
+        ("raw_gather", gather),
+        ("raw_scatter", scatter),
+        ("raw_scatter_same_bytes", scatter_wide),
+    ):
+        warm_up(work)
+        rates[name] = time_batches(work, budget, limit=None)
+    after = table_stats(shard)
+    return {
+        "lookup_ids_per_s": rates["lookup"].ids_per_s,
+        "raw_gather_rows_per_s": rates["raw_gather"].ids_per_s,
+        "lookup_ratio": rates["lookup"].ids_per_s / rates["raw_gather"].ids_per_s,
+        "adagrad_ids_per_s": rates["adagrad"].ids_per_s,
+        "raw_scatter_rows_per_s": rates["raw_scatter"].ids_per_s,
+        "update_ratio": rates["adagrad"].ids_per_s / rates["raw_scatter"].ids_per_s,
+        "raw_scatter_same_bytes_rows_per_s": rates["raw_scatter_same_bytes"].ids_per_s,
+        "update_ratio_same_bytes": (
+            rates["adagrad"].ids_per_s / rates["raw_scatter_same_bytes"].ids_per_s
+        ),
+        "disk_share": disk_share(before, after),
+        "distinct_ids_per_batch": float(np.mean([np.unique(b).size for b in batches.index])),
+        "measurements": {name: rate.as_dict() for name, rate in rates.items()},
+    }
+
+
+RAM_HEADER = (
+    f"{'dim':>4} {'ids':<8} {'lookup/s':>9} {'gather/s':>9} {'lookup_ratio':>12} "
+    f"{'adagrad/s':>9} {'scatter/s':>9} {'update_ratio':>12} {'wide/s':>9} "
+    f"{'update_ratio_same_bytes':>23} {'disk share':>10}"
+)
+
+
+def ram_row(dim: int, distribution: str, r: dict[str, Any]) -> str:
+    return (
+        f"{dim:>4} {distribution:<8} {fmt_rate(r['lookup_ids_per_s']):>9} "
+        f"{fmt_rate(r['raw_gather_rows_per_s']):>9} {r['lookup_ratio']:>12.2f} "
+        f"{fmt_rate(r['adagrad_ids_per_s']):>9} {fmt_rate(r['raw_scatter_rows_per_s']):>9} "
+        f"{r['update_ratio']:>12.2f} {fmt_rate(r['raw_scatter_same_bytes_rows_per_s']):>9} "
+        f"{r['update_ratio_same_bytes']:>23.2f} {r['disk_share']:>10.2%}"
+    )
+
+
+def run_ram(
+    dim: int, root: Path, budget: Budget, seed: int, stripes: int | None
+) -> dict[str, dict[str, Any]]:
+    """Phase (i) for one dim: returns ``{"dim16_uniform": {...}, ...}``."""
+    config = make_config(dim, RAM_IDS, OptimizerKind.ADAGRAD, stripes)
+    width = config.tables[TABLE].row_width
+    rng = rng_for(seed, 1, dim)
+    results: dict[str, dict[str, Any]] = {}
+    with open_shard(config, root, f"ram-d{dim}") as shard:
+        filled = populate(shard, 0, RAM_IDS)
+        resident = table_stats(shard)
+        say(
+            f"  dim {dim}: populated {RAM_IDS:,} ids in {filled.seconds:.1f} s "
+            f"({fmt_rate(filled.rows_per_s)} rows/s); RAM rows {resident.ram_rows:,}, "
+            f"disk rows {resident.disk_rows:,}"
+        )
+        if resident.disk_rows:
+            say(
+                f"  note: {resident.disk_rows:,} rows did not fit their lock stripe and went to "
+                "disk (stripes split the capacity evenly, ids hash unevenly)"
+            )
+        raw = rng.standard_normal((RAM_IDS, dim), dtype=np.float32)
+        raw_wide = rng.standard_normal((RAM_IDS, width), dtype=np.float32)
+        grads = [rng.standard_normal((BATCH, dim), dtype=np.float32) for _ in range(GRAD_POOL)]
+        grads_wide = [
+            rng.standard_normal((BATCH, width), dtype=np.float32) for _ in range(GRAD_POOL)
+        ]
+        for distribution in DISTRIBUTIONS:
+            sampler = IdSampler(RAM_IDS, distribution, rng)
+            batches = RamBatches([sampler.batch() for _ in range(RAM_POOL_BATCHES)])
+            result = ram_combination(shard, batches, raw, raw_wide, grads, grads_wide, budget)
+            result.update(
+                dim=dim,
+                distribution=distribution,
+                row_width=width,
+                ram_rows=resident.ram_rows,
+                disk_rows_after_populate=resident.disk_rows,
+                populate_rows_per_s=filled.rows_per_s,
+            )
+            results[f"dim{dim}_{distribution}"] = result
+            say(ram_row(dim, distribution, result))
+    return results
+
+
+# ------------------------------------------------------------------------------------ (ii) spill
+
+
+@dataclass(frozen=True)
+class WarmUp:
+    batches: int
+    first_share: float
+    last_share: float
+
+
+def warm_to_steady_state(shard: Shard, sampler: IdSampler, max_batches: int) -> WarmUp:
+    """Run untimed lookups until the per-window disk share stops falling (LRU steady state)."""
+    shares: list[float] = []
+    windows: list[float] = []
+    while len(shares) < max_batches:
+        ids = as_table_ids(sampler.batch())
+        before = table_stats(shard)
+        shard.lookup(TABLE, ids, train=True)
+        shares.append(disk_share(before, table_stats(shard)))
+        if len(shares) % SPILL_WARMUP_WINDOW == 0:
+            windows.append(statistics.fmean(shares[-SPILL_WARMUP_WINDOW:]))
+            if len(windows) >= 2 and windows[-1] >= windows[-2] - SPILL_WARMUP_TOLERANCE:
+                break
+    return WarmUp(len(shares), shares[0], windows[-1] if windows else shares[-1])
+
+
+def timed_zipf_lookups(
+    shard: Shard, sampler: IdSampler, budget: Budget, warm_max: int
+) -> dict[str, Any]:
+    """Warm up to steady state, then time training lookups of fresh Zipf batches."""
+    warm = warm_to_steady_state(shard, sampler, warm_max)
+    limit = MIN_BATCHES if budget.quick else SPILL_TIMED_BATCHES
+    batches = [as_table_ids(sampler.batch()) for _ in range(limit)]
+    before = table_stats(shard)
+    rate = time_batches(lambda i: shard.lookup(TABLE, batches[i], train=True), budget, limit=limit)
+    after = table_stats(shard)
+    return {
+        "lookup_ids_per_s": rate.ids_per_s,
+        "median_batch_ids_per_s": rate.median_batch_ids_per_s,
+        "batches": rate.batches,
+        "seconds": rate.seconds,
+        "disk_share": disk_share(before, after),
+        "promoted": after.promoted - before.promoted,
+        "evicted": after.evicted - before.evicted,
+        "warmup_batches": warm.batches,
+        "warmup_first_disk_share": warm.first_share,
+        "warmup_last_disk_share": warm.last_share,
+        "ram_rows": after.ram_rows,
+        "disk_rows": after.disk_rows,
+    }
+
+
+def run_spill(
+    dim: int,
+    n_ids: int,
+    capacity: int,
+    root: Path,
+    budget: Budget,
+    seed: int,
+    stripes: int | None,
+) -> dict[str, Any]:
+    """Phase (ii) for one dim."""
+    config = make_config(dim, capacity, OptimizerKind.ADAGRAD, stripes)
+    rng = rng_for(seed, 2, dim)
+    with open_shard(config, root, f"spill-d{dim}") as shard:
+        filled = populate(shard, 0, n_ids)
+        sampler = IdSampler(n_ids, "zipf", rng)
+        result = timed_zipf_lookups(shard, sampler, budget, SPILL_WARMUP_MAX_BATCHES)
+    result.update(
+        dim=dim,
+        distinct_ids=n_ids,
+        ram_capacity=capacity,
+        populate_rows_per_s=filled.rows_per_s,
+        populate_seconds=filled.seconds,
+    )
+    met = result["lookup_ids_per_s"] >= TARGET_SPILL_IDS_PER_S
+    say(
+        f"  dim {dim:>2}: populate {fmt_rate(filled.rows_per_s)} rows/s "
+        f"({filled.seconds:.1f} s); warm-up {result['warmup_batches']} batches "
+        f"(disk share {result['warmup_first_disk_share']:.1%} -> "
+        f"{result['warmup_last_disk_share']:.1%}); lookup "
+        f"{fmt_rate(result['lookup_ids_per_s'])} ids/s over {result['batches']} batches, "
+        f"disk share {result['disk_share']:.1%} "
+        f"[target >= {fmt_rate(TARGET_SPILL_IDS_PER_S)} ids/s: {verdict(met)}]"
+    )
+    return result
+
+
+# ------------------------------------------------------------------------------------ (iii)
+
+
+def capacity_sizes(max_ids: int | None, root: Path) -> tuple[list[int], str | None]:
+    """The table sizes of the series and, when the disk forces a cap, why."""
+    sizes = [n for n in CAPACITY_SIZES if max_ids is None or n <= max_ids]
+    free = shutil.disk_usage(root).free
+    if free < MIN_FREE_DISK_BYTES and any(n > CAPACITY_FALLBACK_MAX_IDS for n in sizes):
+        sizes = [n for n in sizes if n <= CAPACITY_FALLBACK_MAX_IDS]
+        return sizes, (
+            f"only {free / 1e9:.1f} GB free under {root} (< "
+            f"{MIN_FREE_DISK_BYTES / 1e9:.0f} GB): capped at "
+            f"{CAPACITY_FALLBACK_MAX_IDS:,} ids"
+        )
+    return sizes, None
+
+
+def run_capacity(
+    sizes: Sequence[int], root: Path, budget: Budget, seed: int, stripes: int | None
+) -> list[dict[str, Any]]:
+    """Phase (iii): grow one SGD table and time Zipf lookups at each size."""
+    config = make_config(CAPACITY_DIM, CAPACITY_RAM_ROWS, OptimizerKind.SGD, stripes)
+    rng = rng_for(seed, 3)
+    series: list[dict[str, Any]] = []
+    say(
+        f"{'distinct ids':>12} {'populate/s':>10} {'populate s':>10} {'lookup/s':>9} "
+        f"{'disk share':>10} {'warm-up':>7} {'disk GB':>7}"
+    )
+    with open_shard(config, root, "capacity") as shard:
+        populated = 0
+        for size in sizes:
+            filled = populate(shard, populated, size)
+            populated = size
+            sampler = IdSampler(size, "zipf", rng)
+            point = timed_zipf_lookups(shard, sampler, budget, SPILL_WARMUP_MAX_BATCHES)
+            del sampler
+            point.update(
+                distinct_ids=size,
+                populate_rows=filled.rows,
+                populate_rows_per_s=filled.rows_per_s,
+                populate_seconds=filled.seconds,
+                disk_bytes=dir_bytes(shard.data_dir),
+            )
+            series.append(point)
+            say(
+                f"{size:>12,} {fmt_rate(filled.rows_per_s):>10} {filled.seconds:>10.1f} "
+                f"{fmt_rate(point['lookup_ids_per_s']):>9} {point['disk_share']:>10.1%} "
+                f"{point['warmup_batches']:>7} {point['disk_bytes'] / 1e9:>7.2f}"
+            )
+    return series
+
+
+# ------------------------------------------------------------------------------------ main
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description="Storage benchmark of one embeddb shard (RAM tier, disk tier, capacity).",
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="short run (< 60 s): spill scaled to 2M ids / 200K RAM rows, "
+        "no capacity series, each measurement >= 1 s or >= 20 batches",
+    )
+    parser.add_argument(
+        "--max-ids",
+        type=int,
+        default=None,
+        help="largest table of the capacity series (default 100M)",
+    )
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        default=None,
+        help="where the shards' disk tiers go (default: a temporary directory, removed at the end)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of every id batch")
+    parser.add_argument(
+        "--stripes",
+        type=int,
+        default=None,
+        help=f"lock stripes per table (default: StoreConfig's, {StoreConfig().stripes})",
+    )
+    parser.add_argument(
+        "--json-out", type=Path, default=None, help="also write the final JSON object to this file"
+    )
+    args = parser.parse_args(argv)
+    if args.max_ids is not None and args.max_ids < CAPACITY_SIZES[0]:
+        parser.error(f"--max-ids must be at least {CAPACITY_SIZES[0]:,}")
+    return args
+
+
+@contextmanager
+def data_root(requested: Path | None) -> Iterator[Path]:
+    """``requested`` (created if missing, kept), or a temporary directory removed at the end."""
+    if requested is not None:
+        requested.mkdir(parents=True, exist_ok=True)
+        yield requested
+        return
+    root = Path(tempfile.mkdtemp(prefix="embeddb-bench-storage-"))
+    try:
+        yield root
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def summary(result: dict[str, Any]) -> list[str]:
+    """Headline figures next to the issue's targets (informational only)."""
+    lines = [
+        "== headline (dim 16, uniform ids vs (1M, dim) numpy; targets are informational) ==",
+        f"lookup   {fmt_rate(result['lookup_ids_per_s'])} ids/s vs gather "
+        f"{fmt_rate(result['raw_gather_rows_per_s'])} rows/s: lookup_ratio "
+        f"{result['lookup_ratio']:.2f} [target >= {TARGET_RATIO}: "
+        f"{verdict(result['lookup_ratio'] >= TARGET_RATIO)}]",
+        f"adagrad  {fmt_rate(result['adagrad_ids_per_s'])} ids/s vs scatter-update "
+        f"{fmt_rate(result['raw_scatter_rows_per_s'])} rows/s: update_ratio "
+        f"{result['update_ratio']:.2f} [target >= {TARGET_RATIO}: "
+        f"{verdict(result['update_ratio'] >= TARGET_RATIO)}]; same bytes: "
+        f"{result['update_ratio_same_bytes']:.2f}",
+        f"spill    {fmt_rate(result['spill_lookup_ids_per_s'])} ids/s at disk share "
+        f"{result['spill_disk_share']:.1%} [target >= {fmt_rate(TARGET_SPILL_IDS_PER_S)} ids/s "
+        f"at ~{TARGET_SPILL_DISK_SHARE:.0%}: "
+        f"{verdict(result['spill_lookup_ids_per_s'] >= TARGET_SPILL_IDS_PER_S)}]",
+    ]
+    return lines
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    started = time.perf_counter()
+    args = parse_args(argv)
+    budget = Budget(quick=args.quick)
+    spill_ids, spill_capacity = SPILL_QUICK if args.quick else SPILL_FULL
+    stripes = args.stripes if args.stripes is not None else StoreConfig().stripes
+    say(
+        f"embeddb storage benchmark: {'quick' if args.quick else 'full'} mode, batch {BATCH:,} "
+        f"ids, {stripes} stripes, seed {args.seed}, {os.cpu_count()} CPUs, "
+        f"{platform.python_implementation()} {platform.python_version()}, numpy {np.__version__}"
+    )
+    say(
+        f"timing: {TIMING_METHOD}; each measurement >= {MIN_SECONDS:g} s "
+        f"{'or' if args.quick else 'and'} >= {MIN_BATCHES} batches"
+    )
+    with data_root(args.data_dir) as root:
+        say(
+            f"\n(i) RAM-resident: {RAM_IDS:,} ids, {RAM_IDS:,} RAM rows, Adagrad, training "
+            f"lookups and apply_gradients vs numpy gather / scatter-update (rows/s)"
+        )
+        say(RAM_HEADER)
+        ram: dict[str, dict[str, Any]] = {}
+        for dim in DIMS:
+            ram.update(run_ram(dim, root, budget, args.seed, args.stripes))
+
+        scaled = " (--quick: scaled down from 10M ids / 1M RAM rows)" if args.quick else ""
+        say(
+            f"\n(ii) spill: Zipf({ZIPF_S}) over {spill_ids:,} ids, {spill_capacity:,} RAM rows, "
+            f"Adagrad, training lookups{scaled}"
+        )
+        spill = {
+            f"dim{dim}": run_spill(
+                dim, spill_ids, spill_capacity, root, budget, args.seed, args.stripes
+            )
+            for dim in DIMS
+        }
+
+        capacity: list[dict[str, Any]] = []
+        capacity_note: str | None = "skipped in --quick mode" if args.quick else None
+        if not args.quick:
+            sizes, capacity_note = capacity_sizes(args.max_ids, root)
+            say(
+                f"\n(iii) capacity: SGD dim {CAPACITY_DIM}, {CAPACITY_RAM_ROWS:,} RAM rows, "
+                f"Zipf({ZIPF_S}) lookups over the current table size; sizes "
+                f"{', '.join(f'{n:,}' for n in sizes)}"
+            )
+            if capacity_note:
+                say(f"  note: {capacity_note}")
+            capacity = run_capacity(sizes, root, budget, args.seed, args.stripes)
+
+    head = ram["dim16_uniform"]
+    spill_head = spill["dim16"]
+    result: dict[str, Any] = {
+        "bench": "storage",
+        "quick": args.quick,
+        "lookup_ids_per_s": head["lookup_ids_per_s"],
+        "raw_gather_rows_per_s": head["raw_gather_rows_per_s"],
+        "lookup_ratio": head["lookup_ratio"],
+        "adagrad_ids_per_s": head["adagrad_ids_per_s"],
+        "raw_scatter_rows_per_s": head["raw_scatter_rows_per_s"],
+        "update_ratio": head["update_ratio"],
+        "raw_scatter_same_bytes_rows_per_s": head["raw_scatter_same_bytes_rows_per_s"],
+        "update_ratio_same_bytes": head["update_ratio_same_bytes"],
+        "spill_lookup_ids_per_s": spill_head["lookup_ids_per_s"],
+        "spill_disk_share": spill_head["disk_share"],
+        "spill_distinct_ids": spill_ids,
+        "spill_ram_capacity": spill_capacity,
+        "targets": {
+            "lookup_ratio": TARGET_RATIO,
+            "update_ratio": TARGET_RATIO,
+            "spill_lookup_ids_per_s": TARGET_SPILL_IDS_PER_S,
+            "spill_disk_share": TARGET_SPILL_DISK_SHARE,
+        },
+        "ram": ram,
+        "spill": spill,
+        "capacity": capacity,
+        "capacity_note": capacity_note,
+        "settings": {
+            "batch": BATCH,
+            "dims": list(DIMS),
+            "zipf_s": ZIPF_S,
+            "lr": LR,
+            "stripes": stripes,
+            "seed": args.seed,
+            "timing": TIMING_METHOD,
+            "min_seconds": MIN_SECONDS,
+            "min_batches": MIN_BATCHES,
+            "budget": "either" if args.quick else "both",
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "numpy": np.__version__,
+        },
+    }
+    result["targets_met"] = {
+        "lookup_ratio": result["lookup_ratio"] >= TARGET_RATIO,
+        "update_ratio": result["update_ratio"] >= TARGET_RATIO,
+        "spill_lookup_ids_per_s": result["spill_lookup_ids_per_s"] >= TARGET_SPILL_IDS_PER_S,
+    }
+    result["seconds"] = time.perf_counter() - started
+    say()
+    for line in summary(result):
+        say(line)
+    say(f"total {result['seconds']:.1f} s")
+    line = json.dumps(result, sort_keys=False)
+    if args.json_out is not None:
+        args.json_out.write_text(line + "\n")
+    say(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
