@@ -50,12 +50,16 @@ _M2 = np.uint64(0x94D0_49BB_1331_11EB)
 def as_ids(ids: object, name: str = "ids") -> U64:
     """Validate and return ``ids`` as a contiguous 1-D ``uint64`` array.
 
-    Accepts any integer array of non-negative values (a copy is made when the dtype differs).
+    Accepts any integer array of non-negative values (a copy is made when the dtype differs)
+    and Python sequences of ints. A sequence mixing ids at or above 2**63 with others is
+    converted exactly (numpy alone would turn it into float64 and lose the low bits).
 
     Raises:
-        InvalidArgumentError: not 1-D, not an integer dtype, or negative values.
+        InvalidArgumentError: not 1-D, not integers, negative or wider than 64 bits.
     """
     arr = np.asarray(ids)
+    if not isinstance(ids, np.ndarray) and arr.dtype.kind in "fO" and arr.size:
+        arr = _exact_from_sequence(ids, arr, name)
     if arr.ndim != 1:
         raise InvalidArgumentError(f"{name} must be 1-D, got shape {arr.shape}")
     if arr.dtype == np.uint64:
@@ -69,6 +73,19 @@ def as_ids(ids: object, name: str = "ids") -> U64:
     if np.issubdtype(arr.dtype, np.signedinteger) and arr.size and arr.min() < 0:
         raise InvalidArgumentError(f"{name} must be non-negative")
     return arr.astype(np.uint64)
+
+
+def _exact_from_sequence(ids: object, arr: np.ndarray, name: str) -> np.ndarray:
+    """Convert a Python sequence that numpy read as float or object, if it holds only ints."""
+    if arr.ndim != 1:
+        return arr
+    items = list(ids)  # type: ignore[call-overload]
+    if not all(isinstance(x, int) and not isinstance(x, bool) for x in items):
+        return arr  # genuinely non-integer: rejected by the caller with its dtype
+    try:
+        return np.array(items, dtype=np.uint64)
+    except OverflowError:
+        raise InvalidArgumentError(f"{name} must be non-negative and below 2**64") from None
 
 
 _NO_SALT = np.uint64(0)

@@ -1,0 +1,1 @@
+"""Packaged embedding configs: ``adult.yaml`` (the demo) and ``default.yaml``."""
