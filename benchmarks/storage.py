@@ -46,7 +46,9 @@ Timing: batches are generated before timing; each measurement runs a few untimed
 and then times batches with ``time.perf_counter`` until it has run for at least 1 s and at least
 20 batches (``--quick``: whichever comes first). The reported rate is total ids / total time;
 the median of per-batch rates is kept in the JSON as well. RAM-resident batches cycle through a
-pool of 32 pre-generated batches; spill and capacity batches are never repeated.
+pool of 32 pre-generated batches, and the five RAM-resident operations (lookup, update and the
+three baselines) are timed in 5 alternating rounds, so that load from other processes on a
+shared machine skews ours and raw alike; spill and capacity batches are never repeated.
 
 Output: a table printed as the run goes, then, as the last line, one JSON object (keys described
 in ``benchmarks/README.md``). The issue's targets (``lookup_ratio`` and ``update_ratio`` >= 0.5
@@ -105,6 +107,7 @@ RAM_IDS = 1_000_000
 RAM_POOL_BATCHES = 32
 GRAD_POOL = 4
 WARMUP_BATCHES = 3
+ROUNDS = 5  # RAM-resident operations are timed in this many alternating rounds
 
 SPILL_FULL = (10_000_000, 1_000_000)  # (distinct ids, RAM-tier rows)
 SPILL_QUICK = (2_000_000, 200_000)
@@ -170,21 +173,50 @@ class Rate:
         }
 
 
-def time_batches(work: Callable[[int], object], budget: Budget, limit: int | None) -> Rate:
-    """Time ``work(i)`` for i = 0, 1, ... (each call handles ``BATCH`` ids).
+def batch_seconds(
+    work: Callable[[int], object], budget: Budget, limit: int | None = None, start: int = 0
+) -> list[float]:
+    """Time ``work(start + i)`` for i = 0, 1, ...; returns the seconds of each call.
 
     Stops once ``budget`` is satisfied or after ``limit`` batches (``None``: no limit).
     """
     per_batch: list[float] = []
     total = 0.0
     while not budget.satisfied(total, len(per_batch)) and (limit is None or len(per_batch) < limit):
-        start = time.perf_counter()
-        work(len(per_batch))
-        elapsed = time.perf_counter() - start
+        began = time.perf_counter()
+        work(start + len(per_batch))
+        elapsed = time.perf_counter() - began
         per_batch.append(elapsed)
         total += elapsed
-    rates = [BATCH / t for t in per_batch]
-    return Rate(BATCH * len(per_batch) / total, statistics.median(rates), len(per_batch), total)
+    return per_batch
+
+
+def rate_of(per_batch: Sequence[float]) -> Rate:
+    """Total ids / total time over batches of ``BATCH`` ids, plus the median per-batch rate."""
+    total = sum(per_batch)
+    median = statistics.median(BATCH / t for t in per_batch)
+    return Rate(BATCH * len(per_batch) / total, median, len(per_batch), total)
+
+
+def time_batches(work: Callable[[int], object], budget: Budget, limit: int | None) -> Rate:
+    """Time ``work(i)`` for i = 0, 1, ... (each call handles ``BATCH`` ids)."""
+    return rate_of(batch_seconds(work, budget, limit))
+
+
+def time_interleaved(
+    works: dict[str, Callable[[int], object]], budget: Budget, rounds: int = ROUNDS
+) -> dict[str, Rate]:
+    """Time several operations in alternating rounds, each round a ``1/rounds`` share of
+    ``budget``, so that load from other processes on the machine hits all of them alike and
+    their ratios stay meaningful."""
+    share = Budget(
+        budget.quick, budget.min_seconds / rounds, math.ceil(budget.min_batches / rounds)
+    )
+    seconds: dict[str, list[float]] = {name: [] for name in works}
+    for _ in range(rounds):
+        for name, work in works.items():
+            seconds[name] += batch_seconds(work, share, start=len(seconds[name]))
+    return {name: rate_of(times) for name, times in seconds.items()}
 
 
 def warm_up(work: Callable[[int], object], batches: int = WARMUP_BATCHES) -> None:
@@ -380,17 +412,17 @@ def ram_combination(
     def scatter_wide(i: int) -> None:
         raw_wide[batches.idx(i)] -= LR * grads_wide[i % GRAD_POOL]
 
-    rates: dict[str, Rate] = {}
-    before = table_stats(shard)
-    for name, work in (
-        ("lookup", lookup),
-        ("adagrad", update),
-        ("raw_gather", gather),
-        ("raw_scatter", scatter),
-        ("raw_scatter_same_bytes", scatter_wide),
-    ):
+    works = {
+        "lookup": lookup,
+        "adagrad": update,
+        "raw_gather": gather,
+        "raw_scatter": scatter,
+        "raw_scatter_same_bytes": scatter_wide,
+    }
+    for work in works.values():
         warm_up(work)
-        rates[name] = time_batches(work, budget, limit=None)
+    before = table_stats(shard)
+    rates = time_interleaved(works, budget)
     after = table_stats(shard)
     return {
         "lookup_ids_per_s": rates["lookup"].ids_per_s,

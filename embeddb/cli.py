@@ -22,8 +22,8 @@ __all__ = ["main"]
 
 
 def _packaged_config(name: str) -> EmbeddingConfig:
-    text = resources.files("embeddb.configs").joinpath(name).read_text()
-    return EmbeddingConfig.from_yaml_text(text, source=f"embeddb/configs/{name}")
+    text = resources.files("embeddb.presets").joinpath(name).read_text()
+    return EmbeddingConfig.from_yaml_text(text, source=f"embeddb/presets/{name}")
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -46,7 +46,7 @@ def main(log_level: str) -> None:
     "--config",
     "config_path",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    help="Embedding config YAML (default: the packaged configs/adult.yaml).",
+    help="Embedding config YAML (default: the packaged presets/adult.yaml).",
 )
 @click.option(
     "--data-dir",

@@ -161,7 +161,7 @@ def run_demo(
     """Train the demo model for ``epochs`` over Adult's training split, then score the test split.
 
     Args:
-        config: embedding config whose features name Adult columns (see configs/adult.yaml).
+        config: embedding config whose features name Adult columns (see presets/adult.yaml).
         shard: an open shard built from ``config``.
         epochs, batch_size, lr, seed: training settings (``lr`` is the dense part's SGD rate;
             the embeddings use each table's own optimizer).

@@ -7,8 +7,9 @@ All functions work on whole ``numpy.uint64`` arrays and are exact (integer arith
   differ in one bit differ in about half the output bits, so sequential ids, ids sharing a
   feature-group prefix, and ids that are multiples of a power of two all spread uniformly.
 * :func:`shard_of` picks the shard of each id from ``mix64(id ^ SHARD_SALT)``. The salt keeps
-  shard routing independent of the in-shard hashing (stripes and hash buckets use other salts),
-  so the ids of one shard still spread evenly over that shard's stripes.
+  shard routing independent of the in-shard hashing (stripes and hash buckets use other salts,
+  see ``embeddb.storage.hash_index``), so the ids of one shard still spread evenly over that
+  shard's stripes.
 * :func:`with_group_prefix` puts a feature group's index in the top ``prefix_bits`` bits of its
   ids (PERSIA's ``feature_index_prefix_bit``); :func:`hash_stack` maps one id to several bucket
   rows (PERSIA's ``hash_stack_config``).

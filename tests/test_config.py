@@ -28,7 +28,7 @@ from embeddb.config import (
 from embeddb.errors import ConfigError, InvalidArgumentError, TableNotFoundError
 
 REPO = Path(__file__).resolve().parents[1]
-DEFAULT_YAML = REPO / "embeddb" / "configs" / "default.yaml"
+DEFAULT_YAML = REPO / "embeddb" / "presets" / "default.yaml"
 PERSIA_YAML = REPO / "examples" / "persia_embedding_config.yaml"
 
 ADULT_TABLES = [

@@ -146,11 +146,17 @@ class IndexMachine(RuleBasedStateMachine):
         self.model: Model = {}
         self.next_slot = 0
 
-    @initialize(capacity=st.sampled_from([1, 8, 16]))
-    def start(self, capacity: int) -> None:
+    @initialize(capacity=st.sampled_from([1, 8, 16]), data=st.data(), tick=TICKS)
+    def start(self, capacity: int, data: st.DataObject, tick: int) -> None:
         self.index = new_index(capacity)
         self.buckets = self.index.shape[0]
         self.pool = POOLS[self.buckets]
+        # start anywhere from empty to one bucket short of full, so long runs are common
+        n = data.draw(st.sampled_from(range(self.buckets)), label="prefill")
+        keys = data.draw(st.permutations(self.pool), label="prefill keys")[:n]
+        self.next_slot = n
+        insert(self.index, u64(keys), i64(list(range(n))), tick)
+        self.model = {k: (i, tick) for i, k in enumerate(keys)}
 
     def keys(self, data: st.DataObject, max_size: int, label: str) -> list[int]:
         return data.draw(st.lists(st.sampled_from(self.pool), max_size=max_size), label=label)

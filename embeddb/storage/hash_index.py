@@ -19,6 +19,8 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from embeddb.routing import STRIPE_SALT
+
 __all__ = [
     "collect_victims",
     "dedup_sum",
@@ -48,11 +50,43 @@ def new_index(capacity: int) -> np.ndarray:
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
-def _home(key, mask):
-    z = (key ^ BUCKET_SALT) + _GOLDEN
+def _mix(z):
+    z = z + _GOLDEN
     z = (z ^ (z >> _S30)) * _M1
     z = (z ^ (z >> _S27)) * _M2
-    return (z ^ (z >> _S31)) & mask
+    return z ^ (z >> _S31)
+
+
+@numba.njit(nogil=True, cache=True, inline="always")
+def _home(key, mask):
+    return _mix(key ^ BUCKET_SALT) & mask
+
+
+@numba.njit(nogil=True, cache=True)
+def partition(ids, shift, n_stripes, order_out, ids_out, bounds_out):
+    """Counting sort of ``ids`` by stripe ``mix64(id ^ STRIPE_SALT) >> shift``.
+
+    Writes ``order_out`` (original positions) and ``ids_out`` (the ids) grouped by stripe, in
+    their original relative order; stripe ``s`` occupies ``[bounds_out[s], bounds_out[s+1])``.
+    """
+    n = ids.size
+    stripe_of = np.empty(n, dtype=np.int64)
+    for s in range(n_stripes + 1):
+        bounds_out[s] = 0
+    sh = np.uint64(shift)
+    for i in range(n):
+        s = np.int64(_mix(ids[i] ^ STRIPE_SALT) >> sh)
+        stripe_of[i] = s
+        bounds_out[s + 1] += 1
+    for s in range(n_stripes):
+        bounds_out[s + 1] += bounds_out[s]
+    cursor = bounds_out[:n_stripes].copy()
+    for i in range(n):
+        s = stripe_of[i]
+        p = cursor[s]
+        order_out[p] = i
+        ids_out[p] = ids[i]
+        cursor[s] = p + 1
 
 
 @numba.njit(nogil=True, cache=True)
@@ -228,11 +262,12 @@ def collect_victims(index, count, below_tick, keys_out, slots_out):
 
 
 @numba.njit(nogil=True, cache=True)
-def dedup_sum(slots, grads, scratch, uniq_out, sums_out):
+def dedup_sum(slots, grads, rows_of, scratch, uniq_out, sums_out):
     """Sum gradient rows that share a slot, in first-appearance order.
 
-    ``scratch`` is an int64 array over all slots filled with -1; it is restored before return.
-    Negative slots are skipped.
+    The gradient of ``slots[i]`` is ``grads[rows_of[i]]`` (read in place, no copy). ``scratch``
+    is an int64 array over all slots filled with -1; it is restored before return. Negative
+    slots are skipped.
 
     Returns:
         ``k``: ``uniq_out[:k]`` are the distinct slots, ``sums_out[:k]`` their summed gradients.
@@ -244,15 +279,16 @@ def dedup_sum(slots, grads, scratch, uniq_out, sums_out):
         if s < 0:
             continue
         pos = scratch[s]
+        r = rows_of[i]
         if pos < 0:
             scratch[s] = k
             uniq_out[k] = s
             for j in range(dim):
-                sums_out[k, j] = grads[i, j]
+                sums_out[k, j] = grads[r, j]
             k += 1
         else:
             for j in range(dim):
-                sums_out[pos, j] += grads[i, j]
+                sums_out[pos, j] += grads[r, j]
     for x in range(k):
         scratch[uniq_out[x]] = -1
     return k

@@ -32,7 +32,6 @@ import numpy.typing as npt
 from embeddb.config import StoreConfig, TableConfig
 from embeddb.initializers import initial_vectors, table_key
 from embeddb.optim import Optimizer
-from embeddb.routing import STRIPE_SALT, mix64
 from embeddb.storage import hash_index
 from embeddb.storage.disk_tier import DiskTier
 from embeddb.storage.ram_tier import Counters, RamStripe
@@ -120,25 +119,26 @@ class TieredTable:
         self.stripes[0].counters.disk_rows = disk_rows
 
     # ------------------------------------------------------------------ routing to stripes
-    def _split(self, ids: U64) -> Iterator[tuple[int, I64 | None]]:
-        """Yield ``(stripe, positions)``; positions ``None`` means all ids (single stripe)."""
-        if len(self.stripes) == 1:
-            yield 0, None
+    def _split(self, ids: U64) -> Iterator[tuple[int, U64, I64]]:
+        """Yield ``(stripe, ids of that stripe, their positions in ids)`` for non-empty stripes."""
+        n_stripes = len(self.stripes)
+        if n_stripes == 1:
+            yield 0, ids, np.arange(ids.size, dtype=np.int64)
             return
-        stripe_of = (mix64(ids, STRIPE_SALT) >> self._shift).astype(np.uint8)
-        order = np.argsort(stripe_of, kind="stable")  # radix sort for uint8 keys
-        bounds = np.searchsorted(stripe_of[order], np.arange(len(self.stripes) + 1))
-        for s in range(len(self.stripes)):
-            if bounds[s + 1] > bounds[s]:
-                yield s, order[bounds[s] : bounds[s + 1]]
+        order = np.empty(ids.size, dtype=np.int64)
+        grouped = np.empty(ids.size, dtype=np.uint64)
+        bounds = np.empty(n_stripes + 1, dtype=np.int64)
+        hash_index.partition(ids, self._shift, n_stripes, order, grouped, bounds)
+        for s in range(n_stripes):
+            lo, hi = bounds[s], bounds[s + 1]
+            if hi > lo:
+                yield s, grouped[lo:hi], order[lo:hi]
 
     # ------------------------------------------------------------------ public operations
     def lookup(self, ids: U64, train: bool) -> F32:
         """Vectors of ``ids`` in input order (see the module docstring for what train does)."""
         out = np.empty((ids.size, self.dim), dtype=np.float32)
-        for s, pos in self._split(ids):
-            sub = ids if pos is None else ids[pos]
-            where = np.arange(ids.size, dtype=np.int64) if pos is None else pos
+        for s, sub, where in self._split(ids):
             stripe = self.stripes[s]
             with stripe.lock:
                 self._lookup_stripe(s, stripe, sub, where, out, train)
@@ -147,12 +147,10 @@ class TieredTable:
     def apply_gradients(self, ids: U64, grads: F32) -> UpdateResult:
         """Sum duplicate ids' gradients, skip non-finite rows, run the optimizer."""
         applied = skipped = missing = 0
-        for s, pos in self._split(ids):
-            sub = ids if pos is None else ids[pos]
-            g = grads if pos is None else grads[pos]
+        for s, sub, where in self._split(ids):
             stripe = self.stripes[s]
             with stripe.lock:
-                a, k, m = self._update_stripe(stripe, sub, g)
+                a, k, m = self._update_stripe(stripe, sub, grads, where)
             applied += a
             skipped += k
             missing += m
@@ -164,19 +162,16 @@ class TieredTable:
         For duplicate ids the last vector wins. Returns the number of distinct ids written.
         """
         written = 0
-        for s, pos in self._split(ids):
-            sub = ids if pos is None else ids[pos]
-            v = vectors if pos is None else vectors[pos]
+        for s, sub, where in self._split(ids):
             stripe = self.stripes[s]
             with stripe.lock:
-                written += self._assign_stripe(stripe, sub, v)
+                written += self._assign_stripe(stripe, sub, vectors[where])
         return written
 
     def delete(self, ids: U64) -> int:
         """Remove rows from both tiers. Returns how many existed."""
         deleted = 0
-        for s, pos in self._split(ids):
-            sub = ids if pos is None else ids[pos]
+        for s, sub, _ in self._split(ids):
             stripe = self.stripes[s]
             with stripe.lock:
                 deleted += self._delete_stripe(stripe, sub)
@@ -190,9 +185,7 @@ class TieredTable:
         """
         found = np.zeros(ids.size, dtype=bool)
         rows = np.zeros((ids.size, self.width), dtype=np.float32)
-        for s, pos in self._split(ids):
-            where = np.arange(ids.size, dtype=np.int64) if pos is None else pos
-            sub = ids[where]
+        for s, sub, where in self._split(ids):
             stripe = self.stripes[s]
             with stripe.lock:
                 slots = np.empty(sub.size, dtype=np.int64)
@@ -264,7 +257,10 @@ class TieredTable:
             self._store(stripe, uniq[keep], values[keep], found[keep], tick, dirty=False)
         out[where[miss]] = values[inv, : self.dim]
 
-    def _update_stripe(self, stripe: RamStripe, ids: U64, grads: F32) -> tuple[int, int, int]:
+    def _update_stripe(
+        self, stripe: RamStripe, ids: U64, grads: F32, where: I64
+    ) -> tuple[int, int, int]:
+        """``grads[where[i]]`` is the gradient of ``ids[i]``."""
         c = stripe.counters
         c.update_ids += ids.size
         tick = stripe.next_tick()
@@ -284,12 +280,12 @@ class TieredTable:
             slots[miss] = sub_slots
             still = sub_slots < 0  # overflow rows (on disk) and ids that exist nowhere
             if still.any():
-                a, k = self._update_on_disk(ids[miss[still]], grads[miss[still]])
+                a, k = self._update_on_disk(ids[miss[still]], grads[where[miss[still]]])
                 applied += a
                 skipped += k
         uniq_slots = np.empty(ids.size, dtype=np.int64)
         sums = np.empty((ids.size, self.dim), dtype=np.float32)
-        k = hash_index.dedup_sum(slots, grads, stripe.scratch, uniq_slots, sums)
+        k = hash_index.dedup_sum(slots, grads, where, stripe.scratch, uniq_slots, sums)
         nan = self.optimizer.apply(stripe.rows, uniq_slots[:k], sums[:k])
         skipped += nan
         applied += k - nan

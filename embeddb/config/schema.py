@@ -1,0 +1,389 @@
+"""The YAML schema: parsing (PERSIA keys plus embeddb's) and writing back."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import re
+import types
+from collections.abc import Collection, Iterator, Mapping
+from typing import Any
+
+import yaml
+
+from embeddb.config._checks import (
+    _ADAM_DEFAULT_EPS,
+    _MAX_PREFIX_BITS,
+    _TEMPLATE_TABLE,
+    _as_int,
+    _as_kind,
+    _as_name,
+    _describe,
+    _did_you_mean,
+    _KindT,
+)
+from embeddb.config.model import (
+    _INITIALIZER_PARAMS,
+    _OPTIMIZER_PARAMS,
+    FeatureConfig,
+    InitializerConfig,
+    InitializerKind,
+    OptimizerConfig,
+    OptimizerKind,
+    StoreConfig,
+    TableConfig,
+    _group_indices,
+    _group_of,
+)
+from embeddb.errors import ConfigError
+
+# PERSIA's docs and its versions spell the features section three ways; the first is canonical.
+_SLOTS_KEYS = ("slots_config", "slot_configs", "slot_config")
+_TOP_KEYS = frozenset(
+    {
+        *_SLOTS_KEYS,
+        "feature_index_prefix_bit",
+        "feature_groups",
+        "seed",
+        "defaults",
+        "tables",
+        "store",
+    }
+)
+_SLOT_KEYS = frozenset(
+    {
+        "dim",
+        "embedding_summation",
+        "sqrt_scaling",
+        "sample_fixed_size",
+        "hash_stack_config",
+        "table",
+    }
+)
+_SLOT_SETTINGS = ("embedding_summation", "sqrt_scaling", "sample_fixed_size")
+_HASH_STACK_KEYS = frozenset({"hash_stack_rounds", "embedding_size"})
+_TABLE_SETTINGS = ("admit_probability", "weight_bound", "capacity")
+_DEFAULTS_KEYS = frozenset({"optimizer", "initializer", *_TABLE_SETTINGS})
+_TABLE_KEYS = _DEFAULTS_KEYS | {"dim", "seed"}
+_STORE_KEYS = frozenset({"stripes", "eviction_chunk", "min_stripe_rows"})
+_FEATURE_KEY_ALIASES = types.MappingProxyType(
+    {
+        "hash_stack_rounds": "hash_stack_config.hash_stack_rounds",
+        "hash_stack_size": "hash_stack_config.embedding_size",
+    }
+)
+_KIND_KEY_ALIASES = types.MappingProxyType({"kind": "type"})
+
+
+# --------------------------------------------------------------------------------------------
+# YAML schema -> EmbeddingConfig fields
+# --------------------------------------------------------------------------------------------
+
+
+def _detail(exc: ConfigError) -> str:
+    """The message of ``exc`` without its ``"key: "`` prefix."""
+    return str(exc).removeprefix(f"{exc.key}: ") if exc.key else str(exc)
+
+
+@contextlib.contextmanager
+def _at(path: str, aliases: Mapping[str, str] | None = None) -> Iterator[None]:
+    """Re-key ConfigErrors of a dataclass constructor from its field names to YAML paths."""
+    try:
+        yield
+    except ConfigError as exc:
+        head, dot, rest = exc.key.partition(".")
+        key = (aliases or {}).get(head, head) + dot + rest
+        full = ".".join(part for part in (path, key) if part)
+        raise ConfigError(full, _detail(exc)) from exc.__cause__
+
+
+def _join(path: str, key: object) -> str:
+    return f"{path}.{key}" if path else str(key)
+
+
+def _section(raw: object, path: str, known: Collection[str] | None = None) -> Mapping[str, Any]:
+    """Return ``raw`` as a mapping (``None`` -> empty), checking its keys against ``known``."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, Mapping):
+        raise ConfigError(path, f"must be a mapping, got {_describe(raw)}")
+    if known is not None:
+        _check_keys(raw, path, known)
+    return raw
+
+
+def _check_keys(section: Mapping[Any, Any], path: str, known: Collection[str]) -> None:
+    for key in section:
+        if key not in known:
+            hint = _did_you_mean(str(key), known)
+            choices = ", ".join(sorted(known))
+            raise ConfigError(_join(path, key), f"unknown key{hint}; known keys: {choices}")
+
+
+def _parse(top: Mapping[str, Any]) -> dict[str, Any]:
+    _section(top, "", _TOP_KEYS)
+    bits = _as_int(
+        top.get("feature_index_prefix_bit", 8),
+        "feature_index_prefix_bit",
+        minimum=0,
+        maximum=_MAX_PREFIX_BITS,
+    )
+    seed = _as_int(top.get("seed", 0), "seed", minimum=0)
+    slots_key, slots = _slots_section(top)
+    for name in slots:
+        _as_name(name, slots_key, "feature name")
+    groups = _section(top.get("feature_groups"), "feature_groups")
+    group_of = _group_of(groups, slots)
+    index_of = _group_indices(groups, group_of, slots, bits)
+    features: dict[str, FeatureConfig] = {}
+    for name, raw in slots.items():
+        group = group_of.get(name, name)
+        features[name] = _parse_feature(
+            f"{slots_key}.{name}", name, raw, group, index_of[group], bits
+        )
+    _check_shared_tables(features, slots_key)
+    template = _parse_defaults(top.get("defaults"), seed)
+    return {
+        "tables": _parse_tables(_section(top.get("tables"), "tables"), features, template),
+        "features": features,
+        "feature_groups": {group: tuple(members) for group, members in groups.items()},
+        "feature_index_prefix_bit": bits,
+        "store": _parse_store(top.get("store")),
+        "seed": seed,
+    }
+
+
+def _slots_section(top: Mapping[str, Any]) -> tuple[str, Mapping[str, Any]]:
+    present = [key for key in _SLOTS_KEYS if key in top]
+    if len(present) > 1:
+        raise ConfigError(present[1], f"duplicates {present[0]!r}: give the features once")
+    key = present[0] if present else _SLOTS_KEYS[0]
+    return key, _section(top.get(key), key)
+
+
+def _parse_feature(
+    path: str, name: str, raw: object, group: str, group_index: int, prefix_bits: int
+) -> FeatureConfig:
+    slot = _section(raw, path, _SLOT_KEYS)
+    if "dim" not in slot:
+        raise ConfigError(f"{path}.dim", "required key is missing")
+    stack = _section(slot.get("hash_stack_config"), f"{path}.hash_stack_config", _HASH_STACK_KEYS)
+    rounds = stack.get("hash_stack_rounds", 0)
+    disabled = rounds == 0 and not isinstance(rounds, bool)  # PERSIA ignores the size then
+    settings = {key: slot[key] for key in _SLOT_SETTINGS if key in slot}
+    with _at(path, _FEATURE_KEY_ALIASES):
+        return FeatureConfig(
+            name=name,
+            table=slot.get("table", group),
+            dim=slot["dim"],
+            group=group,
+            group_index=group_index,
+            hash_stack_rounds=rounds,
+            hash_stack_size=0 if disabled else stack.get("embedding_size", 0),
+            prefix_bits=prefix_bits,
+            **settings,
+        )
+
+
+def _check_shared_tables(features: Mapping[str, FeatureConfig], slots_key: str) -> None:
+    """Features reading one table need equal dim and equal hash-stack settings."""
+    first_reader: dict[str, FeatureConfig] = {}
+    for feature in features.values():
+        other = first_reader.setdefault(feature.table, feature)
+        path = f"{slots_key}.{feature.name}"
+        shared = f"both read table {feature.table!r}"
+        if feature.dim != other.dim:
+            raise ConfigError(
+                f"{path}.dim",
+                f"{feature.dim} differs from dim {other.dim} of feature {other.name!r}; {shared}",
+            )
+        stack = (feature.hash_stack_rounds, feature.hash_stack_size)
+        if stack != (other.hash_stack_rounds, other.hash_stack_size):
+            raise ConfigError(
+                f"{path}.hash_stack_config",
+                f"(rounds, embedding_size) {stack} differs from "
+                f"{(other.hash_stack_rounds, other.hash_stack_size)} of feature {other.name!r}; "
+                f"{shared}",
+            )
+
+
+def _kind_and_params(
+    section: Mapping[str, Any],
+    path: str,
+    kind_type: type[_KindT],
+    base_kind: _KindT,
+    params_of: Mapping[_KindT, tuple[str, ...]],
+) -> tuple[_KindT, dict[str, Any]]:
+    """Split an optimizer/initializer section into its kind and the parameters it sets."""
+    what = f"{path.rpartition('.')[2]} type"
+    kind = (
+        _as_kind(kind_type, section["type"], f"{path}.type", what)
+        if "type" in section
+        else base_kind
+    )
+    params = {key: value for key, value in section.items() if key != "type"}
+    allowed = params_of[kind]
+    for key in params:
+        if key not in allowed:
+            takes = f"it takes: {', '.join(allowed)}" if allowed else "it takes no parameters"
+            raise ConfigError(f"{path}.{key}", f"does not apply to {what} {kind.value!r}; {takes}")
+    return kind, params
+
+
+def _parse_optimizer(raw: object, path: str, base: OptimizerConfig) -> OptimizerConfig:
+    known = {"type", *(key for keys in _OPTIMIZER_PARAMS.values() for key in keys)}
+    section = _section(raw, path, known)
+    kind, params = _kind_and_params(section, path, OptimizerKind, base.kind, _OPTIMIZER_PARAMS)
+    if kind is not base.kind:
+        eps = _ADAM_DEFAULT_EPS if kind is OptimizerKind.ADAM else OptimizerConfig.eps
+        base = OptimizerConfig(kind=kind, eps=eps)
+    with _at(path, _KIND_KEY_ALIASES):
+        return dataclasses.replace(base, **params)
+
+
+def _parse_initializer(raw: object, path: str, base: InitializerConfig) -> InitializerConfig:
+    known = {"type", *(key for keys in _INITIALIZER_PARAMS.values() for key in keys)}
+    section = _section(raw, path, known)
+    kind, params = _kind_and_params(section, path, InitializerKind, base.kind, _INITIALIZER_PARAMS)
+    if kind is not base.kind:
+        base = InitializerConfig(kind=kind)
+    with _at(path, _KIND_KEY_ALIASES):
+        return dataclasses.replace(base, **params)
+
+
+def _table_changes(section: Mapping[str, Any], path: str, base: TableConfig) -> dict[str, Any]:
+    """The TableConfig fields a ``defaults`` or ``tables`` entry sets."""
+    changes = {key: section[key] for key in (*_TABLE_SETTINGS, "dim", "seed") if key in section}
+    if "optimizer" in section:
+        changes["optimizer"] = _parse_optimizer(
+            section["optimizer"], f"{path}.optimizer", base.optimizer
+        )
+    if "initializer" in section:
+        changes["initializer"] = _parse_initializer(
+            section["initializer"], f"{path}.initializer", base.initializer
+        )
+    return changes
+
+
+def _parse_defaults(raw: object, seed: int) -> TableConfig:
+    """Parse ``defaults`` into a template table that every table starts from."""
+    section = _section(raw, "defaults", _DEFAULTS_KEYS)
+    base = TableConfig(name=_TEMPLATE_TABLE, dim=1, seed=seed)
+    changes = _table_changes(section, "defaults", base)
+    with _at("defaults"):
+        return dataclasses.replace(base, **changes)
+
+
+def _parse_tables(
+    entries: Mapping[str, Any], features: Mapping[str, FeatureConfig], template: TableConfig
+) -> dict[str, TableConfig]:
+    for name in entries:
+        _as_name(name, "tables", "table name")
+    first_reader: dict[str, FeatureConfig] = {}
+    for feature in features.values():
+        first_reader.setdefault(feature.table, feature)
+    tables = {
+        name: _parse_table(name, entries.get(name), template, reader)
+        for name, reader in first_reader.items()
+    }
+    for name, raw in entries.items():
+        if name not in tables:
+            tables[name] = _parse_table(name, raw, template, None)
+    return tables
+
+
+def _parse_table(
+    name: str, raw: object, template: TableConfig, reader: FeatureConfig | None
+) -> TableConfig:
+    path = f"tables.{name}"
+    section = _section(raw, path, _TABLE_KEYS)
+    if reader is None and "dim" not in section:
+        raise ConfigError(f"{path}.dim", "required for a table that no feature reads")
+    changes: dict[str, Any] = {"name": name}
+    if reader is not None:
+        changes["dim"] = reader.dim
+    changes.update(_table_changes(section, path, template))
+    with _at(path):
+        table = dataclasses.replace(template, **changes)
+    if reader is not None and table.dim != reader.dim:
+        raise ConfigError(
+            f"{path}.dim",
+            f"{table.dim} differs from dim {reader.dim} of feature {reader.name!r}, which reads "
+            "this table",
+        )
+    return table
+
+
+def _parse_store(raw: object) -> StoreConfig:
+    section = _section(raw, "store", _STORE_KEYS)
+    with _at("store"):
+        return StoreConfig(**section)
+
+
+def _feature_to_dict(feature: FeatureConfig) -> dict[str, Any]:
+    slot: dict[str, Any] = {
+        "dim": feature.dim,
+        "table": feature.table,
+        "embedding_summation": feature.embedding_summation,
+        "sqrt_scaling": feature.sqrt_scaling,
+        "sample_fixed_size": feature.sample_fixed_size,
+    }
+    if feature.hash_stack_rounds:
+        slot["hash_stack_config"] = {
+            "hash_stack_rounds": feature.hash_stack_rounds,
+            "embedding_size": feature.hash_stack_size,
+        }
+    return slot
+
+
+def _table_to_dict(table: TableConfig) -> dict[str, Any]:
+    optimizer, initializer = table.optimizer, table.initializer
+    return {
+        "dim": table.dim,
+        "optimizer": {
+            "type": optimizer.kind.value,
+            **{key: getattr(optimizer, key) for key in _OPTIMIZER_PARAMS[optimizer.kind]},
+        },
+        "initializer": {
+            "type": initializer.kind.value,
+            **{key: getattr(initializer, key) for key in _INITIALIZER_PARAMS[initializer.kind]},
+        },
+        "admit_probability": table.admit_probability,
+        "weight_bound": table.weight_bound,
+        "capacity": table.capacity,
+        "seed": table.seed,
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# YAML loading
+# --------------------------------------------------------------------------------------------
+
+
+class _YamlLoader(yaml.SafeLoader):
+    """SafeLoader that rejects duplicate mapping keys and reads ``1e-10`` as a float."""
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            with contextlib.suppress(TypeError):  # unhashable keys: the base class reports them
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        "while constructing a mapping",
+                        node.start_mark,
+                        f"found duplicate key {key!r}",
+                        key_node.start_mark,
+                    )
+                seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+# YAML 1.1 floats need a dot and a signed exponent (`1.0e-10`); also accept `1e-10`, `1.5e3`.
+_YamlLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."),
+)

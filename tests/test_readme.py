@@ -1,0 +1,26 @@
+"""The README's promises: its Python example runs, its quickstart matches .ci/run."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+
+
+def test_readme_python_example_runs(capsys) -> None:
+    blocks = re.findall(r"```python\n(.*?)```", README, flags=re.S)
+    assert blocks, "README has no python example"
+    for block in blocks:
+        exec(compile(block, "README.md", "exec"), {})
+    assert "TableStats" in capsys.readouterr().out
+
+
+def test_quickstart_has_two_commands_and_ci_runs_the_test_one() -> None:
+    quickstart = README.split("## Quickstart", 1)[1]
+    block = re.search(r"```bash\n(.*?)```", quickstart, flags=re.S).group(1)
+    commands = [line.split("#")[0].strip() for line in block.splitlines() if line.strip()]
+    assert len(commands) == 2
+    assert "embeddb demo" in commands[0]
+    assert commands[1] in (ROOT / ".ci" / "run").read_text()
