@@ -81,10 +81,10 @@ def _exact_from_sequence(ids: object, arr: np.ndarray, name: str) -> np.ndarray:
     if arr.ndim != 1:
         return arr
     items = list(ids)  # type: ignore[call-overload]
-    if not all(isinstance(x, int) and not isinstance(x, bool) for x in items):
+    if not all(isinstance(x, (int, np.integer)) and not isinstance(x, bool) for x in items):
         return arr  # genuinely non-integer: rejected by the caller with its dtype
     try:
-        return np.array(items, dtype=np.uint64)
+        return np.array([int(x) for x in items], dtype=np.uint64)
     except OverflowError:
         raise InvalidArgumentError(f"{name} must be non-negative and below 2**64") from None
 

@@ -8,9 +8,15 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import settings
 
 from embeddb.config import EmbeddingConfig, OptimizerConfig, OptimizerKind, StoreConfig, TableConfig
 from embeddb.shard import Shard
+
+# numba compiles each kernel on its first call (seconds on a fresh checkout with no cache), so a
+# per-example deadline would fail whichever test happens to call a kernel first.
+settings.register_profile("embeddb", deadline=None)
+settings.load_profile("embeddb")
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 

@@ -23,7 +23,7 @@ from hypothesis.stateful import (
     rule,
 )
 
-from embeddb.routing import mix64
+from embeddb.routing import STRIPE_SALT, mix64
 from embeddb.storage.hash_index import (
     BUCKET_SALT,
     collect_victims,
@@ -31,6 +31,7 @@ from embeddb.storage.hash_index import (
     insert,
     lookup_gather,
     new_index,
+    partition,
     probe,
     remove,
 )
@@ -428,16 +429,28 @@ def test_collect_victims_picks_the_oldest_eligible(
 
 
 # ---------------------------------------------------------------- dedup_sum
-def reference_dedup(slots: list[int], grads: np.ndarray) -> tuple[list[int], list[list[int]]]:
+def reference_dedup(
+    slots: list[int], grads: np.ndarray, rows_of: list[int]
+) -> tuple[list[int], list[list[int]]]:
+    """Distinct non-negative slots in first-appearance order and their summed gradient rows."""
     sums: OrderedDict[int, list[int]] = OrderedDict()
-    for s, g in zip(slots, grads.tolist(), strict=True):
+    for s, r in zip(slots, rows_of, strict=True):
         if s < 0:
             continue
-        if s in sums:
-            sums[s] = [a + int(b) for a, b in zip(sums[s], g, strict=True)]
-        else:
-            sums[s] = [int(b) for b in g]
+        g = [int(v) for v in grads[r]]
+        sums[s] = [a + b for a, b in zip(sums[s], g, strict=True)] if s in sums else g
     return list(sums), list(sums.values())
+
+
+def run_dedup(
+    slots: list[int], grads: np.ndarray, rows_of: list[int], scratch: np.ndarray
+) -> tuple[int, np.ndarray, np.ndarray]:
+    n = len(slots)
+    uniq = np.full(n, -99, dtype=np.int64)
+    sums = np.full((n, grads.shape[1]), 1e9, dtype=np.float32)
+    k = dedup_sum(i64(slots), grads, i64(rows_of), scratch, uniq, sums)
+    assert (uniq[k:] == -99).all() and (sums[k:] == 1e9).all()  # nothing written past k
+    return k, uniq[:k], sums[:k]
 
 
 @settings(max_examples=150, deadline=None)
@@ -445,47 +458,75 @@ def reference_dedup(slots: list[int], grads: np.ndarray) -> tuple[list[int], lis
     data=st.data(),
     slots=st.lists(st.integers(-3, 9), max_size=40),
     dim=st.integers(1, 4),
+    n_grads=st.integers(1, 12),
+    identity=st.booleans(),
 )
 def test_dedup_sum_sums_duplicates_in_first_appearance_order(
-    data: st.DataObject, slots: list[int], dim: int
+    data: st.DataObject, slots: list[int], dim: int, n_grads: int, identity: bool
 ) -> None:
     n = len(slots)
-    flat = data.draw(st.lists(st.integers(-64, 64), min_size=n * dim, max_size=n * dim))
-    grads = np.array(flat, dtype=np.float32).reshape(n, dim)  # small ints: sums are exact
+    if identity:  # the gradient of slots[i] is grads[i]
+        n_grads, rows_of = n, list(range(n))
+    else:  # gradients read through an arbitrary row map (repeats allowed)
+        rows_of = data.draw(st.lists(st.integers(0, n_grads - 1), min_size=n, max_size=n))
+    flat = data.draw(st.lists(st.integers(-64, 64), min_size=n_grads * dim, max_size=n_grads * dim))
+    grads = np.array(flat, dtype=np.float32).reshape(n_grads, dim)  # small ints: exact sums
+    before = grads.copy()
     scratch = np.full(10, -1, dtype=np.int64)
-    want_slots, want_sums = reference_dedup(slots, grads)
+    want_slots, want_sums = reference_dedup(slots, grads, rows_of)
     for _ in range(2):  # a second call reuses the restored scratch
-        uniq = np.full(n, -99, dtype=np.int64)
-        sums = np.full((n, dim), 1e9, dtype=np.float32)
-        k = dedup_sum(i64(slots), grads, scratch, uniq, sums)
+        k, uniq, sums = run_dedup(slots, grads, rows_of, scratch)
         assert k == len(want_slots)
-        assert uniq[:k].tolist() == want_slots
-        np.testing.assert_array_equal(
-            sums[:k], np.array(want_sums, dtype=np.float32).reshape(k, dim)
-        )
-        assert (uniq[k:] == -99).all()
+        assert uniq.tolist() == want_slots
+        np.testing.assert_array_equal(sums, np.array(want_sums, dtype=np.float32).reshape(k, dim))
         assert (scratch == -1).all()
+    np.testing.assert_array_equal(grads, before)  # gradients are read in place, not modified
 
 
 def test_dedup_sum_worked_example() -> None:
-    slots = i64([4, -1, 2, 4, 7, 2, 4, -5])
+    slots = [4, -1, 2, 4, 7, 2, 4, -5]
     grads = np.array(
         [[1, 2], [100, 100], [3, 4], [5, 6], [7, 8], [9, 10], [11, 12], [50, 50]], dtype=np.float32
     )
     scratch = np.full(8, -1, dtype=np.int64)
-    uniq = np.empty(8, dtype=np.int64)
-    sums = np.empty((8, 2), dtype=np.float32)
-    k = dedup_sum(slots, grads, scratch, uniq, sums)
+    k, uniq, sums = run_dedup(slots, grads, list(range(8)), scratch)
     assert k == 3
-    assert uniq[:3].tolist() == [4, 2, 7]
-    assert sums[:3].tolist() == [[1 + 5 + 11, 2 + 6 + 12], [3 + 9, 4 + 10], [7, 8]]
+    assert uniq.tolist() == [4, 2, 7]
+    assert sums.tolist() == [[1 + 5 + 11, 2 + 6 + 12], [3 + 9, 4 + 10], [7, 8]]
+    assert (scratch == -1).all()
+    # the same slots reading their gradients through a reversed row map
+    k, uniq, sums = run_dedup(slots, grads, list(range(7, -1, -1)), scratch)
+    assert uniq.tolist() == [4, 2, 7]
+    # slot 4 reads rows 7, 4, 1; slot 2 reads rows 5, 2; slot 7 reads row 3
+    assert sums.tolist() == [[50 + 7 + 100, 50 + 8 + 100], [9 + 3, 10 + 4], [5, 6]]
     assert (scratch == -1).all()
 
 
 def test_dedup_sum_of_only_skipped_slots() -> None:
     scratch = np.full(4, -1, dtype=np.int64)
-    uniq = np.empty(3, dtype=np.int64)
-    sums = np.empty((3, 2), dtype=np.float32)
     grads = np.ones((3, 2), dtype=np.float32)
-    assert dedup_sum(i64([-1, -1, -2]), grads, scratch, uniq, sums) == 0
+    k, _, _ = run_dedup([-1, -1, -2], grads, [0, 1, 2], scratch)
+    assert k == 0
     assert (scratch == -1).all()
+
+
+@given(
+    keys=st.lists(st.integers(0, 2**64 - 1), max_size=300),
+    log_stripes=st.integers(1, 6),  # one stripe never partitions (a shift by 64 is undefined)
+)
+def test_partition_groups_ids_by_stripe_stably(keys: list[int], log_stripes: int) -> None:
+    n_stripes = 1 << log_stripes
+    ids = np.array(keys, dtype=np.uint64)
+    order = np.empty(ids.size, dtype=np.int64)
+    grouped = np.empty(ids.size, dtype=np.uint64)
+    bounds = np.empty(n_stripes + 1, dtype=np.int64)
+    shift = 64 - log_stripes
+    partition(ids, shift, n_stripes, order, grouped, bounds)
+    stripe = mix64(ids, STRIPE_SALT) >> np.uint64(shift)
+    assert sorted(order.tolist()) == list(range(ids.size))
+    np.testing.assert_array_equal(grouped, ids[order])
+    assert bounds[0] == 0 and bounds[-1] == ids.size
+    for s in range(n_stripes):
+        segment = order[bounds[s] : bounds[s + 1]]
+        assert np.all(stripe[segment] == s)
+        assert np.all(np.diff(segment) > 0)  # original relative order kept

@@ -409,24 +409,32 @@ def test_as_ids_accepts_python_int_lists() -> None:
     assert as_ids([U64_MAX]).tolist() == [U64_MAX]
 
 
-@given(ids=st.lists(st.integers(0, (1 << 63) - 1), min_size=1, max_size=20))
-def test_as_ids_accepts_python_lists_of_ids_below_2_63(ids: list[int]) -> None:
+@given(ids=st.lists(uint64s, min_size=1, max_size=20))
+def test_as_ids_accepts_python_lists_of_any_uint64_ids(ids: list[int]) -> None:
     got = as_ids(ids)
     assert got.dtype == np.uint64
     assert got.tolist() == ids
+    assert as_ids(tuple(ids)).tolist() == ids
 
 
-@pytest.mark.parametrize("ids", [[1 << 63, 1], [0, U64_MAX]])
+@pytest.mark.parametrize("ids", [[1 << 63, 1], [0, U64_MAX], [U64_MAX, U64_MAX - 1, 3]])
 def test_as_ids_accepts_python_lists_mixing_high_and_low_ids(ids: list[int]) -> None:
-    """Every list of valid ids (0 <= id < 2**64) converts exactly.
-
-    numpy infers float64 for a list mixing ids >= 2**63 with smaller ones, which ``as_ids``
-    then rejects as "not an integer array" although every element is a valid id (and
-    ``[2**63]`` alone is accepted).
-    """
+    """numpy alone reads such a list as float64 (losing the low bits); as_ids must not."""
     got = as_ids(ids, name="user_ids")
     assert got.dtype == np.uint64
     assert got.tolist() == ids
+
+
+@pytest.mark.parametrize("bad", [[1 << 64], [1 << 64, 1], [-1, U64_MAX], [1, 1 << 70]])
+def test_as_ids_rejects_python_ints_outside_uint64(bad: list[int]) -> None:
+    with pytest.raises(InvalidArgumentError, match=r"^user_ids must be non-negative"):
+        as_ids(bad, name="user_ids")
+
+
+@pytest.mark.parametrize("bad", [[1.5, 1 << 63], [1 << 63, 2.0], [None, 1], [1 << 63, "2"]])
+def test_as_ids_rejects_mixed_sequences_holding_non_ints(bad: list[object]) -> None:
+    with pytest.raises(InvalidArgumentError, match=r"^user_ids must be an integer array"):
+        as_ids(bad, name="user_ids")
 
 
 @pytest.mark.parametrize(
