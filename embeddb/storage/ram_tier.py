@@ -62,11 +62,13 @@ class RamStripe:
     Args:
         capacity: number of slots (rows) this stripe holds.
         width: floats per row (``dim + state_dim``).
+        eviction_chunk: least number of rows evicted at once when the stripe is full.
     """
 
-    def __init__(self, capacity: int, width: int) -> None:
+    def __init__(self, capacity: int, width: int, eviction_chunk: int = 1) -> None:
         self.capacity = capacity
         self.width = width
+        self.eviction_chunk = max(1, eviction_chunk)
         self.index = hash_index.new_index(capacity)
         self.rows = np.zeros((capacity, width), dtype=np.float32)
         self._free = np.arange(capacity - 1, -1, -1, dtype=np.int64)

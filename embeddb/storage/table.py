@@ -112,8 +112,7 @@ class TieredTable:
         n = _stripe_count(store.stripes, config.capacity, store.min_stripe_rows)
         self._shift = np.uint64(64 - (n.bit_length() - 1))
         caps = [config.capacity // n + (1 if i < config.capacity % n else 0) for i in range(n)]
-        self.stripes = [RamStripe(c, self.width) for c in caps]
-        self._chunks = [max(1, int(c * store.eviction_chunk)) for c in caps]
+        self.stripes = [RamStripe(c, self.width, int(c * store.eviction_chunk)) for c in caps]
         seed_seq = np.random.SeedSequence([config.seed, int(self._key)])
         self._rngs = [np.random.default_rng(s) for s in seed_seq.spawn(n)]
         self.stripes[0].counters.disk_rows = disk_rows
@@ -367,8 +366,7 @@ class TieredTable:
             return
         c = stripe.counters
         if stripe.n_free < k:
-            s = self.stripes.index(stripe)
-            want = min(max(k - stripe.n_free, self._chunks[s]), stripe.size)
+            want = min(max(k - stripe.n_free, stripe.eviction_chunk), stripe.size)
             self._evict(stripe, want, tick)
         fit = min(k, stripe.n_free)
         slots = stripe.take_slots(fit)
