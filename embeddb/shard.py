@@ -92,7 +92,7 @@ class Shard:
         self._close_lock = threading.Lock()
         disk_rows = self._check_previous_shutdown()
         widths = {name: t.dim + t.optimizer.state_dim(t.dim) for name, t in config.tables.items()}
-        self._disk = DiskTier(self.data_dir / "disk", widths)
+        self._disk = DiskTier(self.data_dir / "disk", widths, config.store.disk_cache_mb)
         self._tables = {
             name: TieredTable(t, config.store, self._disk, disk_rows.get(name, 0))
             for name, t in config.tables.items()

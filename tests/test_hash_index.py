@@ -530,3 +530,23 @@ def test_partition_groups_ids_by_stripe_stably(keys: list[int], log_stripes: int
         segment = order[bounds[s] : bounds[s + 1]]
         assert np.all(stripe[segment] == s)
         assert np.all(np.diff(segment) > 0)  # original relative order kept
+
+
+@given(
+    stamps=st.lists(st.integers(0, 2**32 - 3), min_size=1, max_size=60),
+    count=st.integers(1, 70),
+)
+def test_collect_victims_with_stamps_far_apart(stamps: list[int], count: int) -> None:
+    """Ages beyond the 2**16-bin histogram take the exact fallback; the choice stays LRU."""
+    index = new_index(len(stamps))
+    keys = np.arange(len(stamps), dtype=np.uint64) * np.uint64(7919)
+    for k, stamp in enumerate(stamps):
+        insert(index, keys[k : k + 1], np.array([k], dtype=np.int64), stamp)
+    below = 2**32 - 2
+    out_keys = np.empty(count, dtype=np.uint64)
+    out_slots = np.empty(count, dtype=np.int64)
+    n = collect_victims(index, count, below, out_keys, out_slots)
+    assert n == min(count, len(stamps))
+    chosen = sorted(stamps[int(s)] for s in out_slots[:n])
+    assert chosen == sorted(stamps)[:n]  # exactly the n oldest stamps (as a multiset)
+    np.testing.assert_array_equal(out_keys[:n], keys[out_slots[:n]])

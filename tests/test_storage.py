@@ -71,7 +71,7 @@ def test_single_id_lookups_follow_exact_lru(
         assert resident_ids(shard) == set(model)
     stats = shard.stats().tables["t"]
     assert stats.ram_rows == len(model) <= capacity
-    assert stats.ram_rows + stats.disk_rows == len(set(accesses))
+    assert stats.rows == len(set(accesses))
 
 
 @settings(
@@ -84,12 +84,12 @@ def test_single_id_lookups_follow_exact_lru(
     capacity=st.integers(4, 64),
     stripes=st.sampled_from([1, 2, 4]),
 )
-def test_random_batches_keep_values_bounds_and_one_tier(
+def test_random_batches_keep_values_bounds_and_clean_copies(
     make_shard: MakeShard, batches: list[list[int]], capacity: int, stripes: int
 ) -> None:
     """Under random batch workloads (chunked eviction, several stripes, overflowing calls):
-    every row keeps its value across any number of spills, RAM never exceeds capacity, and
-    each row is in exactly one tier."""
+    every row keeps its value across any number of spills, RAM never exceeds capacity, every
+    row is in RAM or on disk, and a resident row's disk copy (kept clean by lookups) equals it."""
     shard = make_shard(capacity=capacity, stripes=stripes, eviction_chunk=0.25)
     seen: dict[int, np.ndarray] = {}
     for batch in batches:
@@ -99,11 +99,15 @@ def test_random_batches_keep_values_bounds_and_one_tier(
                 np.testing.assert_array_equal(row, seen[x])
             seen[x] = row.copy()
         ram, disk = resident_ids(shard), disk_ids(shard)
-        assert not ram & disk
         assert ram | disk == set(seen)
+        both = np.array(sorted(ram & disk), dtype=np.uint64)
+        _, in_ram = shard.peek("t", both)
+        _, on_disk = shard._disk.get("t", both)
+        np.testing.assert_array_equal(on_disk, in_ram)
         stats = shard.stats().tables["t"]
         assert stats.ram_rows == len(ram) <= capacity
         assert stats.disk_rows == len(disk)
+        assert stats.rows == len(seen)
 
 
 def test_eviction_prefers_least_recent_and_eval_lookups_do_not_refresh(
@@ -191,7 +195,7 @@ def test_delete_removes_from_both_tiers(make_shard: MakeShard) -> None:
     assert 0 not in disk_ids(shard) | resident_ids(shard)
     assert 5 not in disk_ids(shard) | resident_ids(shard)
     stats = shard.stats().tables["t"]
-    assert stats.ram_rows + stats.disk_rows == 4 and stats.deleted_rows == 2
+    assert stats.rows == 4 and stats.deleted_rows == 2
 
 
 def test_assign_creates_overwrites_resets_state_last_wins(make_shard: MakeShard) -> None:
@@ -261,7 +265,37 @@ def test_stats_count_tier_hits(make_shard: MakeShard) -> None:
     shard.lookup("t", ids(2))  # disk hit, promoted; evicts 1
     s = shard.stats().tables["t"]
     assert (s.lookup_ids, s.ram_hits, s.disk_hits, s.misses) == (6, 2, 1, 3)
-    assert (s.admitted, s.evicted, s.promoted, s.ram_rows, s.disk_rows) == (3, 2, 1, 2, 1)
+    assert (s.admitted, s.evicted, s.written_back, s.promoted) == (3, 2, 2, 1)
+    assert (s.rows, s.ram_rows, s.disk_rows) == (3, 2, 2)  # 2 is resident with a clean copy
+
+
+def test_write_back_writes_only_dirty_rows(make_shard: MakeShard) -> None:
+    shard = make_shard(capacity=2, stripes=1)
+    shard.lookup("t", ids(1, 2))  # new rows: dirty
+    shard.lookup("t", ids(3, 4))  # evicts 1, 2: both written
+    assert shard.stats().tables["t"].written_back == 2
+    shard.lookup("t", ids(1, 2))  # promoted clean; evicts dirty 3, 4 (written)
+    assert shard.stats().tables["t"].written_back == 4
+    shard.apply_gradients("t", ids(1), np.ones((1, 4), np.float32))  # 1 becomes dirty
+    _, updated = shard.peek("t", ids(1))
+    shard.lookup("t", ids(3, 4))  # evicts 1 (dirty: written) and 2 (clean: dropped)
+    s = shard.stats().tables["t"]
+    assert (s.written_back, s.evicted, s.rows, s.disk_rows) == (5, 6, 4, 4)
+    found, on_disk = shard._disk.get("t", ids(1))
+    assert found.all()
+    np.testing.assert_array_equal(on_disk, updated)  # the update reached the disk copy
+
+
+def test_delete_removes_the_disk_copy_of_a_resident_row(make_shard: MakeShard) -> None:
+    shard = make_shard(capacity=1, stripes=1)
+    shard.lookup("t", ids(1))
+    shard.lookup("t", ids(2))  # 1 written to disk
+    shard.lookup("t", ids(1))  # 1 resident again, with a clean disk copy
+    assert 1 in resident_ids(shard) and 1 in disk_ids(shard)
+    assert shard.delete("t", ids(1)) == 1
+    assert 1 not in resident_ids(shard) | disk_ids(shard)
+    s = shard.stats().tables["t"]
+    assert (s.rows, s.disk_rows, s.deleted_rows) == (1, 1, 1)
 
 
 def test_ephemeral_shard_removes_its_directory() -> None:

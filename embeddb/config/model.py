@@ -336,11 +336,13 @@ class StoreConfig:
         eviction_chunk: least fraction of a table's capacity evicted per eviction, in (0, 0.5].
         min_stripe_rows: a table gets fewer stripes rather than stripes smaller than this (a
             small table is not worth striping, and a tiny stripe fills up on a few unlucky ids).
+        disk_cache_mb: RocksDB block cache of the shard's disk tier, in MiB (shared by tables).
     """
 
     stripes: int = 4
     eviction_chunk: float = 1 / 64
     min_stripe_rows: int = 1024
+    disk_cache_mb: int = 256
 
     def __post_init__(self) -> None:
         stripes = _as_int(self.stripes, "stripes", minimum=1, maximum=_MAX_STRIPES)
@@ -350,6 +352,7 @@ class StoreConfig:
         chunk = _as_float(self.eviction_chunk, "eviction_chunk", low=0.0, high=0.5, low_open=True)
         _set(self, "eviction_chunk", chunk)
         _set(self, "min_stripe_rows", _as_int(self.min_stripe_rows, "min_stripe_rows", minimum=1))
+        _set(self, "disk_cache_mb", _as_int(self.disk_cache_mb, "disk_cache_mb", minimum=1))
 
 
 @dataclass(frozen=True)
@@ -570,6 +573,7 @@ class EmbeddingConfig:
                 "stripes": self.store.stripes,
                 "eviction_chunk": self.store.eviction_chunk,
                 "min_stripe_rows": self.store.min_stripe_rows,
+                "disk_cache_mb": self.store.disk_cache_mb,
             },
         }
 

@@ -35,13 +35,13 @@ def _keys(ids: npt.NDArray[np.uint64]) -> list[bytes]:
     return keys
 
 
-def _options() -> rocksdict.Options:
+def _options(cache_mb: int = 256) -> rocksdict.Options:
     opt = rocksdict.Options(raw_mode=True)
     opt.create_if_missing(True)
     opt.set_max_background_jobs(2)
     table = rocksdict.BlockBasedOptions()
     table.set_bloom_filter(10, False)  # misses (new ids) rarely touch data blocks
-    table.set_block_cache(rocksdict.Cache(64 << 20))
+    table.set_block_cache(rocksdict.Cache(cache_mb << 20))
     opt.set_block_based_table_factory(table)
     return opt
 
@@ -52,19 +52,22 @@ class DiskTier:
     Args:
         path: the RocksDB directory (created if missing).
         widths: ``{table name: row width in float32}`` for every table.
+        cache_mb: block cache size in MiB.
 
     Raises:
         StorageError: RocksDB cannot open the directory (locked, unwritable, corrupt).
     """
 
-    def __init__(self, path: str | os.PathLike[str], widths: dict[str, int]) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], widths: dict[str, int], cache_mb: int = 256
+    ) -> None:
         self.path = Path(path)
         self._widths = dict(widths)
         self._write_opts = rocksdict.WriteOptions()
         self._write_opts.disable_wal = True  # type: ignore[method-assign,assignment]  # stub is wrong: a property
         try:
             self.path.mkdir(parents=True, exist_ok=True)
-            self._db = rocksdict.Rdict(str(self.path), _options())
+            self._db = rocksdict.Rdict(str(self.path), _options(cache_mb))
             existing = set(rocksdict.Rdict.list_cf(str(self.path), _options()))
             # Per table: an Rdict view of its column family (multi-get, iteration) and a handle
             # (write batches).

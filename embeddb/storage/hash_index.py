@@ -209,49 +209,83 @@ def remove(index, keys, slots_out):
     return removed
 
 
+_HIST_BINS = 1 << 16
+
+
 @numba.njit(nogil=True, cache=True)
 def collect_victims(index, count, below_tick, keys_out, slots_out):
     """Choose up to ``count`` least recently used entries whose stamp is ``< below_tick``.
 
     Exact at tick granularity: every chosen entry is at least as old as every entry not chosen
-    (ties at the threshold stamp are broken by bucket order). One pass collects the eligible
-    stamps, a partition finds the ``count``-th smallest, a second pass picks the victims.
+    (ties at the threshold stamp are broken by bucket order). A counting pass over stamp ages
+    (relative to the oldest eligible stamp) finds the threshold in O(buckets); only when the
+    threshold lies beyond 2**16 ticks of the oldest entry does it fall back to a partition.
 
     Returns:
         The number of victims written to ``keys_out`` / ``slots_out``.
     """
     nb = index.shape[0]
     limit = np.uint64(below_tick)
-    stamps = np.empty(nb, dtype=np.uint64)
+    if count <= 0:
+        return 0
     n = 0
+    oldest = limit
     for b in range(nb):
         v = index[b, 1]
-        if v != 0 and (v >> _S32) < limit:
-            stamps[n] = v >> _S32
-            n += 1
-    if n == 0 or count <= 0:
+        if v != 0:
+            st = v >> _S32
+            if st < limit:
+                n += 1
+                if st < oldest:
+                    oldest = st
+    if n == 0:
         return 0
+    take_equal = 0
     if count >= n:
         threshold = limit  # everything eligible goes
-        take_equal = 0
     else:
-        part = np.partition(stamps[:n], count - 1)
-        threshold = part[count - 1]
+        hist = np.zeros(_HIST_BINS, dtype=np.int64)
+        top = np.uint64(_HIST_BINS - 1)
+        for b in range(nb):
+            v = index[b, 1]
+            if v != 0:
+                st = v >> _S32
+                if st < limit:
+                    hist[min(st - oldest, top)] += 1
         below = 0
-        for x in range(n):
-            if stamps[x] < threshold:
-                below += 1
+        h = 0
+        while below + hist[h] < count:
+            below += hist[h]
+            h += 1
+        if h < _HIST_BINS - 1:
+            threshold = oldest + np.uint64(h)
+        else:  # ages beyond the histogram: select among them exactly
+            rest = np.empty(n - below, dtype=np.uint64)
+            r = 0
+            for b in range(nb):
+                v = index[b, 1]
+                if v != 0:
+                    st = v >> _S32
+                    if st < limit and st - oldest >= top:
+                        rest[r] = st
+                        r += 1
+            threshold = np.partition(rest, count - below - 1)[count - below - 1]
+            below = 0
+            for b in range(nb):
+                v = index[b, 1]
+                if v != 0 and (v >> _S32) < threshold:
+                    below += 1
         take_equal = count - below
     out = 0
     for b in range(nb):
         v = index[b, 1]
         if v == 0:
             continue
-        s = v >> _S32
-        if s >= limit:
+        st = v >> _S32
+        if st >= limit:
             continue
-        if s < threshold or (s == threshold and take_equal > 0):
-            if s == threshold:
+        if st < threshold or (st == threshold and take_equal > 0):
+            if st == threshold:
                 take_equal -= 1
             keys_out[out] = index[b, 0]
             slots_out[out] = np.int64(v & _LOW32) - 1

@@ -7,8 +7,10 @@ A stripe owns a fixed number of slots. Row storage is one contiguous float32 arr
     e.g. dim=4, Adagrad:  slot 7 = [0.01 -0.02 0.00 0.03 | 0.01 0.01 0.01 0.01]
 
 The hash index (``embeddb.storage.hash_index``) maps ids to slots and keeps each row's last
-training tick; free slots sit on a stack. A stripe is guarded by its own lock; the compiled
-kernels it calls release the GIL, so stripes of one table work in parallel.
+training tick; free slots sit on a stack; ``flags[slot]`` records whether the row has a copy in
+the disk tier (``ON_DISK``) and whether the RAM copy changed since it was last written there
+(``DIRTY``). A stripe is guarded by its own lock; the compiled kernels it calls release the
+GIL, so stripes of one table work in parallel.
 """
 
 from __future__ import annotations
@@ -21,9 +23,11 @@ import numpy.typing as npt
 
 from embeddb.storage import hash_index
 
-__all__ = ["Counters", "RamStripe"]
+__all__ = ["DIRTY", "ON_DISK", "Counters", "RamStripe"]
 
 _MAX_TICK = (1 << 32) - 2
+DIRTY = np.uint8(1)  # the RAM copy differs from the disk copy (or there is none)
+ON_DISK = np.uint8(2)  # the disk tier holds a copy of this row (possibly older)
 
 
 @dataclass
@@ -41,6 +45,7 @@ class Counters:
     admitted: int = 0
     rejected: int = 0
     evicted: int = 0
+    written_back: int = 0
     promoted: int = 0
     overflow: int = 0
     update_ids: int = 0
@@ -71,6 +76,7 @@ class RamStripe:
         self.eviction_chunk = max(1, eviction_chunk)
         self.index = hash_index.new_index(capacity)
         self.rows = np.zeros((capacity, width), dtype=np.float32)
+        self.flags = np.zeros(capacity, dtype=np.uint8)
         self._free = np.arange(capacity - 1, -1, -1, dtype=np.int64)
         self.n_free = capacity
         self.scratch = np.full(capacity, -1, dtype=np.int64)
@@ -98,11 +104,16 @@ class RamStripe:
         return slots
 
     def release_slots(self, slots: npt.NDArray[np.int64]) -> None:
-        """Return slots to the free list and zero their rows."""
+        """Return slots to the free list and zero their rows and flags."""
         n = slots.size
         self._free[self.n_free : self.n_free + n] = slots
         self.n_free += n
         self.rows[slots] = 0.0
+        self.flags[slots] = 0
+
+    def ram_only_rows(self) -> int:
+        """Resident rows that have no disk-tier copy."""
+        return self.size - int(np.count_nonzero(self.flags & ON_DISK))
 
     def resident(self) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.int64]]:
         """``(ids, slots)`` of every resident row, in bucket order."""

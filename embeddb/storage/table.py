@@ -12,13 +12,20 @@ Life of a row:
 * **resident** in RAM; training lookups and gradient updates stamp it with the stripe's tick.
   Evaluation lookups (``train=False``) never insert, promote or re-stamp.
 * **evicted** when a stripe needs slots: the least recently used rows (exact LRU at the
-  granularity of one call) are written to RocksDB in one batch, then freed. To amortise the
+  granularity of one call) leave RAM; the *dirty* ones — created, updated or assigned since they
+  were last written — are written to RocksDB in one batch first. To amortise the
   ``O(capacity)`` victim search, at least ``eviction_chunk * capacity`` rows go at once, so a
   full stripe runs between ``1 - eviction_chunk`` and 100% occupancy.
-* **promoted** back to RAM (and deleted from disk) by a training lookup or update that misses
-  RAM. A row is in exactly one tier at any moment.
+* **promoted** back to RAM by a training lookup or update that misses RAM. Its disk copy stays
+  (clean): evicting it again unchanged costs no write.
 * If a single call touches more distinct ids than a stripe can hold, the excess rows
   **overflow**: they are served from memory for this call and kept on disk.
+
+The RAM tier is a write-back cache over the disk tier (a database buffer pool): a row's
+authoritative copy is its RAM copy while resident and its disk copy otherwise; every read path
+looks in RAM first, and :meth:`delete` removes both copies. Compared with moving rows
+exclusively between tiers, this saves a RocksDB delete on every promotion and a put on every
+clean eviction — a disk hit costs one multi-get instead of a get, a delete and a later put.
 """
 
 from __future__ import annotations
@@ -34,7 +41,7 @@ from embeddb.initializers import initial_vectors, table_key
 from embeddb.optim import Optimizer
 from embeddb.storage import hash_index
 from embeddb.storage.disk_tier import DiskTier
-from embeddb.storage.ram_tier import Counters, RamStripe
+from embeddb.storage.ram_tier import DIRTY, ON_DISK, Counters, RamStripe
 
 __all__ = ["TableStats", "TieredTable", "UpdateResult"]
 
@@ -54,10 +61,15 @@ class UpdateResult:
 
 @dataclass(frozen=True)
 class TableStats:
-    """A table's sizes and event counters on one shard."""
+    """A table's sizes and event counters on one shard.
+
+    ``rows`` is the number of distinct rows stored; ``ram_rows`` are resident; ``disk_rows`` are
+    the rows with a disk-tier copy (a resident row may have one too, see the module docstring).
+    """
 
     table: str
     dim: int
+    rows: int
     ram_rows: int
     ram_capacity: int
     disk_rows: int
@@ -68,6 +80,7 @@ class TableStats:
     admitted: int
     rejected: int
     evicted: int
+    written_back: int
     promoted: int
     overflow: int
     update_ids: int
@@ -205,6 +218,7 @@ class TieredTable:
         return TableStats(
             table=self.name,
             dim=self.dim,
+            rows=total.disk_rows + sum(s.ram_only_rows() for s in self.stripes),
             ram_rows=sum(s.size for s in self.stripes),
             ram_capacity=sum(s.capacity for s in self.stripes),
             **counts,
@@ -215,11 +229,10 @@ class TieredTable:
         for stripe in self.stripes:
             with stripe.lock:
                 ids, slots = stripe.resident()
-                self._disk.put(self.name, ids, stripe.rows[slots])
+                self._write_back(stripe, ids, slots)
                 freed = np.empty(ids.size, dtype=np.int64)
                 hash_index.remove(stripe.index, ids, freed)
                 stripe.release_slots(slots)
-                stripe.counters.disk_rows += ids.size
 
     # ------------------------------------------------------------------ per-stripe work
     def _lookup_stripe(
@@ -286,6 +299,7 @@ class TieredTable:
         sums = np.empty((ids.size, self.dim), dtype=np.float32)
         k = hash_index.dedup_sum(slots, grads, where, stripe.scratch, uniq_slots, sums)
         nan = self.optimizer.apply(stripe.rows, uniq_slots[:k], sums[:k])
+        stripe.flags[uniq_slots[:k]] |= DIRTY
         skipped += nan
         applied += k - nan
         c.updated_rows += applied
@@ -318,6 +332,7 @@ class TieredTable:
         hash_index.probe(stripe.index, uniq, tick, True, slots)
         resident = slots >= 0
         stripe.rows[slots[resident]] = rows[resident]
+        stripe.flags[slots[resident]] |= DIRTY
         absent = ~resident
         if absent.any():
             on_disk, _ = self._disk.get(self.name, uniq[absent])
@@ -330,14 +345,16 @@ class TieredTable:
         uniq = np.unique(ids)
         freed = np.empty(uniq.size, dtype=np.int64)
         n_ram = hash_index.remove(stripe.index, uniq, freed)
-        stripe.release_slots(freed[freed >= 0])
-        rest = uniq[freed < 0]
+        resident = freed >= 0
+        had_copy = (stripe.flags[freed[resident]] & ON_DISK) != 0
+        stripe.release_slots(freed[resident])
+        rest = uniq[~resident]
         found, _ = self._disk.get(self.name, rest)
-        self._disk.delete(self.name, rest[found])
-        n_disk = int(found.sum())
-        c.disk_rows -= n_disk
-        c.deleted_rows += n_ram + n_disk
-        return int(n_ram) + n_disk
+        on_disk = np.concatenate([uniq[resident][had_copy], rest[found]])
+        self._disk.delete(self.name, on_disk)
+        c.disk_rows -= on_disk.size
+        c.deleted_rows += int(n_ram) + int(found.sum())
+        return int(n_ram) + int(found.sum())
 
     # ------------------------------------------------------------------ tier movement
     def _new_rows(self, ids: U64) -> F32:
@@ -357,9 +374,9 @@ class TieredTable:
     ) -> None:
         """Make ``ids`` resident with ``rows``, evicting LRU rows older than ``tick``.
 
-        ``on_disk[k]``: ``ids[k]`` currently has a disk-tier copy (deleted once it is resident).
-        Rows that do not fit overflow to disk; ``dirty`` rows are rewritten there even if a
-        copy exists (their values changed), clean ones are left as they are.
+        ``on_disk[k]``: ``ids[k]`` has a disk-tier copy. ``dirty``: ``rows`` differ from those
+        copies (assign); otherwise rows with a copy are promoted clean. Rows that do not fit
+        overflow to disk: written there unless a clean copy already is.
         """
         k = ids.size
         if k == 0:
@@ -371,17 +388,25 @@ class TieredTable:
         fit = min(k, stripe.n_free)
         slots = stripe.take_slots(fit)
         stripe.rows[slots] = rows[:fit]
+        copy = on_disk[:fit]
+        stripe.flags[slots] = np.where(copy, ON_DISK, 0) | np.where(dirty | ~copy, DIRTY, 0)
         hash_index.insert(stripe.index, ids[:fit], slots, tick)
-        promoted = ids[:fit][on_disk[:fit]]
-        self._disk.delete(self.name, promoted)
-        c.promoted += promoted.size
-        c.disk_rows -= promoted.size
+        c.promoted += int(copy.sum())
         if fit < k:
             over_ids, over_rows, over_disk = ids[fit:], rows[fit:], on_disk[fit:]
             write = np.ones(over_ids.size, dtype=bool) if dirty else ~over_disk
             self._disk.put(self.name, over_ids[write], over_rows[write])
-            c.disk_rows += int((write & ~over_disk).sum())
+            c.disk_rows += int((~over_disk).sum())
             c.overflow += over_ids.size
+
+    def _write_back(self, stripe: RamStripe, ids: U64, slots: I64) -> None:
+        """Write the dirty rows among resident ``ids`` to the disk tier and mark them clean."""
+        flags = stripe.flags[slots]
+        dirty = (flags & DIRTY) != 0
+        self._disk.put(self.name, ids[dirty], stripe.rows[slots[dirty]])
+        stripe.flags[slots] = (flags | ON_DISK) & ~DIRTY
+        stripe.counters.disk_rows += int(np.count_nonzero(dirty & ((flags & ON_DISK) == 0)))
+        stripe.counters.written_back += int(dirty.sum())
 
     def _evict(self, stripe: RamStripe, want: int, tick: int) -> None:
         keys = np.empty(want, dtype=np.uint64)
@@ -390,9 +415,8 @@ class TieredTable:
         if n == 0:
             return
         keys, slots = keys[:n], slots[:n]
-        self._disk.put(self.name, keys, stripe.rows[slots])  # raises before anything is freed
+        self._write_back(stripe, keys, slots)  # raises before anything is freed
         freed = np.empty(n, dtype=np.int64)
         hash_index.remove(stripe.index, keys, freed)
         stripe.release_slots(slots)
         stripe.counters.evicted += n
-        stripe.counters.disk_rows += n
