@@ -13,7 +13,7 @@ Data directory layout::
 
     DATA_DIR/
       disk/                 RocksDB: the disk tier (one column family per table)
-      clean-shutdown.json   present only after close(): the RAM tier was spilled to disk
+      clean-shutdown.json   present only after close(): every row had been written to disk
 """
 
 from __future__ import annotations
@@ -136,7 +136,7 @@ class Shard:
         return {name: int(v["disk_rows"]) for name, v in tables.items()}
 
     def close(self) -> None:
-        """Spill the RAM tier to disk, record a clean shutdown and close RocksDB. Idempotent."""
+        """Write dirty rows to disk, record a clean shutdown and close RocksDB. Idempotent."""
         with self._close_lock:
             if self._closed:
                 return
@@ -146,7 +146,7 @@ class Shard:
                     self._disk.close()
                     return
                 for table in self._tables.values():
-                    table.spill_all()
+                    table.flush()
                 record = {
                     "format_version": _FORMAT_VERSION,
                     "tables": {

@@ -6,8 +6,8 @@ float32 bytes ``[vector | state]``. All traffic is batched: one multi-get per lo
 batch per eviction or promotion.
 
 RocksDB's own write-ahead log is disabled: this tier is a spill area, not the durability
-mechanism. The disk tier survives a clean :meth:`close` (the shard spills its RAM tier first and
-records that it did); crash recovery is the update log's job.
+mechanism. The disk tier survives a clean :meth:`close` (the shard first writes back every dirty
+RAM row and records that it did); crash recovery is the update log's job.
 
 The rocksdict API takes Python lists of ``bytes``; keys and values are converted with numpy's
 void-dtype views (``tolist`` on a ``V8`` array builds the list in C), never a per-id Python loop.

@@ -105,6 +105,9 @@ def _stripe_count(requested: int, capacity: int, min_rows: int) -> int:
 class TieredTable:
     """One table on one shard. Callers validate inputs; this class trusts them.
 
+    Each call is atomic per stripe, not across stripes: if the disk tier fails (``StorageError``)
+    while a call works on its third stripe, the first two stripes' work stands.
+
     Args:
         config: the table's settings.
         store: stripe count and eviction chunk.
@@ -224,15 +227,12 @@ class TieredTable:
             **counts,
         )
 
-    def spill_all(self) -> None:
-        """Move every resident row to the disk tier (before a clean close)."""
+    def flush(self) -> None:
+        """Write every dirty resident row to the disk tier, so that it holds every row."""
         for stripe in self.stripes:
             with stripe.lock:
                 ids, slots = stripe.resident()
                 self._write_back(stripe, ids, slots)
-                freed = np.empty(ids.size, dtype=np.int64)
-                hash_index.remove(stripe.index, ids, freed)
-                stripe.release_slots(slots)
 
     # ------------------------------------------------------------------ per-stripe work
     def _lookup_stripe(
