@@ -305,3 +305,57 @@ def test_ephemeral_shard_removes_its_directory() -> None:
     assert path.exists()
     shard.close()
     assert not path.exists()
+
+
+def _run_between_disk_read_and_settle(shard: Shard, action) -> None:
+    """Make the next disk-tier multi-get run ``action`` after reading, before returning: the
+    moment between phases 2 and 3 of a lookup, when no stripe lock is held."""
+    original = shard._disk.get
+    fired = False
+
+    def hooked(table, ids_):
+        nonlocal fired
+        result = original(table, ids_)
+        if not fired:
+            fired = True
+            action()
+        return result
+
+    shard._disk.get = hooked  # instance attribute: the tables call it through the shard's tier
+
+
+def test_lookup_does_not_resurrect_a_disk_copy_updated_meanwhile(make_shard: MakeShard) -> None:
+    shard = make_shard(capacity=2, stripes=1, optimizer=sgd(lr=1.0))
+    shard.assign("t", ids(9), np.zeros((1, 4), np.float32))
+    shard.lookup("t", ids(1, 2))  # evicts 9 (dirty: its zeros are written to disk)
+
+    def meanwhile() -> None:  # another caller promotes 9, updates it, and evicts it again
+        shard.apply_gradients("t", ids(9), np.ones((1, 4), np.float32))
+        shard.lookup("t", ids(3, 4))
+
+    _run_between_disk_read_and_settle(shard, meanwhile)
+    got = shard.lookup("t", ids(9))  # phase 2 read the stale zeros
+    np.testing.assert_array_equal(got, -np.ones((1, 4), np.float32))
+    _, row = shard.peek("t", ids(9))
+    np.testing.assert_array_equal(row, -np.ones((1, 4), np.float32))
+
+
+def test_lookup_does_not_resurrect_a_row_deleted_meanwhile(make_shard: MakeShard) -> None:
+    shard = make_shard(capacity=1, stripes=1)
+    shard.assign("t", ids(9), np.full((1, 4), 5.0, np.float32))
+    shard.lookup("t", ids(1))  # 9 goes to disk
+    _run_between_disk_read_and_settle(shard, lambda: shard.delete("t", ids(9)))
+    got = shard.lookup("t", ids(9))  # recreated from the initializer, not from the old copy
+    spec = shard.config.tables["t"]
+    want = initial_vectors(ids(9), 4, spec.initializer, table_key("t", spec.seed))
+    np.testing.assert_array_equal(got, want)
+
+
+def test_lookup_uses_a_row_created_by_another_call_meanwhile(make_shard: MakeShard) -> None:
+    shard = make_shard(capacity=4, stripes=1)
+    _run_between_disk_read_and_settle(
+        shard, lambda: shard.assign("t", ids(7), np.full((1, 4), 2.0, np.float32))
+    )
+    got = shard.lookup("t", ids(7, 7))  # phase 2 found nothing; 7 now exists in RAM
+    np.testing.assert_array_equal(got, np.full((2, 4), 2.0, np.float32))
+    assert shard.stats().tables["t"].rows == 1  # not inserted twice

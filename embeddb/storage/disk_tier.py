@@ -42,7 +42,12 @@ def _options(cache_mb: int = 256) -> rocksdict.Options:
     table = rocksdict.BlockBasedOptions()
     table.set_bloom_filter(10, False)  # misses (new ids) rarely touch data blocks
     table.set_block_cache(rocksdict.Cache(cache_mb << 20))
+    # Point lookups only: a hash index inside each data block skips the binary search.
+    table.set_data_block_index_type(rocksdict.DataBlockIndexType.binary_and_hash())
     opt.set_block_based_table_factory(table)
+    # Reading SST files through mmap saves a pread and a copy per block (about 40% of a
+    # multi-get's cost when the files are in the page cache). Block checksums stay on.
+    opt.set_allow_mmap_reads(True)
     return opt
 
 

@@ -217,74 +217,64 @@ def collect_victims(index, count, below_tick, keys_out, slots_out):
     """Choose up to ``count`` least recently used entries whose stamp is ``< below_tick``.
 
     Exact at tick granularity: every chosen entry is at least as old as every entry not chosen
-    (ties at the threshold stamp are broken by bucket order). A counting pass over stamp ages
-    (relative to the oldest eligible stamp) finds the threshold in O(buckets); only when the
-    threshold lies beyond 2**16 ticks of the oldest entry does it fall back to a partition.
+    (ties at the threshold stamp are broken by bucket order). Two passes over the buckets: a
+    histogram of ages ``below_tick - stamp`` (the last bin gathers every age ≥ 2**16 - 1) finds
+    the threshold stamp, then the victims are picked. Only when the threshold falls among the
+    very old entries of the last bin does an exact partition of those entries decide it.
 
     Returns:
         The number of victims written to ``keys_out`` / ``slots_out``.
     """
     nb = index.shape[0]
-    limit = np.uint64(below_tick)
     if count <= 0:
         return 0
-    n = 0
-    oldest = limit
-    for b in range(nb):
+    limit = np.uint64(below_tick)
+    top = _HIST_BINS - 1
+    hist = np.zeros(_HIST_BINS, dtype=np.int64)
+    for b in range(nb):  # branch-light: an empty bucket or a too-new stamp lands in no bin
         v = index[b, 1]
-        if v != 0:
-            st = v >> _S32
-            if st < limit:
-                n += 1
-                if st < oldest:
-                    oldest = st
+        st = v >> _S32
+        ok = (v != 0) & (st < limit)
+        age = np.int64(limit - st) if ok else 0
+        hist[min(age, top)] += 1 if ok else 0
+    n = 0
+    for h in range(_HIST_BINS):
+        n += hist[h]
     if n == 0:
         return 0
     take_equal = 0
     if count >= n:
         threshold = limit  # everything eligible goes
     else:
-        hist = np.zeros(_HIST_BINS, dtype=np.int64)
-        top = np.uint64(_HIST_BINS - 1)
-        for b in range(nb):
-            v = index[b, 1]
-            if v != 0:
-                st = v >> _S32
-                if st < limit:
-                    hist[min(st - oldest, top)] += 1
-        below = 0
-        h = 0
-        while below + hist[h] < count:
-            below += hist[h]
-            h += 1
-        if h < _HIST_BINS - 1:
-            threshold = oldest + np.uint64(h)
-        else:  # ages beyond the histogram: select among them exactly
-            rest = np.empty(n - below, dtype=np.uint64)
+        above = 0  # entries strictly older than the threshold
+        h = top
+        while above + hist[h] < count:
+            above += hist[h]
+            h -= 1
+        if h < top:
+            threshold = limit - np.uint64(h)
+        else:  # the threshold lies among ages >= top: decide it exactly
+            old = np.empty(hist[top], dtype=np.uint64)
             r = 0
             for b in range(nb):
                 v = index[b, 1]
-                if v != 0:
-                    st = v >> _S32
-                    if st < limit and st - oldest >= top:
-                        rest[r] = st
-                        r += 1
-            threshold = np.partition(rest, count - below - 1)[count - below - 1]
-            below = 0
-            for b in range(nb):
-                v = index[b, 1]
-                if v != 0 and (v >> _S32) < threshold:
-                    below += 1
-        take_equal = count - below
+                st = v >> _S32
+                if v != 0 and st < limit and limit - st >= np.uint64(top):
+                    old[r] = st
+                    r += 1
+            threshold = np.partition(old, count - 1)[count - 1]
+            above = 0
+            for x in range(r):
+                if old[x] < threshold:
+                    above += 1
+        take_equal = count - above
     out = 0
     for b in range(nb):
         v = index[b, 1]
         if v == 0:
             continue
         st = v >> _S32
-        if st >= limit:
-            continue
-        if st < threshold or (st == threshold and take_equal > 0):
+        if st < threshold or (st == threshold and take_equal > 0 and st < limit):
             if st == threshold:
                 take_equal -= 1
             keys_out[out] = index[b, 0]

@@ -81,6 +81,9 @@ class RamStripe:
         self.n_free = capacity
         self.scratch = np.full(capacity, -1, dtype=np.int64)
         self.tick = 0
+        # Bumped on every disk-tier write or delete of this stripe's ids (under the lock), so a
+        # call that read the disk tier without the lock can tell whether its copies are current.
+        self.disk_generation = 0
         self.lock = threading.Lock()
         self.counters = Counters()
 

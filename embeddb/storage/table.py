@@ -94,6 +94,17 @@ class TableStats:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class _Misses:
+    """One stripe's RAM misses from phase 1 of a lookup."""
+
+    stripe: int
+    ids: U64  # missed ids, one per missed position (duplicates kept)
+    where: I64  # their positions in the caller's ids
+    tick: int
+    disk_generation: int
+
+
 def _stripe_count(requested: int, capacity: int, min_rows: int) -> int:
     """Largest power of two ≤ ``requested`` that leaves every stripe ≥ ``min_rows`` slots."""
     s = requested
@@ -151,12 +162,42 @@ class TieredTable:
 
     # ------------------------------------------------------------------ public operations
     def lookup(self, ids: U64, train: bool) -> F32:
-        """Vectors of ``ids`` in input order (see the module docstring for what train does)."""
+        """Vectors of ``ids`` in input order (see the module docstring for what train does).
+
+        Three phases, so that RocksDB sees one multi-get per call rather than one per stripe
+        (about 25% cheaper per key) and no stripe lock is held while it runs: (1) per stripe,
+        under its lock, copy resident vectors and collect the misses; (2) read every miss from
+        the disk tier; (3) per stripe, under its lock, settle the misses — re-checking RAM and,
+        if the stripe wrote to disk meanwhile, the disk copies, since another thread may have
+        promoted, updated, evicted or deleted one of these ids between the phases.
+        """
         out = np.empty((ids.size, self.dim), dtype=np.float32)
+        pending: list[_Misses] = []
         for s, sub, where in self._split(ids):
             stripe = self.stripes[s]
             with stripe.lock:
-                self._lookup_stripe(s, stripe, sub, where, out, train)
+                misses = self._gather_stripe(s, stripe, sub, where, out, train)
+            if misses is not None:
+                pending.append(misses)
+        if not pending:
+            return out
+        uniq, inverse = np.unique(
+            np.concatenate([m.ids for m in pending]), return_inverse=True
+        )  # sorted: RocksDB's multi-get is fastest on ordered keys
+        found, disk_rows = self._disk.get(self.name, uniq)
+        values = np.zeros((uniq.size, self.width), dtype=np.float32)
+        values[found] = disk_rows
+        start = 0
+        for m in pending:
+            mine = inverse[start : start + m.ids.size]
+            start += m.ids.size
+            local, local_inv = np.unique(mine, return_inverse=True)
+            stripe = self.stripes[m.stripe]
+            with stripe.lock:
+                rows = self._settle_stripe(
+                    m, stripe, uniq[local], values[local], found[local], local_inv, train
+                )
+            out[m.where] = rows[local_inv, : self.dim]
         return out
 
     def apply_gradients(self, ids: U64, grads: F32) -> UpdateResult:
@@ -235,9 +276,10 @@ class TieredTable:
                 self._write_back(stripe, ids, slots)
 
     # ------------------------------------------------------------------ per-stripe work
-    def _lookup_stripe(
+    def _gather_stripe(
         self, s: int, stripe: RamStripe, ids: U64, where: I64, out: F32, train: bool
-    ) -> None:
+    ) -> _Misses | None:
+        """Phase 1 of :meth:`lookup`: copy resident vectors to ``out``, return the misses."""
         c = stripe.counters
         tick = stripe.next_tick() if train else 0
         miss = np.empty(ids.size, dtype=np.int64)
@@ -247,27 +289,55 @@ class TieredTable:
         c.lookup_ids += ids.size
         c.ram_hits += ids.size - n_miss
         if n_miss == 0:
-            return
+            return None
         miss = miss[:n_miss]
-        uniq, inv = np.unique(ids[miss], return_inverse=True)
-        found, disk_rows = self._disk.get(self.name, uniq)
-        values = np.zeros((uniq.size, self.width), dtype=np.float32)
-        values[found] = disk_rows
-        c.disk_hits += int(found[inv].sum())
-        c.misses += int((~found[inv]).sum())
-        if train:
-            new = ~found
-            admitted = new.copy()
-            p = self.config.admit_probability
-            if p < 1.0 and new.any():
-                admitted[new] = self._rngs[s].random(int(new.sum())) < p
-            if admitted.any():
-                values[admitted] = self._new_rows(uniq[admitted])
-            c.admitted += int(admitted.sum())
-            c.rejected += int(new.sum()) - int(admitted.sum())
-            keep = found | admitted
-            self._store(stripe, uniq[keep], values[keep], found[keep], tick, dirty=False)
-        out[where[miss]] = values[inv, : self.dim]
+        return _Misses(s, ids[miss], where[miss], tick, stripe.disk_generation)
+
+    def _settle_stripe(
+        self,
+        m: _Misses,
+        stripe: RamStripe,
+        uniq: U64,
+        values: F32,
+        found: npt.NDArray[np.bool_],
+        inverse: I64,
+        train: bool,
+    ) -> F32:
+        """Phase 3 of :meth:`lookup` for one stripe's distinct missed ids ``uniq``.
+
+        ``values``/``found`` are what phase 2 read from disk. Returns the full rows to answer
+        with; on a training lookup, admitted new rows are created and disk rows promoted.
+        """
+        c = stripe.counters
+        slots = np.empty(uniq.size, dtype=np.int64)
+        hash_index.probe(stripe.index, uniq, m.tick, train, slots)
+        resident = slots >= 0  # made resident by another call since phase 1
+        values[resident] = stripe.rows[slots[resident]]
+        absent = ~resident
+        if stripe.disk_generation != m.disk_generation and absent.any():
+            now_found, now_rows = self._disk.get(self.name, uniq[absent])
+            fresh = np.zeros((now_found.size, self.width), dtype=np.float32)
+            fresh[now_found] = now_rows
+            values[absent] = fresh
+            found[absent] = now_found
+        occurrences = np.bincount(inverse, minlength=uniq.size)
+        c.ram_hits += int(occurrences[resident].sum())
+        c.disk_hits += int(occurrences[absent & found].sum())
+        c.misses += int(occurrences[absent & ~found].sum())
+        if not train:
+            return values
+        new = absent & ~found
+        admitted = new.copy()
+        p = self.config.admit_probability
+        if p < 1.0 and new.any():
+            admitted[new] = self._rngs[m.stripe].random(int(new.sum())) < p
+        if admitted.any():
+            values[admitted] = self._new_rows(uniq[admitted])
+        c.admitted += int(admitted.sum())
+        c.rejected += int(new.sum()) - int(admitted.sum())
+        keep = absent & (found | admitted)
+        self._store(stripe, uniq[keep], values[keep], found[keep], m.tick, dirty=False)
+        return values
 
     def _update_stripe(
         self, stripe: RamStripe, ids: U64, grads: F32, where: I64
@@ -292,7 +362,7 @@ class TieredTable:
             slots[miss] = sub_slots
             still = sub_slots < 0  # overflow rows (on disk) and ids that exist nowhere
             if still.any():
-                a, k = self._update_on_disk(ids[miss[still]], grads[where[miss[still]]])
+                a, k = self._update_on_disk(stripe, ids[miss[still]], grads[where[miss[still]]])
                 applied += a
                 skipped += k
         uniq_slots = np.empty(ids.size, dtype=np.int64)
@@ -307,7 +377,7 @@ class TieredTable:
         c.missing_updates += missing
         return applied, skipped, missing
 
-    def _update_on_disk(self, ids: U64, grads: F32) -> tuple[int, int]:
+    def _update_on_disk(self, stripe: RamStripe, ids: U64, grads: F32) -> tuple[int, int]:
         """Apply gradients to rows that stay on disk (overflow); ids absent everywhere are
         ignored (they were counted as missing)."""
         uniq, inv = np.unique(ids, return_inverse=True)
@@ -317,6 +387,7 @@ class TieredTable:
         sums = sums[found]
         nan = self.optimizer.apply(rows, np.arange(rows.shape[0], dtype=np.int64), sums)
         self._disk.put(self.name, uniq[found], rows)  # skipped rows are rewritten unchanged
+        stripe.disk_generation += 1
         return int(rows.shape[0]) - nan, nan
 
     def _assign_stripe(self, stripe: RamStripe, ids: U64, vectors: F32) -> int:
@@ -352,6 +423,7 @@ class TieredTable:
         found, _ = self._disk.get(self.name, rest)
         on_disk = np.concatenate([uniq[resident][had_copy], rest[found]])
         self._disk.delete(self.name, on_disk)
+        stripe.disk_generation += 1
         c.disk_rows -= on_disk.size
         c.deleted_rows += int(n_ram) + int(found.sum())
         return int(n_ram) + int(found.sum())
@@ -396,6 +468,7 @@ class TieredTable:
             over_ids, over_rows, over_disk = ids[fit:], rows[fit:], on_disk[fit:]
             write = np.ones(over_ids.size, dtype=bool) if dirty else ~over_disk
             self._disk.put(self.name, over_ids[write], over_rows[write])
+            stripe.disk_generation += 1
             c.disk_rows += int((~over_disk).sum())
             c.overflow += over_ids.size
 
@@ -403,7 +476,9 @@ class TieredTable:
         """Write the dirty rows among resident ``ids`` to the disk tier and mark them clean."""
         flags = stripe.flags[slots]
         dirty = (flags & DIRTY) != 0
-        self._disk.put(self.name, ids[dirty], stripe.rows[slots[dirty]])
+        if dirty.any():
+            self._disk.put(self.name, ids[dirty], stripe.rows[slots[dirty]])
+            stripe.disk_generation += 1
         stripe.flags[slots] = (flags | ON_DISK) & ~DIRTY
         stripe.counters.disk_rows += int(np.count_nonzero(dirty & ((flags & ON_DISK) == 0)))
         stripe.counters.written_back += int(dirty.sum())
