@@ -38,11 +38,12 @@ _KIND_CODE = {InitializerKind.UNIFORM: 0, InitializerKind.NORMAL: 1, Initializer
 
 def table_key(name: str, seed: int) -> np.uint64:
     """The 64-bit key mixed into every draw of one table (stable across processes)."""
-    return np.uint64(((seed & 0xFFFFFFFF) << 32) | zlib.crc32(name.encode()))
+    key: np.uint64 = np.uint64(((seed & 0xFFFFFFFF) << 32) | zlib.crc32(name.encode()))
+    return key
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
-def _splitmix(z: np.uint64) -> np.uint64:
+def _splitmix(z):  # type: ignore[no-untyped-def]
     z = z + _GOLDEN
     z = (z ^ (z >> _S30)) * _M1
     z = (z ^ (z >> _S27)) * _M2

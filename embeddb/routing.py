@@ -98,7 +98,8 @@ def mix64(ids: U64, salt: np.uint64 = _NO_SALT) -> U64:
         z = (ids ^ salt) + _GOLDEN
         z = (z ^ (z >> np.uint64(30))) * _M1
         z = (z ^ (z >> np.uint64(27))) * _M2
-        return z ^ (z >> np.uint64(31))
+        out: U64 = z ^ (z >> np.uint64(31))
+        return out
 
 
 def shard_of(ids: U64, num_shards: int) -> npt.NDArray[np.int64]:
@@ -113,7 +114,8 @@ def shard_of(ids: U64, num_shards: int) -> npt.NDArray[np.int64]:
     if num_shards < 1:
         raise InvalidArgumentError(f"num_shards must be >= 1, got {num_shards}")
     hi = mix64(as_ids(ids), SHARD_SALT) >> np.uint64(32)
-    return ((hi * np.uint64(num_shards)) >> np.uint64(32)).astype(np.int64)
+    shards: npt.NDArray[np.int64] = ((hi * np.uint64(num_shards)) >> np.uint64(32)).astype(np.int64)
+    return shards
 
 
 def split_by_shard(
@@ -152,7 +154,8 @@ def with_group_prefix(ids: U64, group_index: int, prefix_bits: int) -> U64:
         )
     shift = np.uint64(64 - prefix_bits)
     low_mask = np.uint64((1 << (64 - prefix_bits)) - 1)
-    return (ids & low_mask) | (np.uint64(group_index) << shift)
+    prefixed: U64 = (ids & low_mask) | (np.uint64(group_index) << shift)
+    return prefixed
 
 
 def hash_stack(ids: U64, rounds: int, embedding_size: int) -> U64:

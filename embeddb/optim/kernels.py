@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import numba
 import numpy as np
+import numpy.typing as npt
 
 __all__ = [
     "ADAGRAD",
@@ -89,7 +90,7 @@ def _finite_bits(bits, out):
     return good
 
 
-def finite_rows(grads, out):
+def finite_rows(grads: npt.NDArray[np.float32], out: npt.NDArray[np.bool_]) -> int:
     """``out[k]`` = all of ``grads[k]`` is finite (``grads`` C-contiguous float32).
 
     Returns:

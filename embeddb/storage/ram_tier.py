@@ -102,7 +102,7 @@ class RamStripe:
     def take_slots(self, n: int) -> npt.NDArray[np.int64]:
         """Pop ``n`` free slots (``n <= n_free``)."""
         start = self.n_free - n
-        slots = self._free[start : self.n_free][::-1].copy()
+        slots: npt.NDArray[np.int64] = self._free[start : self.n_free][::-1].copy()
         self.n_free = start
         return slots
 
