@@ -359,3 +359,32 @@ def test_lookup_uses_a_row_created_by_another_call_meanwhile(make_shard: MakeSha
     got = shard.lookup("t", ids(7, 7))  # phase 2 found nothing; 7 now exists in RAM
     np.testing.assert_array_equal(got, np.full((2, 4), 2.0, np.float32))
     assert shard.stats().tables["t"].rows == 1  # not inserted twice
+
+
+def test_corrupt_disk_tier_file_is_detected_not_served(make_shard: MakeShard, tmp_path) -> None:
+    cfg = one_table_config(dim=16, capacity=10)
+    shard = make_shard(cfg, data_dir=tmp_path / "d")
+    universe = np.arange(5000, dtype=np.uint64)
+    shard.lookup("t", universe)
+    shard.close()
+    sst = max((tmp_path / "d" / "disk").glob("*.sst"), key=lambda p: p.stat().st_size)
+    data = bytearray(sst.read_bytes())
+    for offset in range(1000, min(len(data), 60_000), 997):
+        data[offset] ^= 0xFF
+    sst.write_bytes(bytes(data))
+    reopened = Shard(cfg, tmp_path / "d")
+    try:
+        with pytest.raises(CorruptDataError, match=r"checksum mismatch.*\.sst"):
+            reopened.lookup("t", universe)
+        with pytest.raises(CorruptDataError):
+            reopened.peek("t", universe)
+        assert reopened.stats().tables["t"].ram_rows == 0  # nothing corrupt was loaded
+    finally:
+        reopened.close()
+
+
+def test_unusable_data_directory_is_a_clear_error(tmp_path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    with pytest.raises(StorageError, match="a-file"):
+        Shard(one_table_config(), blocker / "shard")

@@ -23,7 +23,7 @@ import numpy as np
 import numpy.typing as npt
 import rocksdict
 
-from embeddb.errors import StorageError
+from embeddb.errors import CorruptDataError, StorageError
 
 __all__ = ["DiskTier"]
 
@@ -33,6 +33,13 @@ _CF_PREFIX = "table."
 def _keys(ids: npt.NDArray[np.uint64]) -> list[bytes]:
     keys: list[bytes] = ids.astype(">u8").view("V8").tolist()
     return keys
+
+
+def _storage_error(what: str, exc: Exception) -> StorageError:
+    """Translate a RocksDB failure: its ``Corruption`` status (a checksum mismatch, a torn
+    file) becomes :class:`CorruptDataError`, anything else :class:`StorageError`."""
+    kind = CorruptDataError if str(exc).startswith("Corruption") else StorageError
+    return kind(f"{what}: {exc}")
 
 
 def _options(cache_mb: int = 256) -> rocksdict.Options:
@@ -85,7 +92,7 @@ class DiskTier:
                 self._views[name] = self._db.get_column_family(cf_name)
                 self._cfs[name] = self._db.get_column_family_handle(cf_name)
         except Exception as exc:  # rocksdict raises plain Exception subclasses
-            raise StorageError(f"cannot open disk tier at {self.path}: {exc}") from exc
+            raise _storage_error(f"cannot open disk tier at {self.path}", exc) from exc
 
     def get(
         self, table: str, ids: npt.NDArray[np.uint64]
@@ -102,7 +109,7 @@ class DiskTier:
         try:
             values = self._views[table].get(_keys(ids))  # type: ignore[arg-type]
         except Exception as exc:
-            raise StorageError(f"disk tier read failed for table {table!r}: {exc}") from exc
+            raise _storage_error(f"disk tier read failed for table {table!r}", exc) from exc
         found = np.array(values, dtype=object) != None  # noqa: E711 (element-wise, in C)
         blob = b"".join(filter(None, values))  # type: ignore[arg-type]
         rows = np.frombuffer(blob, dtype=np.float32).reshape(-1, width).copy()
@@ -136,7 +143,7 @@ class DiskTier:
         try:
             self._db.write(batch, self._write_opts)
         except Exception as exc:
-            raise StorageError(f"disk tier write failed for table {table!r}: {exc}") from exc
+            raise _storage_error(f"disk tier write failed for table {table!r}", exc) from exc
 
     def iter_rows(
         self, table: str, chunk: int = 65536
@@ -163,7 +170,7 @@ class DiskTier:
             for view in self._views.values():
                 view.flush()
         except Exception as exc:
-            raise StorageError(f"disk tier flush failed: {exc}") from exc
+            raise _storage_error("disk tier flush failed", exc) from exc
 
     def close(self) -> None:
         """Flush and close the database; further calls fail."""
@@ -175,7 +182,7 @@ class DiskTier:
             self._cfs.clear()
             self._db.close()
         except Exception as exc:
-            raise StorageError(f"disk tier close failed: {exc}") from exc
+            raise _storage_error("disk tier close failed", exc) from exc
 
 
 def _decode(
