@@ -13,7 +13,13 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 CORE = ["embeddb/shard.py", "embeddb/storage", "embeddb/optim", "embeddb/config",
         "embeddb/routing.py", "embeddb/errors.py", "embeddb/initializers.py"]  # fmt: skip
-CLIENT_MAY_IMPORT = {"embeddb.errors", "embeddb.routing", "embeddb.client", "embeddb.proto"}
+CLIENT_MAY_IMPORT = {
+    "embeddb.errors",
+    "embeddb.routing",
+    "embeddb.client",
+    "embeddb.wire",
+    "embeddb.v1",
+}
 
 
 def _imports(path: Path) -> set[str]:

@@ -1,0 +1,175 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class DType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    DTYPE_UNSPECIFIED: _ClassVar[DType]
+    UINT64: _ClassVar[DType]
+    FLOAT32: _ClassVar[DType]
+    FLOAT16: _ClassVar[DType]
+
+class Compression(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    COMPRESSION_NONE: _ClassVar[Compression]
+    LZ4: _ClassVar[Compression]
+DTYPE_UNSPECIFIED: DType
+UINT64: DType
+FLOAT32: DType
+FLOAT16: DType
+COMPRESSION_NONE: Compression
+LZ4: Compression
+
+class Tensor(_message.Message):
+    __slots__ = ("dtype", "shape", "data", "compression", "row_scales")
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    COMPRESSION_FIELD_NUMBER: _ClassVar[int]
+    ROW_SCALES_FIELD_NUMBER: _ClassVar[int]
+    dtype: DType
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    data: bytes
+    compression: Compression
+    row_scales: bytes
+    def __init__(self, dtype: _Optional[_Union[DType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ..., compression: _Optional[_Union[Compression, str]] = ..., row_scales: _Optional[bytes] = ...) -> None: ...
+
+class Encoding(_message.Message):
+    __slots__ = ("fp16", "lz4_min_bytes")
+    FP16_FIELD_NUMBER: _ClassVar[int]
+    LZ4_MIN_BYTES_FIELD_NUMBER: _ClassVar[int]
+    fp16: bool
+    lz4_min_bytes: int
+    def __init__(self, fp16: _Optional[bool] = ..., lz4_min_bytes: _Optional[int] = ...) -> None: ...
+
+class LookupRequest(_message.Message):
+    __slots__ = ("table", "ids", "train", "encoding")
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    TRAIN_FIELD_NUMBER: _ClassVar[int]
+    ENCODING_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    ids: Tensor
+    train: bool
+    encoding: Encoding
+    def __init__(self, table: _Optional[str] = ..., ids: _Optional[_Union[Tensor, _Mapping]] = ..., train: _Optional[bool] = ..., encoding: _Optional[_Union[Encoding, _Mapping]] = ...) -> None: ...
+
+class LookupResponse(_message.Message):
+    __slots__ = ("vectors",)
+    VECTORS_FIELD_NUMBER: _ClassVar[int]
+    vectors: Tensor
+    def __init__(self, vectors: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
+
+class ApplyGradientsRequest(_message.Message):
+    __slots__ = ("table", "ids", "grads")
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    GRADS_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    ids: Tensor
+    grads: Tensor
+    def __init__(self, table: _Optional[str] = ..., ids: _Optional[_Union[Tensor, _Mapping]] = ..., grads: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
+
+class ApplyGradientsResponse(_message.Message):
+    __slots__ = ("applied", "nan_skipped", "missing")
+    APPLIED_FIELD_NUMBER: _ClassVar[int]
+    NAN_SKIPPED_FIELD_NUMBER: _ClassVar[int]
+    MISSING_FIELD_NUMBER: _ClassVar[int]
+    applied: int
+    nan_skipped: int
+    missing: int
+    def __init__(self, applied: _Optional[int] = ..., nan_skipped: _Optional[int] = ..., missing: _Optional[int] = ...) -> None: ...
+
+class AssignRequest(_message.Message):
+    __slots__ = ("table", "ids", "vectors")
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    VECTORS_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    ids: Tensor
+    vectors: Tensor
+    def __init__(self, table: _Optional[str] = ..., ids: _Optional[_Union[Tensor, _Mapping]] = ..., vectors: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
+
+class AssignResponse(_message.Message):
+    __slots__ = ("written",)
+    WRITTEN_FIELD_NUMBER: _ClassVar[int]
+    written: int
+    def __init__(self, written: _Optional[int] = ...) -> None: ...
+
+class DeleteRequest(_message.Message):
+    __slots__ = ("table", "ids")
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    ids: Tensor
+    def __init__(self, table: _Optional[str] = ..., ids: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
+
+class DeleteResponse(_message.Message):
+    __slots__ = ("deleted",)
+    DELETED_FIELD_NUMBER: _ClassVar[int]
+    deleted: int
+    def __init__(self, deleted: _Optional[int] = ...) -> None: ...
+
+class TableInfo(_message.Message):
+    __slots__ = ("name", "dim", "optimizer", "state_dim", "capacity")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DIM_FIELD_NUMBER: _ClassVar[int]
+    OPTIMIZER_FIELD_NUMBER: _ClassVar[int]
+    STATE_DIM_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    dim: int
+    optimizer: str
+    state_dim: int
+    capacity: int
+    def __init__(self, name: _Optional[str] = ..., dim: _Optional[int] = ..., optimizer: _Optional[str] = ..., state_dim: _Optional[int] = ..., capacity: _Optional[int] = ...) -> None: ...
+
+class ListTablesRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListTablesResponse(_message.Message):
+    __slots__ = ("tables",)
+    TABLES_FIELD_NUMBER: _ClassVar[int]
+    tables: _containers.RepeatedCompositeFieldContainer[TableInfo]
+    def __init__(self, tables: _Optional[_Iterable[_Union[TableInfo, _Mapping]]] = ...) -> None: ...
+
+class DescribeTableRequest(_message.Message):
+    __slots__ = ("table",)
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    def __init__(self, table: _Optional[str] = ...) -> None: ...
+
+class StatsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class TableStats(_message.Message):
+    __slots__ = ("table", "counters")
+    class CountersEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    COUNTERS_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    counters: _containers.ScalarMap[str, int]
+    def __init__(self, table: _Optional[str] = ..., counters: _Optional[_Mapping[str, int]] = ...) -> None: ...
+
+class StatsResponse(_message.Message):
+    __slots__ = ("shard_index", "num_shards", "tables")
+    SHARD_INDEX_FIELD_NUMBER: _ClassVar[int]
+    NUM_SHARDS_FIELD_NUMBER: _ClassVar[int]
+    TABLES_FIELD_NUMBER: _ClassVar[int]
+    shard_index: int
+    num_shards: int
+    tables: _containers.RepeatedCompositeFieldContainer[TableStats]
+    def __init__(self, shard_index: _Optional[int] = ..., num_shards: _Optional[int] = ..., tables: _Optional[_Iterable[_Union[TableStats, _Mapping]]] = ...) -> None: ...
