@@ -18,12 +18,15 @@ one type. Errors caused by the caller's input also derive from the matching buil
 
 Foreign exceptions (RocksDB, YAML, OS) are translated at the layer that calls them, to the most
 specific type above, with ``raise ... from exc`` so the cause stays visible. The server maps this
-tree to gRPC status codes in one table and the client maps them back.
+tree to gRPC status codes in one table (:data:`STATUS_BY_ERROR`, below) and the client maps them
+back (:data:`ERROR_BY_STATUS`).
 """
 
 from __future__ import annotations
 
 __all__ = [
+    "ERROR_BY_STATUS",
+    "STATUS_BY_ERROR",
     "ConfigError",
     "CorruptDataError",
     "EmbeddbError",
@@ -35,6 +38,7 @@ __all__ = [
     "TableNotFoundError",
     "UnauthenticatedError",
     "UnavailableError",
+    "status_of",
 ]
 
 
@@ -89,3 +93,38 @@ class StorageError(EmbeddbError, OSError):
 
 class CorruptDataError(StorageError):
     """A stored artefact failed a consistency check; it is never loaded silently."""
+
+
+# The one table between this tree and gRPC status codes (by name, so the core never imports
+# grpc). The server maps an error to the status of its most specific listed class; the client
+# maps a status back to the class listed for it.
+STATUS_BY_ERROR: dict[type[EmbeddbError], str] = {
+    ConfigError: "INVALID_ARGUMENT",
+    InvalidArgumentError: "INVALID_ARGUMENT",
+    TableNotFoundError: "NOT_FOUND",
+    NotFoundError: "NOT_FOUND",
+    ResourceExhaustedError: "RESOURCE_EXHAUSTED",
+    PermissionDeniedError: "PERMISSION_DENIED",
+    UnauthenticatedError: "UNAUTHENTICATED",
+    UnavailableError: "UNAVAILABLE",
+    CorruptDataError: "DATA_LOSS",
+    StorageError: "INTERNAL",
+}
+ERROR_BY_STATUS: dict[str, type[EmbeddbError]] = {
+    "INVALID_ARGUMENT": InvalidArgumentError,
+    "NOT_FOUND": NotFoundError,
+    "RESOURCE_EXHAUSTED": ResourceExhaustedError,
+    "PERMISSION_DENIED": PermissionDeniedError,
+    "UNAUTHENTICATED": UnauthenticatedError,
+    "UNAVAILABLE": UnavailableError,
+    "DATA_LOSS": CorruptDataError,
+    "INTERNAL": StorageError,
+}
+
+
+def status_of(error: EmbeddbError) -> str:
+    """The gRPC status name of ``error`` (its most specific class in :data:`STATUS_BY_ERROR`)."""
+    for cls in type(error).__mro__:
+        if cls in STATUS_BY_ERROR:
+            return STATUS_BY_ERROR[cls]
+    return "UNKNOWN"

@@ -1,0 +1,51 @@
+"""Cross-cutting server concerns as gRPC interceptors (STYLE.md §12)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+
+from embeddb.errors import EmbeddbError, status_of
+
+__all__ = ["ErrorInterceptor"]
+
+log = logging.getLogger(__name__)
+
+
+class ErrorInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
+    """Turns embeddb exceptions into gRPC statuses (``embeddb.errors.STATUS_BY_ERROR``).
+
+    An unexpected exception is logged with its traceback and answered with ``INTERNAL``; the
+    server keeps serving either way.
+    """
+
+    def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler | None],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler | None:
+        handler = continuation(handler_call_details)
+        if handler is None or handler.unary_unary is None:
+            return handler
+        method = handler_call_details.method
+        inner = handler.unary_unary
+
+        def guarded(request: Any, context: grpc.ServicerContext) -> Any:
+            try:
+                return inner(request, context)
+            except EmbeddbError as exc:
+                context.abort(getattr(grpc.StatusCode, status_of(exc)), str(exc))
+            except Exception:
+                log.exception("unexpected error in %s", method)
+                context.abort(
+                    grpc.StatusCode.INTERNAL, f"internal error in {method}; see server log"
+                )
+
+        return grpc.unary_unary_rpc_method_handler(
+            guarded,
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
