@@ -1,6 +1,45 @@
 """embeddb client SDK, installed as ``embeddb.client``.
 
-The gRPC client arrives with the server milestone.
+A client knows every shard's address (shard ``i`` is ``addresses[i]``), routes each id with
+:func:`embeddb.routing.shard_of`, deduplicates every batch once and talks to the shards in
+parallel over one gRPC channel each. Errors come back as :mod:`embeddb.errors` exceptions that
+name the shard. Usage::
+
+    import numpy as np
+    from embeddb.client import Client
+
+    with Client.from_address_file("shards.txt", timeout=5.0) as client:
+        ids = np.array([7, 42, 7], dtype=np.uint64)
+        vectors = client.lookup("user", ids)               # (3, dim) float32, rows 0 and 2 equal
+        grads = np.ones_like(vectors)
+        result = client.apply_gradients("user", ids, grads)  # id 7 gets one summed gradient
+        print(result.applied, client.stats()[0]["tables"]["user"]["rows"])
+
+:class:`AsyncClient` offers the same methods as coroutines (``await client.lookup(...)``).
+
+Modules: :mod:`~embeddb.client.sync` and :mod:`~embeddb.client.aio` (the two clients, I/O only),
+:mod:`~embeddb.client.plans` (what each method sends and how answers merge),
+:mod:`~embeddb.client.batching` (dedup, split, merge; pure numpy),
+:mod:`~embeddb.client.options` (settings, retry policy, address file),
+:mod:`~embeddb.client.errors` (gRPC status → embeddb exception).
 """
 
-__all__: list[str] = []
+from __future__ import annotations
+
+from .aio import AsyncClient
+from .errors import DeadlineExceededError, RemoteError
+from .options import ClientOptions, read_address_file
+from .plans import ShardStats, TableInfo, UpdateResult
+from .sync import Client
+
+__all__ = [
+    "AsyncClient",
+    "Client",
+    "ClientOptions",
+    "DeadlineExceededError",
+    "RemoteError",
+    "ShardStats",
+    "TableInfo",
+    "UpdateResult",
+    "read_address_file",
+]

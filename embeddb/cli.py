@@ -2,12 +2,17 @@
 
 Commands:
     embeddb demo      train a factorization machine on UCI Adult with its embeddings in a shard
+    embeddb serve     serve one shard over gRPC until SIGTERM/SIGINT (then shut down cleanly)
+    embeddb cluster   run N ``serve`` processes locally, health-checked and supervised
     embeddb --version
+
+``python -m embeddb.cli`` works too (the cluster starts its shards that way).
 """
 
 from __future__ import annotations
 
 import logging
+import signal
 import tempfile
 from importlib import resources
 from pathlib import Path
@@ -17,8 +22,13 @@ import click
 from embeddb import __version__
 from embeddb.config import EmbeddingConfig, StoreConfig
 from embeddb.errors import EmbeddbError
+from embeddb.server.app import ServerConfig
+from embeddb.server.auth import Tokens
 
 __all__ = ["main"]
+
+_LOG_LEVELS = click.Choice(["debug", "info", "warning", "error"])
+_DEFAULT_PORT = 7070
 
 
 def _packaged_config(name: str) -> EmbeddingConfig:
@@ -26,11 +36,35 @@ def _packaged_config(name: str) -> EmbeddingConfig:
     return EmbeddingConfig.from_yaml_text(text, source=f"embeddb/presets/{name}")
 
 
+def _load_config(path: Path | None) -> EmbeddingConfig:
+    return EmbeddingConfig.from_yaml(path) if path else _packaged_config("default.yaml")
+
+
+def _read_bytes(path: Path | None) -> bytes | None:
+    if path is None:
+        return None
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise click.ClickException(f"cannot read {path}: {exc}") from exc
+
+
+def _set_log_level(ctx: click.Context, level: str | None) -> None:
+    """The command's ``--log-level``, else the group's if given explicitly, else ``info``."""
+    if level is None:
+        parent = ctx.parent
+        explicit = parent is not None and (
+            parent.get_parameter_source("log_level") is click.core.ParameterSource.COMMANDLINE
+        )
+        level = parent.params["log_level"] if parent is not None and explicit else "info"
+    logging.getLogger().setLevel(level.upper())
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="embeddb")
 @click.option(
     "--log-level",
-    type=click.Choice(["debug", "info", "warning", "error"]),
+    type=_LOG_LEVELS,
     default="warning",
     show_default=True,
 )
@@ -115,3 +149,288 @@ def demo(
                 )
     except EmbeddbError as exc:
         raise click.ClickException(str(exc)) from exc
+
+
+# --------------------------------------------------------------------------------------- serve
+@main.command()
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Embedding config YAML (default: the packaged presets/default.yaml).",
+)
+@click.option(
+    "--data-dir",
+    default="embeddb-data/shard-{index}",
+    show_default=True,
+    help="Shard data directory; {index} is replaced by the shard index.",
+)
+@click.option(
+    "--ephemeral",
+    is_flag=True,
+    help="Keep rows in a temporary directory removed at exit (nothing persists).",
+)
+@click.option("--shard-index", type=click.IntRange(min=0), default=0, show_default=True)
+@click.option("--num-shards", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    help=f"Port to bind (default: {_DEFAULT_PORT} + shard index; 0: any free port).",
+)
+@click.option(
+    "--port-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write the bound port here once serving (removed at shutdown).",
+)
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    help="Serve Prometheus metrics at http://HOST:PORT/metrics (0: any free port).",
+)
+@click.option(
+    "--tls-cert",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="PEM certificate chain; with --tls-key the port serves TLS only.",
+)
+@click.option(
+    "--tls-key",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="PEM private key for --tls-cert.",
+)
+@click.option(
+    "--tokens-file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Require bearer tokens: lines 'rw TOKEN' or 'ro TOKEN'.",
+)
+@click.option(
+    "--tokens-from-env",
+    is_flag=True,
+    help="Require bearer tokens from EMBEDDB_RW_TOKEN / EMBEDDB_RO_TOKEN.",
+)
+@click.option("--log-level", type=_LOG_LEVELS, help="Log level (default: info).")
+@click.option(
+    "--max-message-mb",
+    type=click.IntRange(min=1),
+    default=ServerConfig().max_message_bytes >> 20,
+    show_default=True,
+    help="Largest request or response, in MiB.",
+)
+@click.option(
+    "--workers", type=click.IntRange(min=1), default=ServerConfig().workers, show_default=True
+)
+@click.option(
+    "--grace",
+    type=click.FloatRange(min=0),
+    default=5.0,
+    show_default=True,
+    help="Seconds in-flight calls may finish after SIGTERM/SIGINT.",
+)
+@click.pass_context
+def serve(
+    ctx: click.Context,
+    config_path: Path | None,
+    data_dir: str,
+    ephemeral: bool,
+    shard_index: int,
+    num_shards: int,
+    host: str,
+    port: int | None,
+    port_file: Path | None,
+    metrics_port: int | None,
+    tls_cert: Path | None,
+    tls_key: Path | None,
+    tokens_file: Path | None,
+    tokens_from_env: bool,
+    log_level: str | None,
+    max_message_mb: int,
+    workers: int,
+    grace: float,
+) -> None:
+    """Serve one shard over gRPC until SIGTERM or SIGINT, then shut down cleanly.
+
+    Shutdown: health NOT_SERVING, stop accepting calls, let in-flight ones finish (--grace),
+    write rows back and record a clean shutdown, exit 0.
+    """
+    from embeddb.server.daemon import DaemonOptions, run_daemon
+
+    _set_log_level(ctx, log_level)
+    if shard_index >= num_shards:
+        raise click.BadParameter(
+            f"must be less than --num-shards ({num_shards}), got {shard_index}",
+            param_hint="--shard-index",
+        )
+    if tokens_file is not None and tokens_from_env:
+        raise click.UsageError("use --tokens-file or --tokens-from-env, not both")
+    try:
+        config = _load_config(config_path)
+        tokens = (
+            Tokens.from_file(tokens_file)
+            if tokens_file is not None
+            else Tokens.from_env()
+            if tokens_from_env
+            else None
+        )
+        server_config = ServerConfig(
+            host=host,
+            port=_DEFAULT_PORT + shard_index if port is None else port,
+            shard_index=shard_index,
+            num_shards=num_shards,
+            max_message_bytes=max_message_mb << 20,
+            workers=workers,
+            tls_cert=_read_bytes(tls_cert),
+            tls_key=_read_bytes(tls_key),
+            tokens=tokens,
+            metrics_port=metrics_port,
+        )
+        options = DaemonOptions(
+            data_dir=None if ephemeral else Path(data_dir.replace("{index}", str(shard_index))),
+            grace=grace,
+            port_file=port_file,
+        )
+        code = run_daemon(config, server_config, options)
+    except (EmbeddbError, OSError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    ctx.exit(code)
+
+
+# ------------------------------------------------------------------------------------- cluster
+@main.command()
+@click.option("--num-shards", type=click.IntRange(min=1), required=True)
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Embedding config YAML for every shard (default: the packaged presets/default.yaml).",
+)
+@click.option(
+    "--data-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("embeddb-data"),
+    show_default=True,
+    help="Root data directory; shard i uses DATA_DIR/shard-i.",
+)
+@click.option("--ephemeral", is_flag=True, help="Shards keep nothing after exit.")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option(
+    "--base-port",
+    type=click.IntRange(0, 65535),
+    default=_DEFAULT_PORT,
+    show_default=True,
+    help="Shard i binds BASE_PORT + i; 0: each picks a free port.",
+)
+@click.option(
+    "--address-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write host:port lines here (default: DATA_DIR/addresses.txt; none if --ephemeral).",
+)
+@click.option("--grace", type=click.FloatRange(min=0), default=5.0, show_default=True)
+@click.option(
+    "--start-timeout",
+    type=click.FloatRange(min=1),
+    default=60.0,
+    show_default=True,
+    help="Seconds a shard may take to become healthy.",
+)
+@click.option(
+    "--max-restarts",
+    type=click.IntRange(min=1),
+    default=3,
+    show_default=True,
+    help="Consecutive failed restarts before a shard is given up.",
+)
+@click.option("--fail-fast", is_flag=True, help="Stop the cluster when a shard is given up.")
+@click.option("--log-level", type=_LOG_LEVELS, help="Log level (default: info).")
+@click.option("--workers", type=click.IntRange(min=1), help="Passed to every shard.")
+@click.option("--max-message-mb", type=click.IntRange(min=1), help="Passed to every shard.")
+@click.option(
+    "--tokens-file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Passed to every shard: require bearer tokens (health checks need none).",
+)
+@click.option("--tokens-from-env", is_flag=True, help="Passed to every shard.")
+@click.pass_context
+def cluster(
+    ctx: click.Context,
+    num_shards: int,
+    config_path: Path | None,
+    data_dir: Path,
+    ephemeral: bool,
+    host: str,
+    base_port: int,
+    address_file: Path | None,
+    grace: float,
+    start_timeout: float,
+    max_restarts: int,
+    fail_fast: bool,
+    log_level: str | None,
+    workers: int | None,
+    max_message_mb: int | None,
+    tokens_file: Path | None,
+    tokens_from_env: bool,
+) -> None:
+    """Run NUM_SHARDS ``embeddb serve`` processes; restart any that die; stop all on Ctrl-C."""
+    from embeddb.server.cluster import Cluster, ClusterConfig
+
+    _set_log_level(ctx, log_level)
+    serve_args: list[str] = []
+    if workers is not None:
+        serve_args += ["--workers", str(workers)]
+    if max_message_mb is not None:
+        serve_args += ["--max-message-mb", str(max_message_mb)]
+    if tokens_file is not None:
+        serve_args += ["--tokens-file", str(tokens_file.resolve())]
+    if tokens_from_env:
+        serve_args.append("--tokens-from-env")  # the shards inherit the environment
+    try:
+        _load_config(config_path)  # fail here, once, rather than in every shard
+        if base_port and base_port + num_shards > 65536:
+            raise click.BadParameter(
+                f"{base_port} + {num_shards} shards exceeds 65535", param_hint="--base-port"
+            )
+        cfg = ClusterConfig(
+            num_shards=num_shards,
+            config_path=config_path,
+            data_dir=data_dir,
+            ephemeral=ephemeral,
+            host=host,
+            base_port=base_port,
+            address_file=address_file
+            if address_file is not None or ephemeral
+            else data_dir / "addresses.txt",
+            grace=grace,
+            start_timeout=start_timeout,
+            max_restarts=max_restarts,
+            fail_fast=fail_fast,
+            log_level=log_level or logging.getLevelName(logging.getLogger().level).lower(),
+            serve_args=tuple(serve_args),
+        )
+    except EmbeddbError as exc:
+        raise click.ClickException(str(exc)) from exc
+    runner = Cluster(cfg)
+
+    def on_signal(signum: int, frame: object) -> None:
+        runner.request_stop()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    code = 1
+    try:
+        runner.start()
+        addresses = runner.wait_healthy()
+        for index, address in enumerate(addresses):
+            click.echo(f"shard {index}: {address}")
+        if cfg.address_file is not None:
+            click.echo(f"addresses written to {cfg.address_file}")
+        code = runner.supervise()
+    except (EmbeddbError, OSError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    finally:
+        click.echo("stopping shards ...", err=True)
+        runner.stop()
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+    ctx.exit(code)
+
+
+if __name__ == "__main__":
+    main(prog_name="embeddb")

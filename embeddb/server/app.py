@@ -1,23 +1,38 @@
-"""Build a gRPC server around one shard: servicer, interceptors, health and reflection."""
+"""Build a gRPC server around one shard: servicer, interceptors, health and reflection.
+
+Interceptors, outermost first: metrics (so refused and failed calls are counted with their
+status) → auth (so refused calls never reach the servicer) → errors (embeddb exceptions from
+the servicer to gRPC statuses).
+"""
 
 from __future__ import annotations
 
+import ipaddress
+import logging
 from concurrent import futures
 from dataclasses import dataclass
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+from prometheus_client import CollectorRegistry
 
+from embeddb.errors import ConfigError
+from embeddb.server.auth import AuthInterceptor, Tokens
 from embeddb.server.interceptors import ErrorInterceptor
+from embeddb.server.metrics import MetricsEndpoint, MetricsInterceptor, ShardMetrics, serve_metrics
 from embeddb.server.servicer import ServicerLimits, StoreServicer
 from embeddb.shard import Shard
 from embeddb.v1 import embeddb_pb2 as pb
 from embeddb.v1 import embeddb_pb2_grpc as pb_grpc
 
-__all__ = ["SERVICE_NAME", "ServerConfig", "ShardServer", "build_server"]
+__all__ = ["OPEN_SERVICES", "SERVICE_NAME", "ServerConfig", "ShardServer", "build_server"]
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["EmbeddingStore"].full_name
+# Callable without a token, so orchestrators can probe and tools can discover the API.
+OPEN_SERVICES = frozenset({health.SERVICE_NAME, reflection.SERVICE_NAME})
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -31,6 +46,14 @@ class ServerConfig:
         max_message_bytes: largest request or response; larger ones get RESOURCE_EXHAUSTED.
         max_ids_per_request: ids one request may carry.
         workers: threads serving requests.
+        tls_cert, tls_key: PEM certificate chain and private key; when both are set the port
+            serves TLS only. Set both or neither.
+        tokens: accepted bearer tokens (see :mod:`embeddb.server.auth`); None serves every
+            caller.
+        metrics_registry: where to record metrics; None with ``metrics_port`` None records
+            none. Pass one to read the metrics in-process or to expose them yourself.
+        metrics_port: serve the metrics over HTTP at ``http://{host}:{metrics_port}/metrics``
+            (0 picks a free port; the factory returns it); None serves no endpoint.
     """
 
     host: str = "127.0.0.1"
@@ -40,37 +63,93 @@ class ServerConfig:
     max_message_bytes: int = 256 << 20
     max_ids_per_request: int = 1 << 22
     workers: int = 8
+    tls_cert: bytes | None = None
+    tls_key: bytes | None = None
+    tokens: Tokens | None = None
+    metrics_registry: CollectorRegistry | None = None
+    metrics_port: int | None = None
+
+    def __post_init__(self) -> None:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ConfigError("tls_cert", "set both tls_cert and tls_key, or neither")
+        if self.tls_cert is not None and b"-----BEGIN CERTIFICATE-----" not in self.tls_cert:
+            raise ConfigError("tls_cert", "not a PEM certificate (no BEGIN CERTIFICATE line)")
+        if self.tls_key is not None and not (
+            b"-----BEGIN" in self.tls_key and b"PRIVATE KEY-----" in self.tls_key
+        ):
+            raise ConfigError("tls_key", "not a PEM private key (no BEGIN ... PRIVATE KEY line)")
+        if self.tokens is not None and not isinstance(self.tokens, Tokens):
+            raise ConfigError("tokens", f"must be a Tokens, not {type(self.tokens).__name__}")
+        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
+            raise ConfigError("metrics_port", f"must be in 0..65535, got {self.metrics_port}")
+
+    @property
+    def tls(self) -> bool:
+        return self.tls_cert is not None
 
 
 @dataclass
 class ShardServer:
-    """A started server and its health servicer (for the shutdown sequence)."""
+    """A started server and its health servicer (for the shutdown sequence).
+
+    ``metrics_registry`` holds the server's metrics (None when off); ``metrics_port`` is the
+    bound port of the HTTP endpoint (None when not served).
+    """
 
     server: grpc.Server
     port: int
     health: health.HealthServicer
+    executor: futures.ThreadPoolExecutor
+    metrics_registry: CollectorRegistry | None = None
+    metrics_endpoint: MetricsEndpoint | None = None
+
+    @property
+    def metrics_port(self) -> int | None:
+        return None if self.metrics_endpoint is None else self.metrics_endpoint.port
 
     def stop(self, grace: float | None = 5.0) -> None:
-        """Health NOT_SERVING, then stop accepting and let in-flight calls finish (grace)."""
+        """Health NOT_SERVING, then stop accepting and let in-flight calls finish (grace).
+
+        Handlers still running when the grace period ends are waited for (the request pool is
+        shut down), so nothing touches the shard after this returns and the caller closes it.
+        The metrics endpoint stops last, so the final counts can still be scraped meanwhile.
+        """
         self.health.enter_graceful_shutdown()
         self.server.stop(grace).wait()
+        self.executor.shutdown(wait=True)
+        if self.metrics_endpoint is not None:
+            self.metrics_endpoint.stop()
 
 
 def build_server(shard: Shard, config: ServerConfig | None = None) -> ShardServer:
     """Start serving ``shard``; returns the server and the bound port.
 
     Raises:
-        OSError: the address cannot be bound.
+        OSError: an address cannot be bound.
     """
     cfg = config or ServerConfig()
+    registry = cfg.metrics_registry
+    if registry is None and cfg.metrics_port is not None:
+        registry = CollectorRegistry()
+    interceptors: list[grpc.ServerInterceptor] = []
+    if registry is not None:
+        metrics = ShardMetrics(registry)
+        metrics.watch(shard)
+        interceptors.append(MetricsInterceptor(metrics))
+    if cfg.tokens is not None:
+        interceptors.append(AuthInterceptor(cfg.tokens, OPEN_SERVICES))
+        if not cfg.tls and not _is_loopback(cfg.host):
+            log.warning("bearer tokens travel in plain text: serving %s without TLS", cfg.host)
+    interceptors.append(ErrorInterceptor())
     options = [
         ("grpc.max_receive_message_length", cfg.max_message_bytes),
         ("grpc.max_send_message_length", cfg.max_message_bytes),
         ("grpc.so_reuseport", 0),
     ]
+    executor = futures.ThreadPoolExecutor(max_workers=cfg.workers, thread_name_prefix="embeddb-rpc")
     server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=cfg.workers, thread_name_prefix="embeddb-rpc"),
-        interceptors=[ErrorInterceptor()],
+        executor,
+        interceptors=interceptors,
         options=options,
     )
     servicer = StoreServicer(
@@ -82,10 +161,40 @@ def build_server(shard: Shard, config: ServerConfig | None = None) -> ShardServe
     reflection.enable_server_reflection(
         (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
     )
-    port = server.add_insecure_port(f"{cfg.host}:{cfg.port}")
+    address = f"{cfg.host}:{cfg.port}"
+    if cfg.tls_cert is not None and cfg.tls_key is not None:
+        credentials = grpc.ssl_server_credentials([(cfg.tls_key, cfg.tls_cert)])
+        port = server.add_secure_port(address, credentials)
+    else:
+        port = server.add_insecure_port(address)
     if port == 0:
-        raise OSError(f"cannot bind {cfg.host}:{cfg.port}")
-    server.start()
+        raise OSError(f"cannot bind {address}")
+    endpoint = None
+    try:
+        if cfg.metrics_port is not None and registry is not None:
+            endpoint = serve_metrics(registry, cfg.host, cfg.metrics_port)
+        server.start()
+    except BaseException:
+        server.stop(None)
+        if endpoint is not None:
+            endpoint.stop()
+        raise
     for name in ("", SERVICE_NAME):
         health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    return ShardServer(server=server, port=port, health=health_servicer)
+    return ShardServer(
+        server=server,
+        executor=executor,
+        port=port,
+        health=health_servicer,
+        metrics_registry=registry,
+        metrics_endpoint=endpoint,
+    )
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False

@@ -4,15 +4,21 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 import grpc
 
 from embeddb.errors import EmbeddbError, status_of
 
-__all__ = ["ErrorInterceptor"]
+__all__ = ["ErrorInterceptor", "abort_with"]
 
 log = logging.getLogger(__name__)
+
+
+def abort_with(context: grpc.ServicerContext, error: EmbeddbError) -> NoReturn:
+    """End the call with the status of ``error`` (``embeddb.errors.STATUS_BY_ERROR``)."""
+    context.abort(getattr(grpc.StatusCode, status_of(error)), str(error))
+    raise AssertionError("unreachable: ServicerContext.abort raises")  # pragma: no cover
 
 
 class ErrorInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
@@ -37,7 +43,7 @@ class ErrorInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
             try:
                 return inner(request, context)
             except EmbeddbError as exc:
-                context.abort(getattr(grpc.StatusCode, status_of(exc)), str(exc))
+                abort_with(context, exc)
             except Exception:
                 log.exception("unexpected error in %s", method)
                 context.abort(

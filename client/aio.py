@@ -1,0 +1,231 @@
+"""The ``asyncio`` client: the same API as :class:`~embeddb.client.Client`, as coroutines.
+
+Built for the trainer's prefetching: a lookup for batch ``t + 1`` can be awaited while batch
+``t`` trains. Fan-out to shards uses :func:`asyncio.gather` on ``grpc.aio`` channels. The
+channels are opened on first use, inside the running event loop, and belong to that loop: use
+one client within one loop (one ``asyncio.run``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any, TypeVar
+
+import grpc
+import grpc.aio
+import numpy as np
+import numpy.typing as npt
+
+from embeddb.errors import UnavailableError
+from embeddb.v1 import embeddb_pb2_grpc as pb_grpc
+
+from . import plans
+from .batching import IdBatch, as_matrix
+from .errors import translate_rpc_error
+from .options import ClientOptions, check_addresses, read_address_file
+from .plans import Plan, ShardCall, ShardStats, TableInfo, UpdateResult
+
+__all__ = ["AsyncClient"]
+
+T = TypeVar("T")
+
+
+class AsyncClient:
+    """An ``asyncio`` client of a sharded embeddb cluster.
+
+    Arguments, routing, retries and errors are those of :class:`~embeddb.client.Client`;
+    ``channel_factory`` here returns a :class:`grpc.aio.Channel`.
+
+    Raises:
+        ConfigError: an invalid address or option.
+    """
+
+    def __init__(
+        self,
+        addresses: Sequence[str],
+        *,
+        timeout: float = 10.0,
+        retries: int = 3,
+        backoff: float = 0.05,
+        max_backoff: float = 2.0,
+        fp16: bool = False,
+        lz4_min_bytes: int = 1 << 16,
+        max_ids_per_message: int = 1 << 20,
+        max_message_bytes: int = 1 << 30,
+        credentials: grpc.ChannelCredentials | None = None,
+        token: str | None = None,
+        channel_factory: Callable[[str], grpc.aio.Channel] | None = None,
+    ) -> None:
+        self.addresses = check_addresses(addresses)
+        self.options = ClientOptions(
+            timeout=timeout,
+            retries=retries,
+            backoff=backoff,
+            max_backoff=max_backoff,
+            fp16=fp16,
+            lz4_min_bytes=lz4_min_bytes,
+            max_ids_per_message=max_ids_per_message,
+            max_message_bytes=max_message_bytes,
+            credentials=credentials,
+            token=token,
+        )
+        self._factory = channel_factory
+        self._channels: list[grpc.aio.Channel] = []
+        self._stubs: list[Any] = []
+        self._rng = random.Random()
+        self._dims: dict[str, int] = {}
+        self._closed = False
+
+    @classmethod
+    def from_address_file(cls, path: str | Path, **kwargs: Any) -> AsyncClient:
+        """A client of the shards listed in ``path``; see :meth:`Client.from_address_file`.
+
+        Raises:
+            ConfigError: the file is missing, unreadable, empty or has a malformed line.
+        """
+        return cls(read_address_file(path), **kwargs)
+
+    def _open(self, address: str) -> grpc.aio.Channel:
+        if self._factory is not None:
+            return self._factory(address)
+        opts = self.options.channel_options
+        if self.options.credentials is not None:
+            return grpc.aio.secure_channel(address, self.options.credentials, options=opts)
+        return grpc.aio.insecure_channel(address, options=opts)
+
+    def _stub(self, shard: int) -> Any:
+        if not self._stubs:  # first use: inside the running loop
+            self._channels = [self._open(a) for a in self.addresses]
+            self._stubs = [pb_grpc.EmbeddingStoreStub(c) for c in self._channels]  # type: ignore[no-untyped-call]
+        return self._stubs[shard]
+
+    @property
+    def num_shards(self) -> int:
+        return len(self.addresses)
+
+    # ------------------------------------------------------------------ data plane
+    async def lookup(self, table: str, ids: object, train: bool = True) -> npt.NDArray[np.float32]:
+        """See :meth:`Client.lookup`."""
+        batch = IdBatch.of(ids)
+        if batch.size == 0:
+            return np.zeros((0, await self._dim(table)), dtype=np.float32)
+        return await self._run(plans.lookup(table, batch, train, self.options, self.num_shards))
+
+    async def apply_gradients(self, table: str, ids: object, grads: object) -> UpdateResult:
+        """See :meth:`Client.apply_gradients`. Never retried."""
+        batch = IdBatch.of(ids)
+        if batch.size == 0:
+            as_matrix(grads, 0, "grads")
+            await self._dim(table)
+            return UpdateResult()
+        plan = plans.apply_gradients(table, batch, grads, self.options, self.num_shards)
+        return await self._run(plan)
+
+    async def assign(self, table: str, ids: object, vectors: object) -> int:
+        """See :meth:`Client.assign`."""
+        batch = IdBatch.of(ids)
+        if batch.size == 0:
+            as_matrix(vectors, 0, "vectors")
+            await self._dim(table)
+            return 0
+        return await self._run(plans.assign(table, batch, vectors, self.options, self.num_shards))
+
+    async def delete(self, table: str, ids: object) -> int:
+        """See :meth:`Client.delete`."""
+        batch = IdBatch.of(ids)
+        if batch.size == 0:
+            await self._dim(table)
+            return 0
+        return await self._run(plans.delete(table, batch, self.options, self.num_shards))
+
+    # ------------------------------------------------------------------ metadata
+    async def list_tables(self) -> list[TableInfo]:
+        """See :meth:`Client.list_tables`."""
+        return await self._run(plans.list_tables())
+
+    async def describe_table(self, table: str) -> TableInfo:
+        """See :meth:`Client.describe_table`."""
+        info = await self._run(plans.describe_table(table))
+        self._dims[table] = info.dim
+        return info
+
+    async def stats(self) -> list[ShardStats]:
+        """See :meth:`Client.stats`."""
+        return await self._run(plans.stats(self.addresses))
+
+    async def check_topology(self) -> None:
+        """See :meth:`Client.check_topology`."""
+        plans.check_topology(await self.stats())
+
+    async def _dim(self, table: str) -> int:
+        dim = self._dims.get(table)
+        return dim if dim is not None else (await self.describe_table(table)).dim
+
+    # ------------------------------------------------------------------ lifecycle
+    async def close(self) -> None:
+        """Close every channel. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        channels, self._channels, self._stubs = self._channels, [], []
+        await asyncio.gather(*(c.close() for c in channels))
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    def __repr__(self) -> str:
+        return f"AsyncClient({list(self.addresses)!r})"
+
+    # ------------------------------------------------------------------ execution
+    async def _run(self, plan: Plan[T]) -> T:
+        if self._closed:
+            raise UnavailableError("the client is closed")
+        if len(plan.calls) == 1:
+            return plan.merge([await self._call(plan.calls[0])])
+        # Every shard answers before anything is raised, so no call is left in flight.
+        results = await asyncio.gather(*(self._call(c) for c in plan.calls), return_exceptions=True)
+        for r in results:
+            if isinstance(r, BaseException):
+                raise r
+        return plan.merge(results)
+
+    async def _call(self, call: ShardCall) -> Any:
+        """One call with a deadline, retrying UNAVAILABLE for idempotent calls."""
+        method = getattr(self._stub(call.shard), call.method)
+        opts = self.options
+        deadline = time.monotonic() + opts.timeout
+        attempt = 0
+        while True:
+            attempt += 1
+            remaining = deadline - time.monotonic()
+            try:
+                return await method(
+                    call.request, timeout=max(remaining, 0.0), metadata=opts.metadata
+                )
+            except grpc.aio.AioRpcError as exc:
+                delay = opts.retry_delay(
+                    call.idempotent,
+                    exc.code().name,
+                    attempt,
+                    deadline - time.monotonic(),
+                    self._rng,
+                )
+                if delay is None:
+                    address = self.addresses[call.shard]
+                    raise translate_rpc_error(
+                        exc, call.shard, address, call.method, attempt
+                    ) from exc
+            await asyncio.sleep(delay)

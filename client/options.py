@@ -1,0 +1,154 @@
+"""Client settings (frozen, validated once), the retry policy and the address file.
+
+Shared by :class:`~embeddb.client.Client` and :class:`~embeddb.client.AsyncClient`, which differ
+only in how they wait (threads vs. ``asyncio``).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from embeddb.errors import ConfigError
+
+__all__ = ["ClientOptions", "check_addresses", "read_address_file"]
+
+
+@dataclass(frozen=True)
+class ClientOptions:
+    """How a client talks to the shards.
+
+    Attributes:
+        timeout: seconds one logical call to one shard may take, retries and backoff included
+            (the gRPC deadline of each attempt is what is left of it).
+        retries: extra attempts after an ``UNAVAILABLE`` answer, for idempotent calls only
+            (evaluation lookups, assign, delete, metadata). Training lookups and gradient pushes
+            change the shard's state and are never retried.
+        backoff: the first retry waits about this many seconds; each further one twice as long
+            (up to ``max_backoff``), each delay jittered to between half and all of its value.
+        max_backoff: cap of one retry delay, in seconds.
+        fp16: lookups return, and gradients travel as, per-row scaled float16 (lossy: each
+            element within ``2**-11 * max|row|``). Assigned vectors always travel as float32.
+        lz4_min_bytes: LZ4-compress payloads (both directions) at least this large; 0 disables.
+        max_ids_per_message: unique ids per request; larger per-shard batches are split.
+        max_message_bytes: the channel's send and receive limit.
+        credentials: TLS (or other) channel credentials; ``None`` for a plaintext channel.
+        token: sent as ``authorization: Bearer <token>`` metadata on every call.
+    """
+
+    timeout: float = 10.0
+    retries: int = 3
+    backoff: float = 0.05
+    max_backoff: float = 2.0
+    fp16: bool = False
+    lz4_min_bytes: int = 1 << 16
+    max_ids_per_message: int = 1 << 20
+    max_message_bytes: int = 1 << 30
+    credentials: grpc.ChannelCredentials | None = None
+    token: str | None = None
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.timeout) and self.timeout > 0):
+            raise ConfigError(
+                "timeout", f"must be a positive number of seconds, got {self.timeout}"
+            )
+        if self.retries < 0:
+            raise ConfigError("retries", f"must be >= 0, got {self.retries}")
+        if not (self.backoff >= 0 and self.max_backoff >= self.backoff):
+            raise ConfigError(
+                "backoff",
+                f"need 0 <= backoff <= max_backoff, got {self.backoff} and {self.max_backoff}",
+            )
+        if self.lz4_min_bytes < 0:
+            raise ConfigError("lz4_min_bytes", f"must be >= 0, got {self.lz4_min_bytes}")
+        if self.max_ids_per_message < 1:
+            raise ConfigError(
+                "max_ids_per_message", f"must be >= 1, got {self.max_ids_per_message}"
+            )
+        if self.max_message_bytes < 1:
+            raise ConfigError("max_message_bytes", f"must be >= 1, got {self.max_message_bytes}")
+        if self.token is not None and (not self.token or any(c in self.token for c in "\r\n")):
+            raise ConfigError("token", "must be a non-empty single-line string")
+
+    @property
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        """Metadata sent with every call."""
+        return (("authorization", f"Bearer {self.token}"),) if self.token else ()
+
+    @property
+    def channel_options(self) -> list[tuple[str, int]]:
+        """gRPC channel arguments."""
+        return [
+            ("grpc.max_send_message_length", self.max_message_bytes),
+            ("grpc.max_receive_message_length", self.max_message_bytes),
+        ]
+
+    def retry_delay(
+        self, idempotent: bool, status: str, attempt: int, remaining: float, rng: random.Random
+    ) -> float | None:
+        """Seconds to wait before retrying a failed attempt, or ``None`` to give up.
+
+        Args:
+            idempotent: whether repeating the call is harmless.
+            status: the gRPC status name of the failure.
+            attempt: attempts made so far (1 after the first failure).
+            remaining: seconds left of the call's ``timeout``.
+            rng: the client's jitter source.
+        """
+        if not idempotent or status != "UNAVAILABLE" or attempt > self.retries:
+            return None
+        full = min(self.max_backoff, self.backoff * 2.0 ** (attempt - 1))
+        delay = full * (0.5 + 0.5 * rng.random())
+        return delay if delay < remaining else None
+
+
+def check_addresses(addresses: Sequence[str]) -> tuple[str, ...]:
+    """Validate ``host:port`` addresses (shard ``i`` is ``addresses[i]``).
+
+    Raises:
+        ConfigError: no addresses, or one that is not ``host:port``.
+    """
+    if isinstance(addresses, str):
+        raise ConfigError("addresses", "must be a sequence of 'host:port' strings, not one string")
+    out = tuple(addresses)
+    if not out:
+        raise ConfigError("addresses", "at least one shard address is needed")
+    for i, address in enumerate(out):
+        host, sep, port = str(address).rpartition(":")
+        if not (sep and host and port.isdigit() and 0 < int(port) < 65536):
+            raise ConfigError(f"addresses[{i}]", f"must be 'host:port', got {address!r}")
+    return out
+
+
+def read_address_file(path: str | Path) -> tuple[str, ...]:
+    """Read shard addresses: one ``host:port`` per line, in shard order.
+
+    Blank lines and ``#`` comments (whole-line or trailing) are ignored.
+
+    Raises:
+        ConfigError: the file is missing or unreadable, lists no address, or a line is not
+            ``host:port`` (the message names the file and line).
+    """
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(str(p), f"cannot read the shard address file: {exc}") from exc
+    addresses: list[str] = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        address = line.split("#", 1)[0].strip()
+        if not address:
+            continue
+        try:
+            check_addresses([address])
+        except ConfigError:
+            raise ConfigError(f"{p}:{number}", f"must be 'host:port', got {address!r}") from None
+        addresses.append(address)
+    if not addresses:
+        raise ConfigError(str(p), "the shard address file lists no 'host:port' address")
+    return tuple(addresses)

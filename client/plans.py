@@ -1,0 +1,271 @@
+"""What each client method sends to which shard, and how the answers combine. No I/O.
+
+A :class:`Plan` is a list of :class:`ShardCall` (a request for one shard) plus a ``merge``
+function from their responses, in the same order, to the method's result. The sync and the
+async client build the same plans and differ only in how they execute the calls.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, TypedDict, TypeVar
+
+import numpy as np
+import numpy.typing as npt
+
+import embeddb.wire as wire
+from embeddb.errors import ConfigError
+from embeddb.v1 import embeddb_pb2 as pb
+
+from .batching import IdBatch, as_matrix
+from .options import ClientOptions
+
+__all__ = [
+    "Plan",
+    "ShardCall",
+    "ShardStats",
+    "TableInfo",
+    "UpdateResult",
+    "apply_gradients",
+    "assign",
+    "check_topology",
+    "delete",
+    "describe_table",
+    "list_tables",
+    "lookup",
+    "stats",
+]
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class UpdateResult:
+    """Outcome of :meth:`Client.apply_gradients`, summed over shards (counts of distinct ids).
+
+    Attributes:
+        applied: ids updated.
+        nan_skipped: ids whose summed gradient had NaN or Inf: not applied.
+        missing: ids stored on no shard (never looked up for training, or deleted): ignored.
+    """
+
+    applied: int = 0
+    nan_skipped: int = 0
+    missing: int = 0
+
+    def __add__(self, other: UpdateResult) -> UpdateResult:
+        return UpdateResult(
+            self.applied + other.applied,
+            self.nan_skipped + other.nan_skipped,
+            self.missing + other.missing,
+        )
+
+
+@dataclass(frozen=True)
+class TableInfo:
+    """A table as a shard describes it."""
+
+    name: str
+    dim: int
+    optimizer: str
+    state_dim: int
+    capacity: int
+
+    @classmethod
+    def from_proto(cls, info: Any) -> TableInfo:
+        return cls(
+            name=info.name,
+            dim=int(info.dim),
+            optimizer=info.optimizer,
+            state_dim=int(info.state_dim),
+            capacity=int(info.capacity),
+        )
+
+
+class ShardStats(TypedDict):
+    """One shard's answer to :meth:`Client.stats`.
+
+    ``tables`` maps each table to its counters (``rows``, ``ram_rows``, ``lookup_ids``, ...; the
+    integer fields of the shard's table statistics).
+    """
+
+    shard_index: int
+    num_shards: int
+    address: str
+    tables: dict[str, dict[str, int]]
+
+
+@dataclass(frozen=True)
+class ShardCall:
+    """One request for one shard. Only idempotent calls may be retried."""
+
+    shard: int
+    method: str
+    request: Any
+    idempotent: bool
+
+
+@dataclass(frozen=True)
+class Plan(Generic[T]):
+    """Calls to make (in any order, or in parallel) and how to merge their responses."""
+
+    calls: list[ShardCall]
+    merge: Callable[[list[Any]], T]
+
+
+def lookup(
+    table: str, batch: IdBatch, train: bool, options: ClientOptions, num_shards: int
+) -> Plan[npt.NDArray[np.float32]]:
+    """Each shard gets its unique ids; vectors come back in the caller's order.
+
+    ``batch`` must not be empty (the width of an empty answer comes from ``DescribeTable``).
+    """
+    parts = batch.parts(num_shards, options.max_ids_per_message)
+    encoding = pb.Encoding(fp16=options.fp16, lz4_min_bytes=options.lz4_min_bytes)
+    calls = [
+        ShardCall(
+            part.shard,
+            "Lookup",
+            pb.LookupRequest(
+                table=table,
+                ids=wire.encode_ids(batch.unique[part.rows], options.lz4_min_bytes),
+                train=train,
+                encoding=encoding,
+            ),
+            idempotent=not train,  # a training lookup admits rows and refreshes recency
+        )
+        for part in parts
+    ]
+
+    def merge(responses: list[Any]) -> npt.NDArray[np.float32]:
+        out: npt.NDArray[np.float32] | None = None
+        for part, response in zip(parts, responses, strict=True):
+            dim = None if out is None else out.shape[1]
+            vectors = wire.decode_matrix(response.vectors, "vectors", part.rows.size, dim)
+            if out is None:
+                out = np.empty((batch.unique.size, vectors.shape[1]), dtype=np.float32)
+            out[part.rows] = vectors
+        if out is None:
+            raise ValueError("lookup plan of an empty batch")  # the clients never build one
+        return batch.expand(out)
+
+    return Plan(calls, merge)
+
+
+def apply_gradients(
+    table: str, batch: IdBatch, grads: object, options: ClientOptions, num_shards: int
+) -> Plan[UpdateResult]:
+    """Gradients of duplicate ids are summed here, so each shard gets one row per id."""
+    summed = batch.sum_rows(as_matrix(grads, batch.size, "grads"))
+    parts = batch.parts(num_shards, options.max_ids_per_message)
+    calls = [
+        ShardCall(
+            part.shard,
+            "ApplyGradients",
+            pb.ApplyGradientsRequest(
+                table=table,
+                ids=wire.encode_ids(batch.unique[part.rows], options.lz4_min_bytes),
+                grads=wire.encode_matrix(
+                    summed[part.rows], fp16=options.fp16, lz4_min_bytes=options.lz4_min_bytes
+                ),
+            ),
+            idempotent=False,
+        )
+        for part in parts
+    ]
+
+    def merge(responses: list[Any]) -> UpdateResult:
+        total = UpdateResult()
+        for r in responses:
+            total += UpdateResult(int(r.applied), int(r.nan_skipped), int(r.missing))
+        return total
+
+    return Plan(calls, merge)
+
+
+def assign(
+    table: str, batch: IdBatch, vectors: object, options: ClientOptions, num_shards: int
+) -> Plan[int]:
+    """For duplicate ids the last vector wins (as on the shard). Vectors travel as float32."""
+    last = batch.last_rows(as_matrix(vectors, batch.size, "vectors"))
+    parts = batch.parts(num_shards, options.max_ids_per_message)
+    calls = [
+        ShardCall(
+            part.shard,
+            "Assign",
+            pb.AssignRequest(
+                table=table,
+                ids=wire.encode_ids(batch.unique[part.rows], options.lz4_min_bytes),
+                vectors=wire.encode_matrix(last[part.rows], lz4_min_bytes=options.lz4_min_bytes),
+            ),
+            idempotent=True,
+        )
+        for part in parts
+    ]
+    return Plan(calls, lambda responses: sum(int(r.written) for r in responses))
+
+
+def delete(table: str, batch: IdBatch, options: ClientOptions, num_shards: int) -> Plan[int]:
+    """Each shard deletes its ids; the result is how many existed."""
+    calls = [
+        ShardCall(
+            part.shard,
+            "Delete",
+            pb.DeleteRequest(
+                table=table, ids=wire.encode_ids(batch.unique[part.rows], options.lz4_min_bytes)
+            ),
+            idempotent=True,
+        )
+        for part in batch.parts(num_shards, options.max_ids_per_message)
+    ]
+    return Plan(calls, lambda responses: sum(int(r.deleted) for r in responses))
+
+
+def list_tables() -> Plan[list[TableInfo]]:
+    """Every shard serves the same tables; shard 0 answers."""
+    call = ShardCall(0, "ListTables", pb.ListTablesRequest(), idempotent=True)
+    return Plan([call], lambda r: [TableInfo.from_proto(t) for t in r[0].tables])
+
+
+def describe_table(table: str) -> Plan[TableInfo]:
+    """Shard 0 describes the table."""
+    call = ShardCall(0, "DescribeTable", pb.DescribeTableRequest(table=table), idempotent=True)
+    return Plan([call], lambda r: TableInfo.from_proto(r[0]))
+
+
+def stats(addresses: Sequence[str]) -> Plan[list[ShardStats]]:
+    """Every shard's statistics, in shard order."""
+    calls = [
+        ShardCall(k, "Stats", pb.StatsRequest(), idempotent=True) for k in range(len(addresses))
+    ]
+
+    def merge(responses: list[Any]) -> list[ShardStats]:
+        return [
+            ShardStats(
+                shard_index=int(r.shard_index),
+                num_shards=int(r.num_shards),
+                address=address,
+                tables={t.table: {k: int(v) for k, v in t.counters.items()} for t in r.tables},
+            )
+            for address, r in zip(addresses, responses, strict=True)
+        ]
+
+    return Plan(calls, merge)
+
+
+def check_topology(shards: list[ShardStats]) -> None:
+    """Check that shard ``i`` of the client's address list calls itself shard ``i`` of ``n``.
+
+    Raises:
+        ConfigError: a shard reports another index or shard count (a misordered or incomplete
+            address list would silently send ids to shards that do not own them).
+    """
+    n = len(shards)
+    for i, s in enumerate(shards):
+        if (s["shard_index"], s["num_shards"]) != (i, n):
+            raise ConfigError(
+                f"addresses[{i}]",
+                f"{s['address']} serves shard {s['shard_index']} of {s['num_shards']}, "
+                f"but the client lists it as shard {i} of {n}",
+            )

@@ -1,0 +1,262 @@
+"""The blocking client: one gRPC channel per shard, parallel fan-out on a thread pool."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import wait as wait_all
+from pathlib import Path
+from types import TracebackType
+from typing import Any, TypeVar
+
+import grpc
+import numpy as np
+import numpy.typing as npt
+
+from embeddb.errors import UnavailableError
+from embeddb.v1 import embeddb_pb2_grpc as pb_grpc
+
+from . import plans
+from .batching import IdBatch, as_matrix
+from .errors import translate_rpc_error
+from .options import ClientOptions, check_addresses, read_address_file
+from .plans import Plan, ShardCall, ShardStats, TableInfo, UpdateResult
+
+__all__ = ["Client"]
+
+T = TypeVar("T")
+
+
+class Client:
+    """A blocking client of a sharded embeddb cluster; safe to share between threads.
+
+    Ids are routed with :func:`embeddb.routing.shard_of`: shard ``i`` is ``addresses[i]``.
+    Every method deduplicates its ids once, sends each shard only its own ids (in requests of
+    at most ``max_ids_per_message``) in parallel, and answers in the caller's order.
+
+    A call that fails on one shard raises after all its shards have answered; mutations on the
+    other shards stay applied (there is no cross-shard transaction).
+
+    Args:
+        addresses: ``host:port`` of each shard, in shard order.
+        timeout, retries, backoff, max_backoff, fp16, lz4_min_bytes, max_ids_per_message,
+        max_message_bytes, credentials, token: see :class:`~embeddb.client.ClientOptions`.
+        channel_factory: builds the channel of an address instead of the default
+            (``grpc.secure_channel`` with ``credentials`` or ``grpc.insecure_channel``), e.g. to
+            add interceptors or TLS settings.
+
+    Raises:
+        ConfigError: an invalid address or option.
+    """
+
+    def __init__(
+        self,
+        addresses: Sequence[str],
+        *,
+        timeout: float = 10.0,
+        retries: int = 3,
+        backoff: float = 0.05,
+        max_backoff: float = 2.0,
+        fp16: bool = False,
+        lz4_min_bytes: int = 1 << 16,
+        max_ids_per_message: int = 1 << 20,
+        max_message_bytes: int = 1 << 30,
+        credentials: grpc.ChannelCredentials | None = None,
+        token: str | None = None,
+        channel_factory: Callable[[str], grpc.Channel] | None = None,
+    ) -> None:
+        self.addresses = check_addresses(addresses)
+        self.options = ClientOptions(
+            timeout=timeout,
+            retries=retries,
+            backoff=backoff,
+            max_backoff=max_backoff,
+            fp16=fp16,
+            lz4_min_bytes=lz4_min_bytes,
+            max_ids_per_message=max_ids_per_message,
+            max_message_bytes=max_message_bytes,
+            credentials=credentials,
+            token=token,
+        )
+        self._channels = [self._open(a, channel_factory) for a in self.addresses]
+        self._stubs = [pb_grpc.EmbeddingStoreStub(c) for c in self._channels]  # type: ignore[no-untyped-call]
+        self._pool = (
+            ThreadPoolExecutor(max_workers=self.num_shards, thread_name_prefix="embeddb-client")
+            if self.num_shards > 1
+            else None
+        )
+        self._rng = random.Random()
+        self._lock = threading.Lock()  # guards _rng, _dims and _closed
+        self._dims: dict[str, int] = {}
+        self._closed = False
+
+    @classmethod
+    def from_address_file(cls, path: str | Path, **kwargs: Any) -> Client:
+        """A client of the shards listed in ``path`` (one ``host:port`` per line, in shard
+        order; blank lines and ``#`` comments ignored). ``kwargs`` are the constructor's.
+
+        Raises:
+            ConfigError: the file is missing, unreadable, empty or has a malformed line.
+        """
+        return cls(read_address_file(path), **kwargs)
+
+    def _open(self, address: str, factory: Callable[[str], grpc.Channel] | None) -> grpc.Channel:
+        if factory is not None:
+            return factory(address)
+        opts = self.options.channel_options
+        if self.options.credentials is not None:
+            return grpc.secure_channel(address, self.options.credentials, options=opts)
+        return grpc.insecure_channel(address, options=opts)
+
+    @property
+    def num_shards(self) -> int:
+        return len(self.addresses)
+
+    # ------------------------------------------------------------------ data plane
+    def lookup(self, table: str, ids: object, train: bool = True) -> npt.NDArray[np.float32]:
+        """The ``(len(ids), dim)`` float32 vectors of ``ids``, in order, duplicates repeated.
+
+        Args:
+            table: table name.
+            ids: 1-D non-negative integer ids.
+            train: a training lookup admits new rows and refreshes recency (never retried);
+                ``False`` (evaluation, inference) changes nothing and reads unknown ids as zeros.
+
+        Raises:
+            InvalidArgumentError, NotFoundError, UnavailableError, DeadlineExceededError and the
+            rest of :mod:`embeddb.errors`, naming the shard that failed.
+        """
+        batch = IdBatch.of(ids)
+        if batch.size == 0:
+            return np.zeros((0, self._dim(table)), dtype=np.float32)
+        return self._run(plans.lookup(table, batch, train, self.options, self.num_shards))
+
+    def apply_gradients(self, table: str, ids: object, grads: object) -> UpdateResult:
+        """Push gradients ``(len(ids), dim)``; the shards' optimizers apply them. Never retried.
+
+        Gradients of duplicate ids are summed before sending. Rows with NaN or Inf are sent
+        as they are; the shard skips and counts them.
+        """
+        batch = IdBatch.of(ids)
+        if batch.size == 0:
+            as_matrix(grads, 0, "grads")
+            self._dim(table)
+            return UpdateResult()
+        return self._run(plans.apply_gradients(table, batch, grads, self.options, self.num_shards))
+
+    def assign(self, table: str, ids: object, vectors: object) -> int:
+        """Set the vectors of ``ids`` (last duplicate wins). Returns distinct ids written."""
+        batch = IdBatch.of(ids)
+        if batch.size == 0:
+            as_matrix(vectors, 0, "vectors")
+            self._dim(table)
+            return 0
+        return self._run(plans.assign(table, batch, vectors, self.options, self.num_shards))
+
+    def delete(self, table: str, ids: object) -> int:
+        """Remove ``ids`` from every tier. Returns how many of them existed."""
+        batch = IdBatch.of(ids)
+        if batch.size == 0:
+            self._dim(table)
+            return 0
+        return self._run(plans.delete(table, batch, self.options, self.num_shards))
+
+    # ------------------------------------------------------------------ metadata
+    def list_tables(self) -> list[TableInfo]:
+        """The tables the cluster serves (as shard 0 reports them)."""
+        return self._run(plans.list_tables())
+
+    def describe_table(self, table: str) -> TableInfo:
+        """One table's settings (as shard 0 reports them)."""
+        info = self._run(plans.describe_table(table))
+        with self._lock:
+            self._dims[table] = info.dim
+        return info
+
+    def stats(self) -> list[ShardStats]:
+        """Every shard's statistics, in shard order."""
+        return self._run(plans.stats(self.addresses))
+
+    def check_topology(self) -> None:
+        """Ask every shard for its index and shard count and compare with the address list.
+
+        Raises:
+            ConfigError: a shard is listed at the wrong position or the count differs.
+        """
+        plans.check_topology(self.stats())
+
+    def _dim(self, table: str) -> int:
+        with self._lock:
+            dim = self._dims.get(table)
+        return dim if dim is not None else self.describe_table(table).dim
+
+    # ------------------------------------------------------------------ lifecycle
+    def close(self) -> None:
+        """Close every channel and the fan-out pool. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+        for channel in self._channels:
+            channel.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Client({list(self.addresses)!r})"
+
+    # ------------------------------------------------------------------ execution
+    def _run(self, plan: Plan[T]) -> T:
+        if self._closed:
+            raise UnavailableError("the client is closed")
+        calls = plan.calls
+        if len(calls) <= 1 or self._pool is None:
+            return plan.merge([self._call(c) for c in calls])
+        futures = [self._pool.submit(self._call, c) for c in calls]
+        wait_all(futures)  # let every shard answer before raising, so none is left in flight
+        for f in futures:
+            error = f.exception()
+            if error is not None:
+                raise error
+        return plan.merge([f.result() for f in futures])
+
+    def _call(self, call: ShardCall) -> Any:
+        """One call with a deadline, retrying UNAVAILABLE for idempotent calls."""
+        method = getattr(self._stubs[call.shard], call.method)
+        opts = self.options
+        deadline = time.monotonic() + opts.timeout
+        attempt = 0
+        while True:
+            attempt += 1
+            remaining = deadline - time.monotonic()
+            try:
+                return method(call.request, timeout=max(remaining, 0.0), metadata=opts.metadata)
+            except grpc.RpcError as exc:
+                with self._lock:
+                    delay = opts.retry_delay(
+                        call.idempotent,
+                        exc.code().name,
+                        attempt,
+                        deadline - time.monotonic(),
+                        self._rng,
+                    )
+                if delay is None:
+                    address = self.addresses[call.shard]
+                    raise translate_rpc_error(
+                        exc, call.shard, address, call.method, attempt
+                    ) from exc
+            time.sleep(delay)

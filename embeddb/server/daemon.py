@@ -1,0 +1,174 @@
+"""The lifecycle of one shard process: open the shard, serve it, shut down in a fixed order.
+
+``embeddb serve`` parses argv and files into config objects and calls :func:`run_daemon`, which
+reads nothing else. The life of the process::
+
+    open Shard(data_dir)          refuses a directory that was not shut down cleanly
+    build_server(shard)           health SERVING on every service
+    write the port file           (temp file + rename) so a supervisor can find a port-0 server
+    log "serving shard i/n on host:port (data dir ...)"
+    ... wait for SIGTERM / SIGINT (or the ``stop`` event) ...
+    health NOT_SERVING            load balancers and the cluster supervisor stop routing here
+    stop accepting, grace         in-flight calls get ``grace`` seconds to finish
+    shard.close()                 write dirty rows back, record clean-shutdown.json
+    remove the port file; return 0
+
+A signal that arrives while the shard is still opening is honoured as soon as it is open, so the
+directory is always left with its clean-shutdown record.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import tempfile
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+
+from embeddb.config import EmbeddingConfig
+from embeddb.server.app import ServerConfig, build_server
+from embeddb.shard import Shard
+
+__all__ = ["DaemonOptions", "run_daemon", "write_atomically"]
+
+log = logging.getLogger(__name__)
+
+_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+@dataclass(frozen=True)
+class DaemonOptions:
+    """Process-level settings of one shard server.
+
+    Attributes:
+        data_dir: the shard's data directory; ``None`` keeps rows in a temporary directory that
+            is removed at exit (nothing persists).
+        grace: seconds in-flight calls may run after the server stops accepting new ones.
+        port_file: where to write the bound port (one line) once serving; removed at shutdown.
+        handle_signals: install SIGTERM/SIGINT handlers that begin the shutdown. Only possible
+            in the main thread; elsewhere (tests driving the daemon in a thread) pass ``stop``.
+    """
+
+    data_dir: Path | None = None
+    grace: float = 5.0
+    port_file: Path | None = None
+    handle_signals: bool = True
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` via a temporary file in the same directory and a rename.
+
+    Readers see either the old content or the new, never a partial file.
+
+    Raises:
+        OSError: the directory cannot be created or written.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+@contextmanager
+def _stop_on_signals(stop: threading.Event, enabled: bool) -> Iterator[None]:
+    """Route SIGTERM and SIGINT to ``stop`` for the duration; restore the old handlers after."""
+    if not enabled or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        name = signal.Signals(signum).name
+        if stop.is_set():
+            log.warning("%s received while already shutting down; still draining", name)
+        else:
+            log.info("%s received: shutting down", name)
+        stop.set()
+
+    previous = {sig: signal.signal(sig, handler) for sig in _SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def run_daemon(
+    config: EmbeddingConfig,
+    server_config: ServerConfig,
+    options: DaemonOptions,
+    stop: threading.Event | None = None,
+) -> int:
+    """Serve one shard until ``stop`` is set (by SIGTERM/SIGINT or by the caller); shut down.
+
+    Args:
+        config: the embedding config of the shard's tables.
+        server_config: how to serve it (host, port, shard index/count, limits).
+        options: data directory, grace period, port file, signal handling.
+        stop: the event that ends serving; a fresh one when ``None``.
+
+    Returns:
+        0 after a clean shutdown (the shard's clean-shutdown record is written).
+
+    Raises:
+        StorageError: the data directory is unusable or was not shut down cleanly.
+        CorruptDataError: the data directory contradicts ``config``.
+        OSError: the address cannot be bound or the port file cannot be written.
+    """
+    stop = stop if stop is not None else threading.Event()
+    where = f"shard {server_config.shard_index}/{server_config.num_shards}"
+    with _stop_on_signals(stop, options.handle_signals):
+        shard = Shard(config, options.data_dir)
+        try:
+            served = build_server(shard, server_config)
+        except BaseException:
+            shard.close()
+            raise
+        try:
+            if options.port_file is not None:
+                write_atomically(options.port_file, f"{served.port}\n")
+            data = (
+                os.path.abspath(options.data_dir)
+                if options.data_dir is not None
+                else "temporary, removed at exit"
+            )
+            log.info(
+                "serving %s on %s:%d (data dir %s)", where, server_config.host, served.port, data
+            )
+            if served.metrics_port is not None:
+                log.info(
+                    "%s metrics on http://%s:%d/metrics",
+                    where,
+                    server_config.host,
+                    served.metrics_port,
+                )
+            if server_config.tls or server_config.tokens is not None:
+                log.info(
+                    "%s: TLS %s, bearer tokens %s",
+                    where,
+                    "on" if server_config.tls else "off",
+                    "required" if server_config.tokens is not None else "not required",
+                )
+            while not stop.wait(0.5):  # a timed wait keeps the main thread responsive to signals
+                pass
+            log.info("%s: health NOT_SERVING, draining calls (grace %gs)", where, options.grace)
+        finally:
+            try:
+                served.stop(options.grace)
+            finally:
+                try:
+                    shard.close()
+                finally:
+                    if options.port_file is not None:
+                        options.port_file.unlink(missing_ok=True)
+    log.info("%s stopped cleanly", where)
+    return 0

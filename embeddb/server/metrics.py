@@ -1,0 +1,314 @@
+"""Prometheus metrics of one shard server: an interceptor, a stats collector, an HTTP endpoint.
+
+Everything goes into a :class:`prometheus_client.CollectorRegistry` passed in, never the global
+one, so several servers can live in one process (tests, a multi-shard demo).
+
+Request metrics (recorded by :class:`MetricsInterceptor`, ``EmbeddingStore`` methods only;
+``method`` is the short name, ``status`` the gRPC status name)::
+
+    embeddb_requests_total{method,status}           calls, refused ones included
+    embeddb_request_seconds{method,status}          histogram of handling time
+    embeddb_request_bytes_total{method}             serialized request size (ByteSize)
+    embeddb_response_bytes_total{method}            serialized response size
+    embeddb_request_ids_total{method,table}         ids carried by successful calls
+
+Shard metrics (read from ``Shard.stats()`` at scrape time by :class:`ShardStatsCollector`;
+label ``table``; named after the fields of ``embeddb.storage.TableStats``)::
+
+    embeddb_rows                    gauge     rows stored in either tier
+    embeddb_tier_rows{tier}         gauge     ram: resident rows; disk: rows with a disk copy
+    embeddb_ram_capacity            gauge     RAM tier slots
+    embeddb_lookup_ids_total        counter   ids looked up (training and evaluation)
+    embeddb_tier_hits_total{tier}   counter   looked-up ids found in RAM / on disk
+    embeddb_index_miss_count_total  counter   looked-up ids found in neither tier
+    embeddb_index_miss_ratio        gauge     index_miss_count / lookup_ids since start
+    embeddb_admitted_total          counter   new rows created by training lookups
+    embeddb_rejected_total          counter   new ids not admitted
+    embeddb_evicted_total           counter   rows evicted from RAM
+    embeddb_written_back_total      counter   dirty rows written to disk on eviction
+    embeddb_promoted_total          counter   disk rows moved back into RAM
+    embeddb_overflow_total          counter   rows served beyond a stripe's capacity
+    embeddb_update_ids_total        counter   ids in gradient updates
+    embeddb_updated_rows_total      counter   rows updated by the optimizer
+    embeddb_nan_grad_skipped_total  counter   rows whose gradient had NaN/Inf (skipped)
+    embeddb_gradient_id_miss_count_total  counter  gradient ids stored nowhere (ignored)
+    embeddb_assigned_rows_total     counter   rows written by Assign
+    embeddb_deleted_rows_total      counter   rows removed by Delete
+
+Mapping to PERSIA's metric names (``embeddb_`` prefix added; Prometheus adds ``_total`` to
+counters):
+
+* ``index_miss_count`` → ``embeddb_index_miss_count_total`` (``TableStats.misses``).
+* ``index_miss_ratio`` → ``embeddb_index_miss_ratio``; PERSIA's is per batch, ours is since
+  the shard opened (take ``rate()`` of the two counters for a windowed ratio).
+* ``gradient_id_miss_count`` → ``embeddb_gradient_id_miss_count_total``
+  (``TableStats.missing_updates``).
+* ``nan_grad_skipped`` → ``embeddb_nan_grad_skipped_total`` (``TableStats.nan_skipped``).
+* ``lookup_hashmap_time_cost_sec`` → ``embeddb_request_seconds{method="Lookup"}``, and
+  ``update_gradient_time_cost_sec`` (measured by PERSIA's embedding worker) is closest to
+  ``embeddb_request_seconds{method="ApplyGradients"}``; one histogram by method, not one metric
+  per method.
+* ``estimated_distinct_id`` has no equivalent: ``embeddb_rows`` is exact, and counts stored rows
+  (rejected ids are not stored), so it keeps its own name.
+* ``embedding_staleness`` / ``staleness`` and ``batch_unique_indices_rate`` are trainer-side
+  (embedding worker) quantities; a shard cannot observe them.
+
+The HTTP endpoint (:func:`serve_metrics`) is plain HTTP without authentication; bind it to
+loopback or a private network.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+from wsgiref.simple_server import WSGIServer
+
+import grpc
+from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from embeddb.errors import UnavailableError
+from embeddb.shard import Shard
+from embeddb.v1 import embeddb_pb2 as pb
+
+__all__ = [
+    "LATENCY_BUCKETS",
+    "MetricsEndpoint",
+    "MetricsInterceptor",
+    "ShardMetrics",
+    "ShardStatsCollector",
+    "serve_metrics",
+]
+
+_STORE = pb.DESCRIPTOR.services_by_name["EmbeddingStore"].full_name
+
+# Lookups of a few ids take well under a millisecond; big batches that touch disk take longer.
+LATENCY_BUCKETS = (
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+)
+
+# TableStats field → (metric name without prefix, help). Counters; gauges are handled apart.
+_COUNTERS: dict[str, tuple[str, str]] = {
+    "lookup_ids": ("lookup_ids", "Ids looked up (training and evaluation)."),
+    "misses": ("index_miss_count", "Looked-up ids found in neither tier (PERSIA name)."),
+    "admitted": ("admitted", "New rows created by training lookups."),
+    "rejected": ("rejected", "New ids a training lookup did not admit."),
+    "evicted": ("evicted", "Rows evicted from the RAM tier."),
+    "written_back": ("written_back", "Dirty rows written to the disk tier on eviction."),
+    "promoted": ("promoted", "Disk-tier rows moved back into the RAM tier."),
+    "overflow": ("overflow", "Rows served beyond a stripe's capacity and kept on disk."),
+    "update_ids": ("update_ids", "Ids in gradient updates."),
+    "updated_rows": ("updated_rows", "Rows updated by the optimizer."),
+    "nan_skipped": ("nan_grad_skipped", "Rows whose summed gradient had NaN/Inf (skipped)."),
+    "missing_updates": (
+        "gradient_id_miss_count",
+        "Gradient ids stored in neither tier, ignored (PERSIA name).",
+    ),
+    "assigned_rows": ("assigned_rows", "Rows written by Assign."),
+    "deleted_rows": ("deleted_rows", "Rows removed by Delete."),
+}
+
+
+class ShardStatsCollector(Collector):
+    """Reads ``shard.stats()`` at every scrape; a closed shard yields no samples."""
+
+    def __init__(self, shard: Shard, prefix: str = "embeddb") -> None:
+        self._shard = shard
+        self._prefix = prefix
+
+    def describe(self) -> list[Any]:
+        return []  # samples depend on the tables; skip registration-time collection
+
+    def collect(self) -> Iterator[Any]:
+        p = self._prefix
+        try:
+            stats = self._shard.stats()
+        except UnavailableError:
+            return
+        rows = GaugeMetricFamily(f"{p}_rows", "Rows stored in either tier.", labels=["table"])
+        tier_rows = GaugeMetricFamily(
+            f"{p}_tier_rows",
+            "Rows per tier (ram: resident; disk: rows with a disk-tier copy).",
+            labels=["table", "tier"],
+        )
+        capacity = GaugeMetricFamily(f"{p}_ram_capacity", "RAM tier slots.", labels=["table"])
+        hits = CounterMetricFamily(
+            f"{p}_tier_hits", "Looked-up ids found in each tier.", labels=["table", "tier"]
+        )
+        ratio = GaugeMetricFamily(
+            f"{p}_index_miss_ratio",
+            "index_miss_count / lookup_ids since the shard opened (PERSIA name).",
+            labels=["table"],
+        )
+        counters = {
+            field: CounterMetricFamily(f"{p}_{name}", text, labels=["table"])
+            for field, (name, text) in _COUNTERS.items()
+        }
+        for table, s in sorted(stats.tables.items()):
+            rows.add_metric([table], s.rows)
+            tier_rows.add_metric([table, "ram"], s.ram_rows)
+            tier_rows.add_metric([table, "disk"], s.disk_rows)
+            capacity.add_metric([table], s.ram_capacity)
+            hits.add_metric([table, "ram"], s.ram_hits)
+            hits.add_metric([table, "disk"], s.disk_hits)
+            ratio.add_metric([table], s.misses / s.lookup_ids if s.lookup_ids else 0.0)
+            for field, family in counters.items():
+                family.add_metric([table], getattr(s, field))
+        yield from (rows, tier_rows, capacity, hits, ratio, *counters.values())
+
+
+class ShardMetrics:
+    """The request metrics of one server, registered in ``registry``.
+
+    Args:
+        registry: where the metrics live (one per server; never the global registry).
+        prefix: metric name prefix.
+    """
+
+    def __init__(self, registry: CollectorRegistry, prefix: str = "embeddb") -> None:
+        self.registry = registry
+        self.prefix = prefix
+        self.requests = Counter(
+            f"{prefix}_requests",
+            "EmbeddingStore calls by method and gRPC status.",
+            ["method", "status"],
+            registry=registry,
+        )
+        self.latency = Histogram(
+            f"{prefix}_request_seconds",
+            "EmbeddingStore call handling time (deserialized request to response).",
+            ["method", "status"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.request_bytes = Counter(
+            f"{prefix}_request_bytes",
+            "Serialized size of EmbeddingStore requests.",
+            ["method"],
+            registry=registry,
+        )
+        self.response_bytes = Counter(
+            f"{prefix}_response_bytes",
+            "Serialized size of EmbeddingStore responses.",
+            ["method"],
+            registry=registry,
+        )
+        self.request_ids = Counter(
+            f"{prefix}_request_ids",
+            "Ids carried by successful EmbeddingStore calls.",
+            ["method", "table"],
+            registry=registry,
+        )
+
+    def watch(self, shard: Shard) -> None:
+        """Export ``shard``'s table statistics, read at scrape time."""
+        self.registry.register(ShardStatsCollector(shard, self.prefix))
+
+    def observe(
+        self, method: str, status: str, seconds: float, request: Any, response: Any | None
+    ) -> None:
+        """Record one finished call."""
+        self.requests.labels(method, status).inc()
+        self.latency.labels(method, status).observe(seconds)
+        self.request_bytes.labels(method).inc(request.ByteSize())
+        if response is not None:
+            self.response_bytes.labels(method).inc(response.ByteSize())
+        if status == "OK" and request.DESCRIPTOR.fields_by_name.get("ids") is not None:
+            n = 1
+            for d in request.ids.shape:
+                n *= max(int(d), 0)
+            # Only successful calls: their table exists, so the label set stays bounded.
+            self.request_ids.labels(method, request.table).inc(n)
+
+
+def _status_name(context: grpc.ServicerContext, finished: bool) -> str:
+    code = context.code()
+    if code is None:
+        return "OK" if finished else "UNKNOWN"
+    return str(getattr(code, "name", code))
+
+
+class MetricsInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
+    """Records every unary ``EmbeddingStore`` call in a :class:`ShardMetrics`.
+
+    Place it first (outermost) so refused and failed calls are counted with their status.
+    """
+
+    def __init__(self, metrics: ShardMetrics) -> None:
+        self._metrics = metrics
+
+    def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler | None],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler | None:
+        handler = continuation(handler_call_details)
+        service, _, method = handler_call_details.method.lstrip("/").partition("/")
+        if handler is None or handler.unary_unary is None or service != _STORE:
+            return handler
+        inner = handler.unary_unary
+        metrics = self._metrics
+
+        def observed(request: Any, context: grpc.ServicerContext) -> Any:
+            start = time.perf_counter()
+            response = None
+            finished = False
+            try:
+                response = inner(request, context)
+                finished = True
+                return response
+            finally:
+                status = _status_name(context, finished)
+                metrics.observe(method, status, time.perf_counter() - start, request, response)
+
+        return grpc.unary_unary_rpc_method_handler(
+            observed,
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+
+
+@dataclass
+class MetricsEndpoint:
+    """A running HTTP server exposing one registry at ``/metrics``."""
+
+    server: WSGIServer
+    thread: threading.Thread
+    port: int
+
+    def stop(self) -> None:
+        """Stop serving and close the socket."""
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join()
+
+
+def serve_metrics(
+    registry: CollectorRegistry, host: str = "127.0.0.1", port: int = 0
+) -> MetricsEndpoint:
+    """Expose ``registry`` over HTTP on ``host:port`` (0 picks a free port).
+
+    Raises:
+        OSError: the address cannot be bound.
+    """
+    server, thread = start_http_server(port, addr=host, registry=registry)
+    return MetricsEndpoint(server=server, thread=thread, port=int(server.server_port))

@@ -1,0 +1,273 @@
+"""``embeddb serve`` as a real process: serving, the shutdown order, durability, clean errors."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from embeddb import wire
+from embeddb.cli import main
+from embeddb.server import ServerConfig
+from embeddb.server.daemon import DaemonOptions, run_daemon
+from embeddb.v1 import embeddb_pb2 as pb
+from embeddb.v1 import embeddb_pb2_grpc as pb_grpc
+from tests.conftest import one_table_config
+
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+TABLE = "item_id"  # a table of the packaged presets/default.yaml (dim 16)
+START_TIMEOUT_S = 20.0
+
+
+@dataclass
+class Served:
+    process: subprocess.Popen[bytes]
+    port: int
+    log: Path
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def output(self) -> str:
+        return self.log.read_text()
+
+
+@pytest.fixture
+def serve(tmp_path: Path) -> Iterator:
+    """Start ``python -m embeddb.cli serve --port 0 ...``; every process is killed at teardown."""
+    started: list[subprocess.Popen[bytes]] = []
+
+    def start(*args: str) -> Served:
+        n = len(started)
+        port_file, log = tmp_path / f"port-{n}", tmp_path / f"serve-{n}.log"
+        cmd = [sys.executable, "-m", "embeddb.cli", "serve", "--port", "0",
+               "--port-file", str(port_file), *args]  # fmt: skip
+        with log.open("wb") as out:
+            process = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+        started.append(process)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not port_file.exists():
+            if process.poll() is not None:
+                pytest.fail(f"serve exited with {process.returncode}:\n{log.read_text()}")
+            if time.monotonic() > deadline:
+                pytest.fail(f"serve did not write its port file:\n{log.read_text()}")
+            time.sleep(0.05)
+        return Served(process, int(port_file.read_text()), log)
+
+    yield start
+    for process in started:
+        if process.poll() is None:
+            process.kill()
+        process.wait(timeout=10)
+
+
+def lookup(channel: grpc.Channel, ids: np.ndarray, train: bool, timeout: float = 10.0):
+    stub = pb_grpc.EmbeddingStoreStub(channel)
+    reply = stub.Lookup(
+        pb.LookupRequest(table=TABLE, ids=wire.encode_ids(ids), train=train), timeout=timeout
+    )
+    return wire.decode_matrix(reply.vectors, "vectors")
+
+
+def health_status(channel: grpc.Channel) -> int:
+    stub = health_pb2_grpc.HealthStub(channel)
+    return stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=5).status
+
+
+def test_serve_answers_then_shuts_down_in_order_and_its_rows_survive(serve, tmp_path) -> None:
+    data_dir = tmp_path / "shard"
+    ids = np.arange(1, 51, dtype=np.uint64)
+    first = serve("--data-dir", str(data_dir), "--grace", "2")
+    with grpc.insecure_channel(first.address) as channel:
+        assert health_status(channel) == SERVING
+        trained = lookup(channel, ids, train=True)  # admits the rows
+        assert trained.shape == (50, 16) and np.abs(trained).max() > 0
+
+        # Watch health across the shutdown: NOT_SERVING must come before the server goes away.
+        seen: list[int] = []
+        watching = threading.Event()
+        stream = health_pb2_grpc.HealthStub(channel).Watch(
+            health_pb2.HealthCheckRequest(service="")
+        )
+
+        def watch() -> None:
+            try:
+                for reply in stream:
+                    seen.append(reply.status)
+                    watching.set()
+                    if reply.status == NOT_SERVING:
+                        stream.cancel()  # an open stream would hold the server for the grace
+            except grpc.RpcError:
+                pass
+
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        assert watching.wait(5)
+        first.process.send_signal(signal.SIGTERM)
+        assert first.process.wait(timeout=2 + 5) == 0, first.output()
+        watcher.join(5)
+    assert seen[:2] == [SERVING, NOT_SERVING]
+    out = first.output()
+    assert f"serving shard 0/1 on 127.0.0.1:{first.port} (data dir {data_dir})" in out
+    assert "stopped cleanly" in out and "Traceback" not in out
+    assert (data_dir / "clean-shutdown.json").exists()
+
+    second = serve("--data-dir", str(data_dir))
+    with grpc.insecure_channel(second.address) as channel:
+        np.testing.assert_array_equal(lookup(channel, ids, train=False), trained)
+    second.process.send_signal(signal.SIGINT)
+    assert second.process.wait(timeout=10) == 0, second.output()
+
+
+def test_calls_in_flight_at_sigterm_finish_or_fail_unavailable(serve, tmp_path) -> None:
+    served = serve("--data-dir", str(tmp_path / "shard"), "--grace", "3", "--workers", "4")
+    ok = [0]
+    errors: list[grpc.StatusCode] = []
+    done = threading.Event()
+    lock = threading.Lock()
+
+    def client(seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        with grpc.insecure_channel(served.address) as channel:
+            while not done.is_set():
+                ids = rng.integers(0, 1 << 20, size=5000, dtype=np.uint64)
+                try:
+                    lookup(channel, ids, train=True, timeout=10)
+                    with lock:
+                        ok[0] += 1
+                except grpc.RpcError as exc:
+                    with lock:
+                        errors.append(exc.code())
+                    time.sleep(0.01)
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    try:
+        deadline = time.monotonic() + 10
+        while ok[0] < 20 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert ok[0] >= 20, served.output()
+        served.process.send_signal(signal.SIGTERM)
+        code = served.process.wait(timeout=3 + 10)
+    finally:
+        done.set()
+        for t in threads:
+            t.join(15)
+    assert code == 0, served.output()
+    assert set(errors) <= {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED}, errors
+    assert (tmp_path / "shard" / "clean-shutdown.json").exists()
+
+
+def test_bad_config_exits_nonzero_naming_the_key(tmp_path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("slots_config:\n  a: {dims: 4}\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "embeddb.cli", "serve", "--config", str(bad), "--port", "0",
+         "--data-dir", str(tmp_path / "d")],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 1
+    assert "slots_config.a" in proc.stderr and "dims" in proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout
+    assert not (tmp_path / "d").exists()  # nothing opened
+
+
+def test_a_dirty_data_dir_is_refused_with_the_shards_reason(tmp_path) -> None:
+    disk = tmp_path / "d" / "disk"
+    disk.mkdir(parents=True)
+    (disk / "CURRENT").write_text("left by a crashed shard\n")
+    result = CliRunner().invoke(main, ["serve", "--data-dir", str(tmp_path / "d"), "--port", "0"])
+    assert result.exit_code == 1
+    assert "not shut down cleanly" in result.output and "Traceback" not in result.output
+
+
+def test_shard_index_must_be_below_num_shards() -> None:
+    result = CliRunner().invoke(main, ["serve", "--shard-index", "2", "--num-shards", "2"])
+    assert result.exit_code == 2 and "--shard-index" in result.output
+
+
+def test_serve_wires_tokens_and_metrics_and_never_logs_the_token(serve, tmp_path) -> None:
+    token = "s3cret-token-" + "x" * 20
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"rw {token}\n")
+    served = serve("--ephemeral", "--tokens-file", str(tokens), "--metrics-port", "0")
+    with grpc.insecure_channel(served.address) as channel:
+        assert health_status(channel) == SERVING  # health needs no token
+        with pytest.raises(grpc.RpcError) as refused:
+            lookup(channel, np.arange(3, dtype=np.uint64), train=False)
+        assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    url = re.search(r"metrics on (http://\S+/metrics)", served.output())
+    assert url, served.output()
+    with urllib.request.urlopen(url.group(1), timeout=5) as reply:
+        assert reply.status == 200
+    served.process.send_signal(signal.SIGTERM)
+    assert served.process.wait(timeout=10) == 0
+    assert "bearer tokens required" in served.output()
+    assert token not in served.output()
+
+
+def test_tls_cert_without_key_is_refused_naming_the_option(tmp_path) -> None:
+    cert = tmp_path / "cert.pem"
+    cert.write_text("-----BEGIN CERTIFICATE-----\n")
+    result = CliRunner().invoke(main, ["serve", "--ephemeral", "--tls-cert", str(cert)])
+    assert result.exit_code == 1 and "tls_cert" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_run_daemon_in_process_writes_and_removes_the_port_file(tmp_path) -> None:
+    stop = threading.Event()
+    port_file = tmp_path / "run" / "port"
+    options = DaemonOptions(
+        data_dir=tmp_path / "shard", grace=1, port_file=port_file, handle_signals=False
+    )
+    codes: list[int] = []
+    thread = threading.Thread(
+        target=lambda: codes.append(
+            run_daemon(one_table_config(), ServerConfig(port=0), options, stop)
+        )
+    )
+    thread.start()
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not port_file.exists() and time.monotonic() < deadline and thread.is_alive():
+            time.sleep(0.02)
+        port = int(port_file.read_text())
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            assert health_status(channel) == SERVING
+        assert [p.name for p in port_file.parent.iterdir()] == ["port"]  # no temp file left
+    finally:
+        stop.set()
+        thread.join(15)
+    assert codes == [0]
+    assert not port_file.exists()
+    assert (tmp_path / "shard" / "clean-shutdown.json").exists()
+
+
+def test_python_dash_m_embeddb_cli_runs() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "embeddb.cli", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "COLUMNS": "100"},
+    )
+    assert proc.returncode == 0
+    assert "serve" in proc.stdout and "cluster" in proc.stdout
+    assert "Usage: embeddb" in proc.stdout
