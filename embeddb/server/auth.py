@@ -47,7 +47,7 @@ from embeddb.errors import (
     PermissionDeniedError,
     UnauthenticatedError,
 )
-from embeddb.server.interceptors import abort_with
+from embeddb.server.interceptors import abort_with, rewrap
 from embeddb.v1 import embeddb_pb2 as pb
 
 __all__ = ["MIN_TOKEN_CHARS", "AuthInterceptor", "Role", "Tokens"]
@@ -275,7 +275,7 @@ def _refusing(handler: grpc.RpcMethodHandler, error: EmbeddbError) -> grpc.RpcMe
     def refuse(request: Any, context: grpc.ServicerContext) -> Any:
         abort_with(context, error)
 
-    return _same_shape(handler, refuse)
+    return rewrap(handler, refuse)
 
 
 def _checked(handler: grpc.RpcMethodHandler, check: Check, method: str) -> grpc.RpcMethodHandler:
@@ -290,19 +290,4 @@ def _checked(handler: grpc.RpcMethodHandler, check: Check, method: str) -> grpc.
             abort_with(context, exc)
         return inner(request, context)
 
-    return _same_shape(handler, guarded)
-
-
-def _same_shape(handler: grpc.RpcMethodHandler, behaviour: Any) -> grpc.RpcMethodHandler:
-    kinds = {
-        (False, False): grpc.unary_unary_rpc_method_handler,
-        (False, True): grpc.unary_stream_rpc_method_handler,
-        (True, False): grpc.stream_unary_rpc_method_handler,
-        (True, True): grpc.stream_stream_rpc_method_handler,
-    }
-    make = kinds[(bool(handler.request_streaming), bool(handler.response_streaming))]
-    return make(
-        behaviour,
-        request_deserializer=handler.request_deserializer,
-        response_serializer=handler.response_serializer,
-    )
+    return rewrap(handler, guarded)

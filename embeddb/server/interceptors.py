@@ -10,7 +10,7 @@ import grpc
 
 from embeddb.errors import EmbeddbError, status_of
 
-__all__ = ["ErrorInterceptor", "abort_with"]
+__all__ = ["ErrorInterceptor", "abort_with", "rewrap"]
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +50,20 @@ class ErrorInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
                     grpc.StatusCode.INTERNAL, f"internal error in {method}; see server log"
                 )
 
-        return grpc.unary_unary_rpc_method_handler(
-            guarded,
-            request_deserializer=handler.request_deserializer,
-            response_serializer=handler.response_serializer,
-        )
+        return rewrap(handler, guarded)
+
+
+def rewrap(handler: grpc.RpcMethodHandler, behaviour: Any) -> grpc.RpcMethodHandler:
+    """A handler of the same kind and (de)serializers as ``handler`` running ``behaviour``."""
+    kinds = {
+        (False, False): grpc.unary_unary_rpc_method_handler,
+        (False, True): grpc.unary_stream_rpc_method_handler,
+        (True, False): grpc.stream_unary_rpc_method_handler,
+        (True, True): grpc.stream_stream_rpc_method_handler,
+    }
+    make = kinds[(bool(handler.request_streaming), bool(handler.response_streaming))]
+    return make(
+        behaviour,
+        request_deserializer=handler.request_deserializer,
+        response_serializer=handler.response_serializer,
+    )

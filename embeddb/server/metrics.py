@@ -72,6 +72,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from embeddb.errors import UnavailableError
+from embeddb.server.interceptors import rewrap
 from embeddb.shard import Shard
 from embeddb.v1 import embeddb_pb2 as pb
 
@@ -280,11 +281,7 @@ class MetricsInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
                 status = _status_name(context, finished)
                 metrics.observe(method, status, time.perf_counter() - start, request, response)
 
-        return grpc.unary_unary_rpc_method_handler(
-            observed,
-            request_deserializer=handler.request_deserializer,
-            response_serializer=handler.response_serializer,
-        )
+        return rewrap(handler, observed)
 
 
 @dataclass
