@@ -65,7 +65,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing as mp
 import os
 import platform
@@ -83,6 +82,7 @@ from typing import Any
 import grpc
 import numpy as np
 import numpy.typing as npt
+from _report import finish, fmt_rate, say, verdict
 
 from embeddb import wire
 from embeddb.client import Client
@@ -331,24 +331,8 @@ def time_interleaved(
 # ------------------------------------------------------------------------------------ printing
 
 
-def say(text: str = "") -> None:
-    print(text, flush=True)
-
-
-def fmt_rate(value: float) -> str:
-    if value >= 1e9:
-        return f"{value / 1e9:.2f}G"
-    if value >= 1e6:
-        return f"{value / 1e6:.2f}M"
-    return f"{value / 1e3:.0f}K"
-
-
 def mib_s(value: float) -> str:
     return f"{value / (1 << 20):,.0f} MiB/s"
-
-
-def verdict(met: bool) -> str:
-    return "met" if met else "NOT met"
 
 
 # ------------------------------------------------------------------------------------ (a), (c)
@@ -688,16 +672,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     phases = run_all(args)
     result = build_result(args, phases)
-    result["seconds"] = time.perf_counter() - started
-    say()
-    for line in summary(result):
-        say(line)
-    say(f"total {result['seconds']:.1f} s")
-    line = json.dumps(result)
-    if args.json_out is not None:
-        args.json_out.write_text(line + "\n")
-    say(line)
-    return 0
+    return finish(result, started, summary(result), args.json_out)
 
 
 if __name__ == "__main__":

@@ -64,7 +64,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import platform
@@ -81,6 +80,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+from _report import finish, fmt_rate, say, verdict
 
 from embeddb.config import (
     EmbeddingConfig,
@@ -367,20 +367,6 @@ def dir_bytes(path: Path) -> int:
 
 
 # ------------------------------------------------------------------------------------ printing
-
-
-def say(text: str = "") -> None:
-    print(text, flush=True)
-
-
-def fmt_rate(value: float) -> str:
-    if value >= 1e6:
-        return f"{value / 1e6:.2f}M"
-    return f"{value / 1e3:.0f}K"
-
-
-def verdict(met: bool) -> str:
-    return "met" if met else "NOT met"
 
 
 # ------------------------------------------------------------------------------------ (i) RAM
@@ -853,16 +839,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     phases = run_all(args, Budget(quick=args.quick), data_root(args.data_dir))
     result = build_result(args, phases)
-    result["seconds"] = time.perf_counter() - started
-    say()
-    for line in summary(result):
-        say(line)
-    say(f"total {result['seconds']:.1f} s")
-    line = json.dumps(result)
-    if args.json_out is not None:
-        args.json_out.write_text(line + "\n")
-    say(line)
-    return 0
+    return finish(result, started, summary(result), args.json_out)
 
 
 if __name__ == "__main__":
