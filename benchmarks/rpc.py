@@ -16,9 +16,10 @@ control pipe closes).
     response carries 4 MiB of float32 vectors. These are evaluation lookups (``train=False``),
     which change nothing on the shard, so the measurement is the RPC path: client dedup and
     routing, id encoding, the gRPC call, the shard's RAM-tier gather, response encoding and
-    decoding into a float32 array. Plain float32 (``fp16=False, lz4_min_bytes=0``) is the
-    measured encoding; note that the client's *default* LZ4-compresses payloads of 64 KiB and
-    more, which is the ``lz4`` row of (c). The baseline is the least any gRPC-in-Python RPC of
+    decoding into a float32 array. Plain float32 (``fp16=False, lz4_min_bytes=0``, the
+    client's default) is the measured encoding. Both processes run with the allocator tuning
+    that the server and the client apply by default (``embeddb.allocator``), the echo server's
+    process included. The baseline is the least any gRPC-in-Python RPC of
     these sizes can cost: a generic handler (``grpc.method_handlers_generic_handler``, identity
     (de)serializers, raw bytes, no protobuf) that answers a 512 KiB request (the batch's 65,536
     ids as uint64 bytes) with a preallocated 4 MiB bytes object, called through a raw
@@ -39,7 +40,7 @@ control pipe closes).
     rate are reported too.
 (c) **Encodings.** For one 65,536-id batch, the serialized ``LookupResponse.ByteSize()`` of each
     encoding -- float32, fp16 (per-row scaled float16), lz4 (``lz4_min_bytes=65536``) and
-    fp16+lz4 -- from a raw stub call with exactly the request the client would send (sorted
+    fp16+lz4 -- from a raw stub call with exactly the request the client would send (its
     unique ids, LZ4-framed ids with LZ4 on), and the client lookup throughput of each encoding.
     ``fp16_bytes_ratio`` = fp16 bytes / float32 bytes (about 0.5: 2 bytes per value plus a
     4-byte scale per row). LZ4 barely compresses random float32 values (the table's uniform
@@ -85,7 +86,9 @@ import numpy.typing as npt
 from _report import finish, fmt_rate, say, verdict
 
 from embeddb import wire
+from embeddb.allocator import tune_allocator
 from embeddb.client import Client
+from embeddb.client.batching import IdBatch
 from embeddb.config import EmbeddingConfig, OptimizerConfig, OptimizerKind
 from embeddb.server.app import ServerConfig, ShardServer, build_server
 from embeddb.shard import Shard
@@ -346,7 +349,7 @@ def id_batches(rng: np.random.Generator) -> list[U64]:
 
 def wire_sizes(address: str, ids: U64) -> dict[str, dict[str, Any]]:
     """Serialized request and response size of each encoding, from raw stub calls."""
-    unique = np.unique(ids)  # what the client sends: its sorted unique ids
+    unique = IdBatch.of(ids).unique  # what the client sends: its unique ids
     out: dict[str, dict[str, Any]] = {}
     reference: npt.NDArray[np.float32] | None = None
     with grpc.insecure_channel(address, options=channel_options()) as channel:
@@ -664,6 +667,7 @@ def summary(result: dict[str, Any]) -> list[str]:
 def main(argv: Sequence[str] | None = None) -> int:
     started = time.perf_counter()
     args = parse_args(argv)
+    tune_allocator()  # as every Client does; done first so the echo calls run under it too
     say(
         f"embeddb rpc benchmark: {'quick' if args.quick else 'full'} mode, 1 shard on loopback "
         f"in a separate process, seed {args.seed}, {os.cpu_count()} CPUs, "

@@ -92,6 +92,7 @@ from embeddb.config import (
 from embeddb.errors import ConfigError
 from embeddb.shard import Shard
 from embeddb.storage import TableStats
+from embeddb.storage.parallel import default_threads
 
 F32 = npt.NDArray[np.float32]
 I64 = npt.NDArray[np.int64]
@@ -294,9 +295,8 @@ def rng_for(seed: int, *keys: int) -> np.random.Generator:
 
 
 def make_config(
-    dim: int, capacity: int, kind: OptimizerKind, stripes: int | None
+    dim: int, capacity: int, kind: OptimizerKind, store: StoreConfig
 ) -> EmbeddingConfig:
-    store = StoreConfig() if stripes is None else StoreConfig(stripes=stripes)
     table = TableConfig(
         name=TABLE, dim=dim, capacity=capacity, optimizer=OptimizerConfig(kind=kind)
     )
@@ -458,10 +458,10 @@ def ram_row(dim: int, distribution: str, r: dict[str, Any]) -> str:
 
 
 def run_ram(
-    dim: int, root: Path | None, budget: Budget, seed: int, stripes: int | None
+    dim: int, root: Path | None, budget: Budget, seed: int, store: StoreConfig
 ) -> dict[str, dict[str, Any]]:
     """Phase (i) for one dim: returns ``{"dim16_uniform": {...}, ...}``."""
-    config = make_config(dim, RAM_CAPACITY, OptimizerKind.ADAGRAD, stripes)
+    config = make_config(dim, RAM_CAPACITY, OptimizerKind.ADAGRAD, store)
     width = config.tables[TABLE].row_width
     rng = rng_for(seed, 1, dim)
     results: dict[str, dict[str, Any]] = {}
@@ -561,10 +561,10 @@ def run_spill(
     root: Path | None,
     budget: Budget,
     seed: int,
-    stripes: int | None,
+    store: StoreConfig,
 ) -> dict[str, Any]:
     """Phase (ii) for one dim."""
-    config = make_config(dim, capacity, OptimizerKind.ADAGRAD, stripes)
+    config = make_config(dim, capacity, OptimizerKind.ADAGRAD, store)
     rng = rng_for(seed, 2, dim)
     with open_shard(config, root, f"spill-d{dim}") as shard:
         filled = populate(shard, 0, n_ids)
@@ -609,10 +609,10 @@ def capacity_sizes(max_ids: int | None, root: Path | None) -> tuple[list[int], s
 
 
 def run_capacity(
-    sizes: Sequence[int], root: Path | None, budget: Budget, seed: int, stripes: int | None
+    sizes: Sequence[int], root: Path | None, budget: Budget, seed: int, store: StoreConfig
 ) -> list[dict[str, Any]]:
     """Phase (iii): grow one SGD table and time Zipf lookups at each size."""
-    config = make_config(CAPACITY_DIM, CAPACITY_RAM_ROWS, OptimizerKind.SGD, stripes)
+    config = make_config(CAPACITY_DIM, CAPACITY_RAM_ROWS, OptimizerKind.SGD, store)
     rng = rng_for(seed, 3)
     series: list[dict[str, Any]] = []
     say(
@@ -678,16 +678,26 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help=f"lock stripes per table (default: StoreConfig's, {StoreConfig().stripes})",
     )
     parser.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="threads that may serve the stripes of one call (StoreConfig.threads; default 0: "
+        "every CPU; 1: the calling thread only, as the numpy baselines run)",
+    )
+    parser.add_argument(
         "--json-out", type=Path, default=None, help="also write the final JSON object to this file"
     )
     args = parser.parse_args(argv)
     if args.max_ids is not None and args.max_ids < CAPACITY_SIZES[0]:
         parser.error(f"--max-ids must be at least {CAPACITY_SIZES[0]:,}")
-    if args.stripes is not None:
-        try:
-            StoreConfig(stripes=args.stripes)
-        except ConfigError as exc:
-            parser.error(f"--stripes: {exc}")
+    try:
+        defaults = StoreConfig()
+        args.store = StoreConfig(
+            stripes=defaults.stripes if args.stripes is None else args.stripes,
+            threads=args.threads,
+        )
+    except ConfigError as exc:
+        parser.error(f"--stripes/--threads: {exc}")
     return args
 
 
@@ -728,7 +738,7 @@ def run_all(args: argparse.Namespace, budget: Budget, root: Path | None) -> dict
     )
     ram: dict[str, dict[str, Any]] = {}
     for dim in DIMS:
-        ram.update(run_ram(dim, root, budget, args.seed, args.stripes))
+        ram.update(run_ram(dim, root, budget, args.seed, args.store))
     say(f"  ({time.perf_counter() - phase_start:.1f} s)")
 
     phase_start = time.perf_counter()
@@ -745,9 +755,7 @@ def run_all(args: argparse.Namespace, budget: Budget, root: Path | None) -> dict
         f"Adagrad, training lookups{scaled}"
     )
     spill = {
-        f"dim{dim}": run_spill(
-            dim, spill_ids, spill_capacity, root, budget, args.seed, args.stripes
-        )
+        f"dim{dim}": run_spill(dim, spill_ids, spill_capacity, root, budget, args.seed, args.store)
         for dim in spill_dims
     }
     say(f"  ({time.perf_counter() - phase_start:.1f} s)")
@@ -764,7 +772,7 @@ def run_all(args: argparse.Namespace, budget: Budget, root: Path | None) -> dict
         )
         if capacity_note:
             say(f"  note: {capacity_note}")
-        capacity = run_capacity(sizes, root, budget, args.seed, args.stripes)
+        capacity = run_capacity(sizes, root, budget, args.seed, args.store)
         say(f"  ({time.perf_counter() - phase_start:.1f} s)")
     return {
         "ram": ram,
@@ -805,7 +813,8 @@ def build_result(args: argparse.Namespace, phases: dict[str, Any]) -> dict[str, 
             "dims": list(DIMS),
             "zipf_s": ZIPF_S,
             "lr": LR,
-            "stripes": args.stripes if args.stripes is not None else StoreConfig().stripes,
+            "stripes": args.store.stripes,
+            "threads": args.store.threads or default_threads(),
             "seed": args.seed,
             "timing": TIMING_METHOD,
             "min_seconds": MIN_SECONDS,
@@ -827,10 +836,11 @@ def build_result(args: argparse.Namespace, phases: dict[str, Any]) -> dict[str, 
 def main(argv: Sequence[str] | None = None) -> int:
     started = time.perf_counter()
     args = parse_args(argv)
-    stripes = args.stripes if args.stripes is not None else StoreConfig().stripes
+    stripes = args.store.stripes
     say(
         f"embeddb storage benchmark: {'quick' if args.quick else 'full'} mode, batch {BATCH:,} "
-        f"ids, {stripes} stripes, seed {args.seed}, {os.cpu_count()} CPUs, "
+        f"ids, {stripes} stripes, {args.store.threads or default_threads()} threads per call, "
+        f"seed {args.seed}, {os.cpu_count()} CPUs, "
         f"{platform.python_implementation()} {platform.python_version()}, numpy {np.__version__}"
     )
     say(

@@ -21,14 +21,15 @@ import grpc.aio
 import numpy as np
 import numpy.typing as npt
 
+import embeddb.allocator as allocator
 from embeddb.errors import UnavailableError
-from embeddb.v1 import embeddb_pb2_grpc as pb_grpc
 
 from . import plans
 from .batching import IdBatch, as_matrix
 from .errors import translate_rpc_error
 from .options import ClientOptions, check_addresses, read_address_file
 from .plans import Plan, ShardCall, ShardStats, TableInfo, UpdateResult
+from .stubs import store_stub
 
 __all__ = ["AsyncClient"]
 
@@ -54,11 +55,12 @@ class AsyncClient:
         backoff: float = 0.05,
         max_backoff: float = 2.0,
         fp16: bool = False,
-        lz4_min_bytes: int = 1 << 16,
+        lz4_min_bytes: int = 0,
         max_ids_per_message: int = 1 << 20,
         max_message_bytes: int = 1 << 30,
         credentials: grpc.ChannelCredentials | None = None,
         token: str | None = None,
+        tune_allocator: bool = True,
         channel_factory: Callable[[str], grpc.aio.Channel] | None = None,
     ) -> None:
         self.addresses = check_addresses(addresses)
@@ -73,7 +75,10 @@ class AsyncClient:
             max_message_bytes=max_message_bytes,
             credentials=credentials,
             token=token,
+            tune_allocator=tune_allocator,
         )
+        if self.options.tune_allocator:
+            allocator.tune_allocator()
         self._factory = channel_factory
         self._channels: list[grpc.aio.Channel] = []
         self._stubs: list[Any] = []
@@ -101,7 +106,7 @@ class AsyncClient:
     def _stub(self, shard: int) -> Any:
         if not self._stubs:  # first use: inside the running loop
             self._channels = [self._open(a) for a in self.addresses]
-            self._stubs = [pb_grpc.EmbeddingStoreStub(c) for c in self._channels]  # type: ignore[no-untyped-call]
+            self._stubs = [store_stub(c) for c in self._channels]
         return self._stubs[shard]
 
     @property

@@ -18,7 +18,7 @@ import embeddb.wire as wire
 from embeddb.errors import ConfigError
 from embeddb.v1 import embeddb_pb2 as pb
 
-from .batching import IdBatch, as_matrix
+from .batching import IdBatch, Part, as_matrix
 from .options import ClientOptions
 
 __all__ = [
@@ -129,7 +129,7 @@ def lookup(
             "Lookup",
             pb.LookupRequest(
                 table=table,
-                ids=wire.encode_ids(batch.unique[part.rows], options.lz4_min_bytes),
+                ids=wire.encode_ids(_ids_of(batch, part), options.lz4_min_bytes),
                 train=train,
                 encoding=encoding,
             ),
@@ -139,6 +139,11 @@ def lookup(
     ]
 
     def merge(responses: list[Any]) -> npt.NDArray[np.float32]:
+        if len(parts) == 1 and parts[0].whole:  # one request in unique order: no scatter
+            vectors = wire.decode_matrix(responses[0].vectors, "vectors", batch.unique.size)
+            # float32 answers are read-only views of the message; fp16 ones are fresh arrays
+            owned = vectors if vectors.flags.writeable else vectors.copy()
+            return batch.expand(owned)
         out: npt.NDArray[np.float32] | None = None
         for part, response in zip(parts, responses, strict=True):
             dim = None if out is None else out.shape[1]
@@ -165,9 +170,9 @@ def apply_gradients(
             "ApplyGradients",
             pb.ApplyGradientsRequest(
                 table=table,
-                ids=wire.encode_ids(batch.unique[part.rows], options.lz4_min_bytes),
+                ids=wire.encode_ids(_ids_of(batch, part), options.lz4_min_bytes),
                 grads=wire.encode_matrix(
-                    summed[part.rows], fp16=options.fp16, lz4_min_bytes=options.lz4_min_bytes
+                    _rows_of(summed, part), fp16=options.fp16, lz4_min_bytes=options.lz4_min_bytes
                 ),
             ),
             idempotent=False,
@@ -196,8 +201,10 @@ def assign(
             "Assign",
             pb.AssignRequest(
                 table=table,
-                ids=wire.encode_ids(batch.unique[part.rows], options.lz4_min_bytes),
-                vectors=wire.encode_matrix(last[part.rows], lz4_min_bytes=options.lz4_min_bytes),
+                ids=wire.encode_ids(_ids_of(batch, part), options.lz4_min_bytes),
+                vectors=wire.encode_matrix(
+                    _rows_of(last, part), lz4_min_bytes=options.lz4_min_bytes
+                ),
             ),
             idempotent=True,
         )
@@ -213,13 +220,24 @@ def delete(table: str, batch: IdBatch, options: ClientOptions, num_shards: int) 
             part.shard,
             "Delete",
             pb.DeleteRequest(
-                table=table, ids=wire.encode_ids(batch.unique[part.rows], options.lz4_min_bytes)
+                table=table, ids=wire.encode_ids(_ids_of(batch, part), options.lz4_min_bytes)
             ),
             idempotent=True,
         )
         for part in batch.parts(num_shards, options.max_ids_per_message)
     ]
     return Plan(calls, lambda responses: sum(int(r.deleted) for r in responses))
+
+
+def _ids_of(batch: IdBatch, part: Part) -> npt.NDArray[np.uint64]:
+    return batch.unique if part.whole else batch.unique[part.rows]
+
+
+def _rows_of(values: npt.NDArray[np.float32], part: Part) -> npt.NDArray[np.float32]:
+    if part.whole:
+        return values
+    picked: npt.NDArray[np.float32] = values[part.rows]
+    return picked
 
 
 def list_tables() -> Plan[list[TableInfo]]:

@@ -16,14 +16,15 @@ import grpc
 import numpy as np
 import numpy.typing as npt
 
+import embeddb.allocator as allocator
 from embeddb.errors import UnavailableError
-from embeddb.v1 import embeddb_pb2_grpc as pb_grpc
 
 from . import plans
 from .batching import IdBatch, as_matrix
 from .errors import translate_rpc_error
 from .options import ClientOptions, check_addresses, read_address_file
 from .plans import Plan, ShardCall, ShardStats, TableInfo, UpdateResult
+from .stubs import store_stub
 
 __all__ = ["Client"]
 
@@ -43,7 +44,8 @@ class Client:
     Args:
         addresses: ``host:port`` of each shard, in shard order.
         timeout, retries, backoff, max_backoff, fp16, lz4_min_bytes, max_ids_per_message,
-        max_message_bytes, credentials, token: see :class:`~embeddb.client.ClientOptions`.
+        max_message_bytes, credentials, token, tune_allocator: see
+            :class:`~embeddb.client.ClientOptions`.
         channel_factory: builds the channel of an address instead of the default
             (``grpc.secure_channel`` with ``credentials`` or ``grpc.insecure_channel``), e.g. to
             add interceptors or TLS settings.
@@ -61,11 +63,12 @@ class Client:
         backoff: float = 0.05,
         max_backoff: float = 2.0,
         fp16: bool = False,
-        lz4_min_bytes: int = 1 << 16,
+        lz4_min_bytes: int = 0,
         max_ids_per_message: int = 1 << 20,
         max_message_bytes: int = 1 << 30,
         credentials: grpc.ChannelCredentials | None = None,
         token: str | None = None,
+        tune_allocator: bool = True,
         channel_factory: Callable[[str], grpc.Channel] | None = None,
     ) -> None:
         self.addresses = check_addresses(addresses)
@@ -80,9 +83,12 @@ class Client:
             max_message_bytes=max_message_bytes,
             credentials=credentials,
             token=token,
+            tune_allocator=tune_allocator,
         )
+        if self.options.tune_allocator:
+            allocator.tune_allocator()
         self._channels = [self._open(a, channel_factory) for a in self.addresses]
-        self._stubs = [pb_grpc.EmbeddingStoreStub(c) for c in self._channels]  # type: ignore[no-untyped-call]
+        self._stubs = [store_stub(c) for c in self._channels]
         self._pool = (
             ThreadPoolExecutor(max_workers=self.num_shards, thread_name_prefix="embeddb-client")
             if self.num_shards > 1

@@ -128,6 +128,8 @@ def split_by_shard(
         in their original relative order.
     """
     shards = shard_of(ids, num_shards)
+    if num_shards <= np.iinfo(np.int16).max:
+        shards = shards.astype(np.int16)  # numpy's stable sort of 16-bit keys is a radix sort
     order = np.argsort(shards, kind="stable")
     bounds = np.searchsorted(shards[order], np.arange(num_shards + 1))
     return order.astype(np.int64), bounds.astype(np.int64)

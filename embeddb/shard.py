@@ -40,6 +40,7 @@ from embeddb.errors import (
 )
 from embeddb.routing import as_ids
 from embeddb.storage import DiskTier, TableStats, TieredTable, UpdateResult
+from embeddb.storage.parallel import StripePool, default_threads
 
 __all__ = ["Shard", "ShardStats", "UpdateResult"]
 
@@ -93,8 +94,10 @@ class Shard:
         disk_rows = self._check_previous_shutdown()
         widths = {name: t.dim + t.optimizer.state_dim(t.dim) for name, t in config.tables.items()}
         self._disk = DiskTier(self.data_dir / "disk", widths, config.store.disk_cache_mb)
+        store = config.store
+        self._pool = StripePool(store.threads or default_threads(), store.parallel_min_ids)
         self._tables = {
-            name: TieredTable(t, config.store, self._disk, disk_rows.get(name, 0))
+            name: TieredTable(t, store, self._disk, disk_rows.get(name, 0), self._pool)
             for name, t in config.tables.items()
         }
         # From now on the RAM tier may hold rows the disk does not: the marker is void.
@@ -141,6 +144,7 @@ class Shard:
             if self._closed:
                 return
             self._closed = True
+            self._pool.close()
             try:
                 if self._ephemeral:
                     self._disk.close()

@@ -16,6 +16,9 @@ Every malformed tensor raises :class:`~embeddb.errors.InvalidArgumentError` nami
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+
 import lz4.frame
 import numpy as np
 import numpy.typing as npt
@@ -28,12 +31,14 @@ __all__ = [
     "decode_ids",
     "decode_matrix",
     "encode_ids",
+    "encode_lookup_response",
     "encode_matrix",
+    "parse_lookup_response",
 ]
 
 KAPPA = 16384.0  # rows are scaled so that max|row| == KAPPA (float16 max is 65504)
 
-_ITEMSIZE = {pb.UINT64: 8, pb.FLOAT32: 4, pb.FLOAT16: 2}
+_ITEMSIZE: dict[int, int] = {pb.UINT64: 8, pb.FLOAT32: 4, pb.FLOAT16: 2}
 _NUMPY: dict[int, np.dtype[np.generic]] = {
     pb.UINT64: np.dtype("<u8"),
     pb.FLOAT32: np.dtype("<f4"),
@@ -43,32 +48,38 @@ _NUMPY: dict[int, np.dtype[np.generic]] = {
 
 def encode_ids(ids: npt.NDArray[np.uint64], lz4_min_bytes: int = 0) -> pb.Tensor:
     """A ``UINT64`` tensor of shape ``[n]``."""
-    data = np.ascontiguousarray(ids, dtype="<u8").tobytes()
-    return _pack(pb.UINT64, [ids.size], data, lz4_min_bytes)
+    data = _byte_view(np.ascontiguousarray(ids, dtype="<u8"))
+    f = _maybe_lz4(pb.UINT64, [ids.size], data, lz4_min_bytes)
+    return pb.Tensor(dtype=f.dtype, shape=f.shape, data=bytes(f.data), compression=f.compression)
 
 
 def encode_matrix(
     values: npt.NDArray[np.float32], fp16: bool = False, lz4_min_bytes: int = 0
 ) -> pb.Tensor:
     """A ``FLOAT32`` (or per-row scaled ``FLOAT16``) tensor of shape ``[n, dim]``."""
-    values = np.ascontiguousarray(values, dtype=np.float32)
-    shape = list(values.shape)
-    if not fp16:
-        return _pack(pb.FLOAT32, shape, values.astype("<f4", copy=False).tobytes(), lz4_min_bytes)
-    with np.errstate(invalid="ignore", over="ignore"):
-        peak = np.max(np.abs(values), axis=1) if values.size else np.zeros(values.shape[0])
-    scales = np.ones(values.shape[0], dtype=np.float32)
-    usable = np.isfinite(peak) & (peak > 0)
-    scales[usable] = (KAPPA / peak[usable]).astype(np.float32)
-    with np.errstate(over="ignore", invalid="ignore"):
-        half = (values * scales[:, None]).astype("<f2")
-    tensor = _pack(pb.FLOAT16, shape, half.tobytes(), lz4_min_bytes)
-    tensor.row_scales = scales.astype("<f4").tobytes()
+    f = _matrix_fields(values, fp16, lz4_min_bytes)
+    tensor = pb.Tensor(dtype=f.dtype, shape=f.shape, data=bytes(f.data), compression=f.compression)
+    if f.row_scales:
+        tensor.row_scales = f.row_scales
     return tensor
 
 
+def encode_lookup_response(
+    values: npt.NDArray[np.float32], fp16: bool = False, lz4_min_bytes: int = 0
+) -> Encoded:
+    """A serialized ``LookupResponse`` of ``values``, built with a single copy of the payload.
+
+    Equivalent to ``LookupResponse(vectors=encode_matrix(...))`` byte for byte, but the float32
+    rows go from the array straight into the output buffer, instead of through ``tobytes``, the
+    message's own copy and serialization (three copies of a 4 MiB answer).
+    """
+    tensor = _tensor_bytes(_matrix_fields(values, fp16, lz4_min_bytes))
+    size = sum(len(p) for p in tensor)
+    return Encoded([_key(1, _LEN) + _varint(size), *tensor])
+
+
 def decode_ids(
-    tensor: pb.Tensor, field: str, max_items: int | None = None
+    tensor: pb.Tensor | TensorView, field: str, max_items: int | None = None
 ) -> npt.NDArray[np.uint64]:
     """Decode a ``UINT64`` tensor of shape ``[n]``.
 
@@ -85,7 +96,7 @@ def decode_ids(
 
 
 def decode_matrix(
-    tensor: pb.Tensor, field: str, rows: int | None = None, dim: int | None = None
+    tensor: pb.Tensor | TensorView, field: str, rows: int | None = None, dim: int | None = None
 ) -> npt.NDArray[np.float32]:
     """Decode a ``FLOAT32`` or scaled ``FLOAT16`` tensor of shape ``[rows, dim]`` to float32.
 
@@ -126,15 +137,45 @@ def decode_matrix(
     return out
 
 
-def _pack(dtype: pb.DType, shape: list[int], data: bytes, lz4_min_bytes: int) -> pb.Tensor:
+@dataclass(frozen=True)
+class _Fields:
+    dtype: pb.DType
+    shape: list[int]
+    data: bytes | memoryview
+    compression: pb.Compression = pb.COMPRESSION_NONE
+    row_scales: bytes = b""
+
+
+def _matrix_fields(values: npt.NDArray[np.float32], fp16: bool, lz4_min_bytes: int) -> _Fields:
+    values = np.ascontiguousarray(values, dtype="<f4")
+    shape = list(values.shape)
+    if not fp16:
+        return _maybe_lz4(pb.FLOAT32, shape, _byte_view(values), lz4_min_bytes)
+    with np.errstate(invalid="ignore", over="ignore"):
+        peak = np.max(np.abs(values), axis=1) if values.size else np.zeros(values.shape[0])
+    scales = np.ones(values.shape[0], dtype=np.float32)
+    usable = np.isfinite(peak) & (peak > 0)
+    scales[usable] = (KAPPA / peak[usable]).astype(np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        half = (values * scales[:, None]).astype("<f2")
+    fields = _maybe_lz4(pb.FLOAT16, shape, _byte_view(half), lz4_min_bytes)
+    return replace(fields, row_scales=scales.astype("<f4").tobytes())
+
+
+def _byte_view(arr: npt.NDArray[np.generic]) -> memoryview:
+    """The bytes of a C-contiguous array, without a copy (empty arrays included)."""
+    return arr.reshape(-1).view(np.uint8).data
+
+
+def _maybe_lz4(dtype: pb.DType, shape: list[int], data: memoryview, lz4_min_bytes: int) -> _Fields:
     if lz4_min_bytes and len(data) >= lz4_min_bytes:
-        return pb.Tensor(
-            dtype=dtype, shape=shape, data=lz4.frame.compress(data), compression=pb.LZ4
-        )
-    return pb.Tensor(dtype=dtype, shape=shape, data=data)
+        return _Fields(dtype, shape, lz4.frame.compress(data), pb.LZ4)
+    return _Fields(dtype, shape, data)
 
 
-def _payload(tensor: pb.Tensor, field: str, max_items: int | None) -> bytes:
+def _payload(
+    tensor: pb.Tensor | TensorView, field: str, max_items: int | None
+) -> bytes | memoryview:
     """The raw bytes of ``tensor``, checked against its shape (and decompressed)."""
     if any(d < 0 for d in tensor.shape):
         raise InvalidArgumentError(f"{field} has a negative dimension: {list(tensor.shape)}")
@@ -162,3 +203,173 @@ def _payload(tensor: pb.Tensor, field: str, max_items: int | None) -> bytes:
             f"{pb.DType.Name(tensor.dtype)} needs {expected}"
         )
     return data
+
+
+# ----------------------------------------------------------------- protobuf wire format, by hand
+# The one hot message, LookupResponse, is written and read here directly in the protobuf wire
+# format (https://protobuf.dev/programming-guides/encoding/), so its payload is copied once when
+# sent and not at all when received. Everything else goes through the generated classes.
+
+_VARINT, _I64, _LEN, _I32 = 0, 1, 2, 5
+
+
+def _varint(value: int) -> bytes:
+    value &= (1 << 64) - 1  # negative int64 values take ten bytes, as two's complement
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _key(field: int, wire_type: int) -> bytes:
+    return _varint(field << 3 | wire_type)
+
+
+def _tensor_bytes(f: _Fields) -> list[bytes | memoryview]:
+    """The fields of a ``Tensor`` message, in field order, defaults omitted (as proto3 does)."""
+    parts: list[bytes | memoryview] = []
+    if f.dtype:
+        parts.append(_key(1, _VARINT) + _varint(f.dtype))
+    if f.shape:
+        packed = b"".join(_varint(d) for d in f.shape)
+        parts.append(_key(2, _LEN) + _varint(len(packed)) + packed)
+    if len(f.data):
+        parts += [_key(3, _LEN) + _varint(len(f.data)), f.data]
+    if f.compression:
+        parts.append(_key(4, _VARINT) + _varint(f.compression))
+    if f.row_scales:
+        parts.append(_key(5, _LEN) + _varint(len(f.row_scales)) + f.row_scales)
+    return parts
+
+
+class Encoded:
+    """A message serialized ahead of time; a gRPC handler may return it in place of the message.
+
+    The server registers ``SerializeToString`` as every method's response serializer, so this
+    and generated messages go through the same path; ``ByteSize`` serves the metrics.
+    """
+
+    __slots__ = ("_parts", "_size")
+
+    def __init__(self, parts: list[bytes | memoryview]) -> None:
+        self._parts = parts
+        self._size = sum(len(p) for p in parts)
+
+    def ByteSize(self) -> int:
+        return self._size
+
+    def SerializeToString(self) -> bytes:
+        return b"".join(self._parts)
+
+
+@dataclass
+class TensorView:
+    """A ``Tensor`` read from the wire whose ``data`` is a view into the received bytes.
+
+    Has the attributes :func:`decode_matrix` reads, like ``pb.Tensor``.
+    """
+
+    dtype: int = 0
+    shape: list[int] = field(default_factory=list)
+    data: bytes | memoryview = b""
+    compression: int = 0
+    row_scales: bytes | memoryview = b""
+
+
+@dataclass
+class LookupResponseView:
+    """A parsed ``LookupResponse`` (see :func:`parse_lookup_response`)."""
+
+    vectors: TensorView = field(default_factory=TensorView)
+
+
+class _Reader:
+    """Reads protobuf fields from a buffer; every malformation raises ``ValueError``."""
+
+    def __init__(self, buffer: memoryview) -> None:
+        self.buf = buffer
+        self.pos = 0
+
+    def varint(self) -> int:
+        result = shift = 0
+        buf, pos = self.buf, self.pos
+        while True:
+            if pos >= len(buf):
+                raise ValueError("truncated varint")
+            byte = buf[pos]
+            pos += 1
+            result |= (byte & 0x7F) << shift
+            if byte < 0x80:
+                self.pos = pos
+                return result & ((1 << 64) - 1)
+            shift += 7
+            if shift >= 70:
+                raise ValueError("varint longer than ten bytes")
+
+    def fields(self) -> Iterator[tuple[int, int, int | memoryview]]:
+        """``(field, wire type, value)``: an int for VARINT/I64/I32, a view for LEN."""
+        while self.pos < len(self.buf):
+            key = self.varint()
+            number, wire_type = key >> 3, key & 7
+            if number == 0:
+                raise ValueError("field number 0")
+            if wire_type == _VARINT:
+                yield number, wire_type, self.varint()
+            elif wire_type in (_I64, _I32):
+                width = 8 if wire_type == _I64 else 4
+                yield number, wire_type, int.from_bytes(self._take(width), "little")
+            elif wire_type == _LEN:
+                yield number, wire_type, self._take(self.varint())
+            else:
+                raise ValueError(f"unsupported wire type {wire_type} (field {number})")
+
+    def _take(self, n: int) -> memoryview:
+        end = self.pos + n
+        if end > len(self.buf):
+            raise ValueError(f"field of {n} bytes runs past the end of the message")
+        view = self.buf[self.pos : end]
+        self.pos = end
+        return view
+
+
+def _signed64(value: int) -> int:
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def _merge_tensor(tensor: TensorView, buffer: memoryview) -> None:
+    for number, wire_type, value in _Reader(buffer).fields():
+        if isinstance(value, memoryview):  # LEN
+            if number == 2:  # packed repeated int64
+                reader = _Reader(value)
+                while reader.pos < len(reader.buf):
+                    tensor.shape.append(_signed64(reader.varint()))
+            elif number == 3:
+                tensor.data = value
+            elif number == 5:
+                tensor.row_scales = value
+        elif wire_type == _VARINT:
+            if number == 1:
+                tensor.dtype = value
+            elif number == 2:  # unpacked repeated int64: parsers must accept both forms
+                tensor.shape.append(_signed64(value))
+            elif number == 4:
+                tensor.compression = value
+        # anything else is an unknown field (a newer server): skipped, as protobuf does
+
+
+def parse_lookup_response(data: bytes) -> LookupResponseView:
+    """Parse a serialized ``LookupResponse`` without copying the vectors.
+
+    Follows protobuf's rules: fields in any order, unknown fields skipped, a repeated embedded
+    message merged, packed or unpacked ``shape``. ``vectors.data`` is a view into ``data``.
+
+    Raises:
+        ValueError: malformed bytes (the gRPC client reports the call as failed).
+    """
+    response = LookupResponseView()
+    for number, _, value in _Reader(memoryview(data)).fields():
+        if number == 1 and isinstance(value, memoryview):
+            _merge_tensor(response.vectors, value)
+    return response

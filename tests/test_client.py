@@ -116,13 +116,13 @@ def batch_with_duplicates(n: int = 300, high: int = 500, seed: int = 0) -> npt.N
 # ---------------------------------------------------------------------- pure batching
 def test_id_batch_follows_the_documented_layout() -> None:
     batch = IdBatch.of([7, 5, 7, 9])
-    assert batch.unique.tolist() == [5, 7, 9]
-    assert batch.inverse.tolist() == [1, 0, 1, 2]
-    assert batch.counts.tolist() == [1, 2, 1]
+    assert batch.unique.tolist() == [7, 5, 9]
+    assert batch.inverse.tolist() == [0, 1, 0, 2]
+    assert batch.counts.tolist() == [2, 1, 1]
     grads = np.array([[1.0], [2.0], [4.0], [8.0]], dtype=np.float32)
-    assert batch.sum_rows(grads).ravel().tolist() == [2.0, 5.0, 8.0]
-    assert batch.last_rows(grads).ravel().tolist() == [2.0, 4.0, 8.0]
-    assert batch.expand(np.array([[5.0], [7.0], [9.0]], np.float32)).ravel().tolist() == [
+    assert batch.sum_rows(grads).ravel().tolist() == [5.0, 2.0, 8.0]
+    assert batch.last_rows(grads).ravel().tolist() == [4.0, 2.0, 8.0]
+    assert batch.expand(np.array([[7.0], [5.0], [9.0]], np.float32)).ravel().tolist() == [
         7.0,
         5.0,
         7.0,
@@ -149,7 +149,9 @@ def test_id_batch_properties(ids: list[int], shards: int, max_ids: int) -> None:
     batch = IdBatch.of(np.array(ids, dtype=np.uint64))
     arr = np.array(ids, dtype=np.uint64)
     np.testing.assert_array_equal(batch.unique[batch.inverse], arr)
-    assert np.all(np.diff(batch.unique.astype(object)) > 0)
+    # distinct, in order of first occurrence
+    assert batch.unique.tolist() == list(dict.fromkeys(int(i) for i in ids))
+    assert batch.counts.tolist() == [ids.count(int(u)) for u in batch.unique]
     values = np.arange(len(ids) * 2, dtype=np.float32).reshape(-1, 2)
     summed = np.zeros((batch.unique.size, 2), np.float32)
     np.add.at(summed, batch.inverse, values)
@@ -163,6 +165,21 @@ def test_id_batch_properties(ids: list[int], shards: int, max_ids: int) -> None:
     for p in parts:
         assert 0 < p.rows.size <= max_ids
         assert np.all(shard_of(batch.unique[p.rows], shards) == p.shard)
+        if p.whole:  # promises the rows are the whole batch in unique order
+            assert p.rows.tolist() == list(range(batch.unique.size))
+
+
+@pytest.mark.parametrize("high", [50, 70_000, 2**64 - 1])
+def test_id_batch_matches_numpy_unique_on_large_batches(high: int) -> None:
+    rng = np.random.default_rng(high % 1000)
+    ids = rng.integers(0, high, size=200_000, dtype=np.uint64, endpoint=True)
+    batch = IdBatch.of(ids)
+    want_unique, want_first, want_counts = np.unique(ids, return_index=True, return_counts=True)
+    order = np.argsort(want_first)  # numpy sorts by value; ours keeps first occurrence order
+    np.testing.assert_array_equal(batch.unique, want_unique[order])
+    np.testing.assert_array_equal(batch.counts, want_counts[order])
+    np.testing.assert_array_equal(batch.unique[batch.inverse], ids)
+    assert batch.has_duplicates == (want_unique.size < ids.size)
 
 
 # ---------------------------------------------------------------------- round trips

@@ -100,3 +100,103 @@ def test_malformed_ids_are_rejected_with_the_field_named(tensor: pb.Tensor, mess
 def test_malformed_matrices_are_rejected(tensor: pb.Tensor, message: str) -> None:
     with pytest.raises(InvalidArgumentError, match=message):
         wire.decode_matrix(tensor, "grads", rows=2 if tensor.shape[:1] == [2] else None, dim=4)
+
+
+# ------------------------------------------------------------- hand-written LookupResponse codec
+@pytest.mark.parametrize(
+    ("rows", "dim", "fp16", "lz4_min"),
+    [(0, 4, False, 0), (1, 1, False, 0), (37, 16, False, 0), (37, 16, True, 0),
+     (300, 8, False, 64), (300, 8, True, 64), (5, 3, True, 1)],
+)  # fmt: skip
+def test_encoded_lookup_response_is_byte_identical_to_protobuf(
+    rows: int, dim: int, fp16: bool, lz4_min: int
+) -> None:
+    rng = np.random.default_rng(rows * dim)
+    values = rng.standard_normal((rows, dim)).astype(np.float32)
+    values[: rows // 3] = 0.5  # compressible rows, so the LZ4 path really compresses
+    ours = wire.encode_lookup_response(values, fp16=fp16, lz4_min_bytes=lz4_min)
+    reference = pb.LookupResponse(
+        vectors=wire.encode_matrix(values, fp16=fp16, lz4_min_bytes=lz4_min)
+    ).SerializeToString()
+    assert ours.SerializeToString() == reference
+    assert ours.ByteSize() == len(reference)
+    parsed = wire.parse_lookup_response(reference)
+    got = wire.decode_matrix(parsed.vectors, "vectors", rows, dim)
+    want = wire.decode_matrix(pb.LookupResponse.FromString(reference).vectors, "v", rows, dim)
+    np.testing.assert_array_equal(got, want)
+
+
+def test_parsed_vectors_are_a_view_of_the_received_bytes() -> None:
+    values = np.arange(64, dtype=np.float32).reshape(16, 4)
+    data = wire.encode_lookup_response(values).SerializeToString()
+    parsed = wire.parse_lookup_response(data)
+    assert isinstance(parsed.vectors.data, memoryview) and parsed.vectors.data.obj is data
+    decoded = wire.decode_matrix(parsed.vectors, "vectors", 16, 4)
+    assert not decoded.flags.owndata  # no copy was made
+    np.testing.assert_array_equal(decoded, values)
+
+
+_unknown = st.sampled_from(
+    [b"", b"\x30\x07", b"\x39" + bytes(8), b"\x45" + bytes(4), b"\x52\x03abc"]
+)  # unknown fields 6-10 of every wire type
+
+
+@given(
+    dtype=st.integers(0, 5),
+    shape=st.lists(st.integers(-(2**63), 2**63 - 1), max_size=4),
+    data=st.binary(max_size=40),
+    compression=st.integers(0, 3),
+    row_scales=st.binary(max_size=12),
+    unknown=_unknown,
+    packed=st.booleans(),
+)
+def test_parser_agrees_with_protobuf(
+    dtype: int,
+    shape: list[int],
+    data: bytes,
+    compression: int,
+    row_scales: bytes,
+    unknown: bytes,
+    packed: bool,
+) -> None:
+    tensor = pb.Tensor(
+        dtype=dtype, shape=shape, data=data, compression=compression, row_scales=row_scales
+    )
+    inner = tensor.SerializeToString() + unknown
+    if not packed and shape:  # the same shape written unpacked, as a proto2 writer would
+        without = pb.Tensor(dtype=dtype, data=data, compression=compression, row_scales=row_scales)
+        unpacked = b"".join(b"\x10" + wire._varint(d) for d in shape)
+        inner = without.SerializeToString() + unpacked + unknown
+    message = b"\x0a" + wire._varint(len(inner)) + inner + unknown
+    want = pb.LookupResponse.FromString(message).vectors
+    got = wire.parse_lookup_response(message).vectors
+    assert (got.dtype, got.shape, bytes(got.data)) == (want.dtype, list(want.shape), want.data)
+    assert (got.compression, bytes(got.row_scales)) == (want.compression, want.row_scales)
+
+
+def test_a_repeated_embedded_message_is_merged_as_protobuf_does() -> None:
+    first = pb.Tensor(dtype=pb.FLOAT32, shape=[2], data=b"abcdefgh").SerializeToString()
+    second = pb.Tensor(shape=[1], compression=pb.LZ4).SerializeToString()
+    message = b"".join(b"\x0a" + wire._varint(len(t)) + t for t in (first, second))
+    want = pb.LookupResponse.FromString(message).vectors
+    got = wire.parse_lookup_response(message).vectors
+    assert got.shape == list(want.shape) == [2, 1]
+    assert (got.dtype, got.compression, bytes(got.data)) == (
+        want.dtype,
+        want.compression,
+        want.data,
+    )
+
+
+@pytest.mark.parametrize(
+    "message",
+    [b"\x0a\x05\x08\x02", b"\x0a\x80", b"\x0a\x03\x1a\x09ab", b"\x0b", b"\x00\x01",
+     b"\x0a" + b"\xff" * 11],
+    ids=["truncated-message", "truncated-length", "field-past-end", "wire-type-3",
+         "field-zero", "overlong-varint"],
+)  # fmt: skip
+def test_malformed_responses_raise(message: bytes) -> None:
+    with pytest.raises(ValueError):
+        wire.parse_lookup_response(message)
+    with pytest.raises(Exception):  # noqa: B017 - protobuf rejects them too (DecodeError)
+        pb.LookupResponse.FromString(message)

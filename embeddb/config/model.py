@@ -337,12 +337,18 @@ class StoreConfig:
         min_stripe_rows: a table gets fewer stripes rather than stripes smaller than this (a
             small table is not worth striping, and a tiny stripe fills up on a few unlucky ids).
         disk_cache_mb: RocksDB block cache of the shard's disk tier, in MiB (shared by tables).
+        threads: threads that may serve the stripes of one large lookup or gradient push at
+            once, the calling one included; 0 (default) means the CPUs this process may use,
+            1 keeps every call on its calling thread.
+        parallel_min_ids: calls with fewer ids than this stay on their calling thread.
     """
 
     stripes: int = 4
     eviction_chunk: float = 1 / 64
     min_stripe_rows: int = 1024
     disk_cache_mb: int = 256
+    threads: int = 0
+    parallel_min_ids: int = 16384
 
     def __post_init__(self) -> None:
         stripes = _as_int(self.stripes, "stripes", minimum=1, maximum=_MAX_STRIPES)
@@ -353,6 +359,12 @@ class StoreConfig:
         _set(self, "eviction_chunk", chunk)
         _set(self, "min_stripe_rows", _as_int(self.min_stripe_rows, "min_stripe_rows", minimum=1))
         _set(self, "disk_cache_mb", _as_int(self.disk_cache_mb, "disk_cache_mb", minimum=1))
+        _set(self, "threads", _as_int(self.threads, "threads", minimum=0, maximum=256))
+        _set(
+            self,
+            "parallel_min_ids",
+            _as_int(self.parallel_min_ids, "parallel_min_ids", minimum=1),
+        )
 
 
 @dataclass(frozen=True)

@@ -65,7 +65,9 @@ _HASH_STACK_KEYS = frozenset({"hash_stack_rounds", "embedding_size"})
 _TABLE_SETTINGS = ("admit_probability", "weight_bound", "capacity")
 _DEFAULTS_KEYS = frozenset({"optimizer", "initializer", *_TABLE_SETTINGS})
 _TABLE_KEYS = _DEFAULTS_KEYS | {"dim", "seed"}
-_STORE_KEYS = frozenset({"stripes", "eviction_chunk", "min_stripe_rows", "disk_cache_mb"})
+_STORE_KEYS = frozenset(
+    {"stripes", "eviction_chunk", "min_stripe_rows", "disk_cache_mb", "threads", "parallel_min_ids"}
+)
 _FEATURE_KEY_ALIASES = types.MappingProxyType(
     {
         "hash_stack_rounds": "hash_stack_config.hash_stack_rounds",

@@ -17,14 +17,14 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import CollectorRegistry
 
+from embeddb.allocator import tune_allocator
 from embeddb.errors import ConfigError
 from embeddb.server.auth import AuthInterceptor, Tokens
 from embeddb.server.interceptors import ErrorInterceptor
 from embeddb.server.metrics import MetricsEndpoint, MetricsInterceptor, ShardMetrics, serve_metrics
-from embeddb.server.servicer import ServicerLimits, StoreServicer
+from embeddb.server.servicer import ServicerLimits, StoreServicer, store_handler
 from embeddb.shard import Shard
 from embeddb.v1 import embeddb_pb2 as pb
-from embeddb.v1 import embeddb_pb2_grpc as pb_grpc
 
 __all__ = ["OPEN_SERVICES", "SERVICE_NAME", "ServerConfig", "ShardServer", "build_server"]
 
@@ -54,6 +54,9 @@ class ServerConfig:
             none. Pass one to read the metrics in-process or to expose them yourself.
         metrics_port: serve the metrics over HTTP at ``http://{host}:{metrics_port}/metrics``
             (0 picks a free port; the factory returns it); None serves no endpoint.
+        tune_allocator: raise glibc's mmap and trim thresholds for the whole process, so the
+            large buffers of each request are reused instead of page-faulted in again (see
+            :mod:`embeddb.allocator`; about 2.5x faster 4 MiB lookups on a small VM).
     """
 
     host: str = "127.0.0.1"
@@ -68,6 +71,7 @@ class ServerConfig:
     tokens: Tokens | None = None
     metrics_registry: CollectorRegistry | None = None
     metrics_port: int | None = None
+    tune_allocator: bool = True
 
     def __post_init__(self) -> None:
         if (self.tls_cert is None) != (self.tls_key is None):
@@ -128,6 +132,8 @@ def build_server(shard: Shard, config: ServerConfig | None = None) -> ShardServe
         OSError: an address cannot be bound.
     """
     cfg = config or ServerConfig()
+    if cfg.tune_allocator:
+        tune_allocator()
     registry = cfg.metrics_registry
     if registry is None and cfg.metrics_port is not None:
         registry = CollectorRegistry()
@@ -155,7 +161,7 @@ def build_server(shard: Shard, config: ServerConfig | None = None) -> ShardServe
     servicer = StoreServicer(
         shard, cfg.shard_index, cfg.num_shards, ServicerLimits(cfg.max_ids_per_request)
     )
-    pb_grpc.add_EmbeddingStoreServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
+    server.add_generic_rpc_handlers((store_handler(servicer),))
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(

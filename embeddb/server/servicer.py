@@ -18,7 +18,7 @@ from embeddb.shard import Shard
 from embeddb.v1 import embeddb_pb2 as pb
 from embeddb.v1 import embeddb_pb2_grpc as pb_grpc
 
-__all__ = ["ServicerLimits", "StoreServicer"]
+__all__ = ["ServicerLimits", "StoreServicer", "store_handler"]
 
 
 @dataclass(frozen=True)
@@ -63,13 +63,12 @@ class StoreServicer(pb_grpc.EmbeddingStoreServicer):
     def _dim(self, table: str) -> int:
         return self._shard.config.table(table).dim
 
-    def Lookup(self, request: pb.LookupRequest, context: grpc.ServicerContext) -> pb.LookupResponse:
+    def Lookup(self, request: pb.LookupRequest, context: grpc.ServicerContext) -> wire.Encoded:
+        """Answers an already serialized ``LookupResponse`` (one copy of the vectors)."""
         ids = self._ids(request.ids)
         vectors = self._shard.lookup(request.table, ids, train=request.train)
         enc = request.encoding
-        return pb.LookupResponse(
-            vectors=wire.encode_matrix(vectors, fp16=enc.fp16, lz4_min_bytes=enc.lz4_min_bytes)
-        )
+        return wire.encode_lookup_response(vectors, fp16=enc.fp16, lz4_min_bytes=enc.lz4_min_bytes)
 
     def ApplyGradients(
         self, request: pb.ApplyGradientsRequest, context: grpc.ServicerContext
@@ -120,3 +119,31 @@ class StoreServicer(pb_grpc.EmbeddingStoreServicer):
             state_dim=t.state_dim,
             capacity=t.capacity,
         )
+
+
+def store_handler(servicer: StoreServicer) -> grpc.GenericRpcHandler:
+    """The ``EmbeddingStore`` service's handlers, from the proto descriptor.
+
+    Unlike the generated ``add_EmbeddingStoreServicer_to_server``, every response is serialized
+    by calling its own ``SerializeToString``, so a method may answer a :class:`wire.Encoded`
+    (``Lookup`` does) as well as a generated message.
+    """
+    service = pb.DESCRIPTOR.services_by_name["EmbeddingStore"]
+    handlers: dict[str, grpc.RpcMethodHandler] = {}
+    for method in service.methods:
+        request_type = getattr(pb, method.input_type.name)
+        make = (
+            grpc.unary_stream_rpc_method_handler
+            if method.server_streaming
+            else grpc.unary_unary_rpc_method_handler
+        )
+        handlers[method.name] = make(
+            getattr(servicer, method.name),
+            request_deserializer=request_type.FromString,
+            response_serializer=_serialize,
+        )
+    return grpc.method_handlers_generic_handler(service.full_name, handlers)
+
+
+def _serialize(message: pb.LookupResponse | wire.Encoded) -> bytes:
+    return message.SerializeToString()

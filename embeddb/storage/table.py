@@ -41,6 +41,7 @@ from embeddb.initializers import initial_vectors, table_key
 from embeddb.optim import Optimizer
 from embeddb.storage import hash_index
 from embeddb.storage.disk_tier import DiskTier
+from embeddb.storage.parallel import StripePool
 from embeddb.storage.ram_tier import DIRTY, ON_DISK, Counters, RamStripe
 
 __all__ = ["TableStats", "TieredTable", "UpdateResult"]
@@ -127,9 +128,15 @@ class TieredTable:
     """
 
     def __init__(
-        self, config: TableConfig, store: StoreConfig, disk: DiskTier, disk_rows: int = 0
+        self,
+        config: TableConfig,
+        store: StoreConfig,
+        disk: DiskTier,
+        disk_rows: int = 0,
+        pool: StripePool | None = None,
     ) -> None:
         self.config = config
+        self._pool = pool or StripePool(1, 0)
         self.name = config.name
         self.dim = config.dim
         self.optimizer = Optimizer(config.optimizer, config.dim, config.weight_bound)
@@ -172,13 +179,15 @@ class TieredTable:
         promoted, updated, evicted or deleted one of these ids between the phases.
         """
         out = np.empty((ids.size, self.dim), dtype=np.float32)
-        pending: list[_Misses] = []
-        for s, sub, where in self._split(ids):
+
+        def gather(part: tuple[int, U64, I64]) -> _Misses | None:
+            s, sub, where = part
             stripe = self.stripes[s]
             with stripe.lock:
-                misses = self._gather_stripe(s, stripe, sub, where, out, train)
-            if misses is not None:
-                pending.append(misses)
+                return self._gather_stripe(s, stripe, sub, where, out, train)
+
+        gathered = self._pool.map(gather, list(self._split(ids)), ids.size)
+        pending = [m for m in gathered if m is not None]
         if not pending:
             return out
         uniq, inverse = np.unique(
@@ -202,14 +211,15 @@ class TieredTable:
 
     def apply_gradients(self, ids: U64, grads: F32) -> UpdateResult:
         """Sum duplicate ids' gradients, skip non-finite rows, run the optimizer."""
-        applied = skipped = missing = 0
-        for s, sub, where in self._split(ids):
+
+        def update(part: tuple[int, U64, I64]) -> tuple[int, int, int]:
+            s, sub, where = part
             stripe = self.stripes[s]
             with stripe.lock:
-                a, k, m = self._update_stripe(stripe, sub, grads, where)
-            applied += a
-            skipped += k
-            missing += m
+                return self._update_stripe(stripe, sub, grads, where)
+
+        counts = self._pool.map(update, list(self._split(ids)), ids.size)
+        applied, skipped, missing = (sum(c[k] for c in counts) for k in range(3))
         return UpdateResult(applied, skipped, missing)
 
     def assign(self, ids: U64, vectors: F32) -> int:
