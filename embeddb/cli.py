@@ -226,6 +226,11 @@ def demo(
     show_default=True,
     help="Seconds in-flight calls may finish after SIGTERM/SIGINT.",
 )
+@click.option(
+    "--parent-pid",
+    type=click.IntRange(min=1),
+    hidden=True,  # set by `embeddb cluster`: shut down once this process is no longer the parent
+)
 @click.pass_context
 def serve(
     ctx: click.Context,
@@ -246,6 +251,7 @@ def serve(
     max_message_mb: int,
     workers: int,
     grace: float,
+    parent_pid: int | None,
 ) -> None:
     """Serve one shard over gRPC until SIGTERM or SIGINT, then shut down cleanly.
 
@@ -287,6 +293,7 @@ def serve(
             data_dir=None if ephemeral else Path(data_dir.replace("{index}", str(shard_index))),
             grace=grace,
             port_file=port_file,
+            parent_pid=parent_pid,
         )
         code = run_daemon(config, server_config, options)
     except (EmbeddbError, OSError) as exc:
@@ -337,7 +344,15 @@ def serve(
     type=click.IntRange(min=1),
     default=3,
     show_default=True,
-    help="Consecutive failed restarts before a shard is given up.",
+    help="Restarts a shard may need within --restart-window (and consecutive failed restarts "
+    "at all) before it is given up.",
+)
+@click.option(
+    "--restart-window",
+    type=click.FloatRange(min=0, min_open=True),
+    default=60.0,
+    show_default=True,
+    help="Seconds over which restarts count against --max-restarts (a crash loop is given up).",
 )
 @click.option("--fail-fast", is_flag=True, help="Stop the cluster when a shard is given up.")
 @click.option("--log-level", type=_LOG_LEVELS, help="Log level (default: info).")
@@ -349,6 +364,29 @@ def serve(
     help="Passed to every shard: require bearer tokens (health checks need none).",
 )
 @click.option("--tokens-from-env", is_flag=True, help="Passed to every shard.")
+@click.option(
+    "--tls-cert",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Passed to every shard (which then serves TLS only); the supervisor's health checks "
+    "trust this certificate.",
+)
+@click.option(
+    "--tls-key",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Passed to every shard: the PEM private key for --tls-cert.",
+)
+@click.option(
+    "--tls-server-name",
+    help="The name health checks expect in the certificate when it does not name HOST.",
+)
+@click.option(
+    "--metrics-base-port",
+    type=click.IntRange(0, 65535),
+    default=0,
+    show_default=True,
+    help="Shard i serves Prometheus metrics at http://HOST:(METRICS_BASE_PORT + i)/metrics; "
+    "0: no metrics.",
+)
 @click.pass_context
 def cluster(
     ctx: click.Context,
@@ -362,12 +400,17 @@ def cluster(
     grace: float,
     start_timeout: float,
     max_restarts: int,
+    restart_window: float,
     fail_fast: bool,
     log_level: str | None,
     workers: int | None,
     max_message_mb: int | None,
     tokens_file: Path | None,
     tokens_from_env: bool,
+    tls_cert: Path | None,
+    tls_key: Path | None,
+    tls_server_name: str | None,
+    metrics_base_port: int,
 ) -> None:
     """Run NUM_SHARDS ``embeddb serve`` processes; restart any that die; stop all on Ctrl-C."""
     from embeddb.server.cluster import Cluster, ClusterConfig
@@ -401,13 +444,18 @@ def cluster(
             grace=grace,
             start_timeout=start_timeout,
             max_restarts=max_restarts,
+            restart_window=restart_window,
             fail_fast=fail_fast,
+            tls_cert=None if tls_cert is None else tls_cert.resolve(),
+            tls_key=None if tls_key is None else tls_key.resolve(),
+            tls_server_name=tls_server_name,
+            metrics_base_port=metrics_base_port,
             log_level=log_level or logging.getLevelName(logging.getLogger().level).lower(),
             serve_args=tuple(serve_args),
         )
+        runner = Cluster(cfg)
     except EmbeddbError as exc:
         raise click.ClickException(str(exc)) from exc
-    runner = Cluster(cfg)
 
     def on_signal(signum: int, frame: object) -> None:
         runner.request_stop()

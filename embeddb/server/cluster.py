@@ -13,16 +13,36 @@ supervisor reads it and then polls the gRPC health service until the shard is SE
 address file holds one ``host:port`` per line in shard order (the client SDK reads this format).
 A restarted shard is given the port it had before, so the address file stays valid.
 
-Restart policy. A shard that exits while serving is restarted at once and logged
-(``shard 2 exited with code -9; restarting``). A restart that fails (the process exits before it
-is healthy, or is not healthy within ``start_timeout``) is logged with the shard's own last
-output lines and retried with exponential backoff; after ``max_restarts`` consecutive failures
-the supervisor gives up on that shard (and, with ``fail_fast``, on the cluster).
+Restart policy. A shard that exits while serving is restarted and logged
+(``shard 2 exited with code -9; restarting``): at once the first time, then after
+``restart_backoff`` seconds, doubling with each further restart within ``restart_window`` seconds.
+A restart that fails (the process exits before it is healthy, or is not healthy within
+``start_timeout``) is logged with the shard's own last output lines and retried with the same
+backoff. The supervisor gives up on a shard (state ``FAILED``; with ``fail_fast`` the whole
+cluster stops and :meth:`Cluster.supervise` returns 1) when it would need more than
+``max_restarts`` restarts within ``restart_window`` seconds (a crash loop), or after
+``max_restarts`` consecutive restarts that never became healthy, however long they took.
 
 Until crash recovery lands, a persistent shard killed with SIGKILL cannot restart: its data
 directory has no clean-shutdown record, and the shard refuses it rather than serve with rows
 lost. The supervisor then logs that refusal and gives up on the shard after ``max_restarts``
 attempts. It never moves a shard to a fresh directory behind the user's back.
+
+Shards die with the supervisor. Each shard is started with ``--parent-pid`` (the supervisor's
+process id) and checks every half second that it is still its parent; once it is not (the
+supervisor died, even by SIGKILL, and the shard was re-parented) the shard shuts down exactly as
+on SIGTERM: drain, write rows back, record a clean shutdown. This works on every POSIX system.
+(``PR_SET_PDEATHSIG`` is not used: Linux sends it when the *thread* that forked the child ends,
+and :meth:`Cluster.supervise` may run in any thread.) Every shard's process id is logged when
+it becomes healthy: ``shard 0 serving on 127.0.0.1:41231 (pid 12345)``.
+
+TLS and metrics. With ``tls_cert``/``tls_key`` every shard serves TLS only, and the health
+probe uses a TLS channel that trusts the certificate file itself as its root (right for a
+self-signed certificate, and for a CA-issued one too: gRPC accepts the trusted leaf), checking
+the name ``tls_server_name``, or ``host`` when it is unset. Health checks need no bearer token
+(the server leaves the health service open), so shards that require tokens are probed alike. With
+``metrics_base_port`` shard ``i`` serves Prometheus text at
+``http://host:(metrics_base_port + i)/metrics``.
 """
 
 from __future__ import annotations
@@ -74,12 +94,22 @@ class ClusterConfig:
         address_file: where to write ``host:port`` lines once all shards are healthy.
         grace: seconds each shard gives in-flight calls at shutdown.
         start_timeout: seconds a shard may take from spawn to SERVING.
-        max_restarts: consecutive failed restart attempts after which a shard is given up.
-        restart_backoff: delay before the second restart attempt, doubling after each failure.
+        max_restarts: restarts a shard may need within ``restart_window``, and consecutive
+            failed restarts it may have at all, before it is given up (see the restart policy).
+        restart_window: seconds over which restarts are counted against ``max_restarts``.
+        restart_backoff: delay before a restart that follows another within ``restart_window``
+            (or a failed one), doubling with each further one.
         fail_fast: stop supervising (exit code 1) as soon as one shard is given up.
+        tls_cert, tls_key: PEM certificate chain and private key files passed to every shard,
+            which then serves TLS only; the health probe trusts ``tls_cert`` as its root.
+        tls_server_name: the name the health probe expects the certificate to carry, when it
+            does not name ``host`` (``grpc.ssl_target_name_override``); clients need the same.
+        metrics_base_port: shard ``i`` serves Prometheus metrics on port
+            ``metrics_base_port + i`` (kept across restarts); 0: no metrics endpoint.
         log_level: ``--log-level`` of every shard.
         serve_args: extra ``embeddb serve`` options for every shard (``--workers 4``, ...).
-        python: interpreter that runs ``-m embeddb.cli serve``.
+        python: interpreter that runs ``-m embeddb.cli serve``; a wrapper script must ``exec``
+            it, since a shard shuts down when the supervisor is no longer its parent process.
     """
 
     num_shards: int
@@ -92,8 +122,13 @@ class ClusterConfig:
     grace: float = 5.0
     start_timeout: float = 60.0
     max_restarts: int = 3
+    restart_window: float = 60.0
     restart_backoff: float = 0.5
     fail_fast: bool = False
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tls_server_name: str | None = None
+    metrics_base_port: int = 0
     log_level: str = "info"
     serve_args: tuple[str, ...] = ()
     python: str = field(default=sys.executable)
@@ -107,6 +142,27 @@ class ClusterConfig:
             )
         if self.max_restarts < 1:
             raise ConfigError("max_restarts", f"must be >= 1, got {self.max_restarts}")
+        if not self.restart_window > 0:
+            raise ConfigError("restart_window", f"must be > 0, got {self.restart_window}")
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ConfigError("tls_cert", "set both tls_cert and tls_key, or neither")
+        if self.tls_server_name is not None and self.tls_cert is None:
+            raise ConfigError("tls_server_name", "only meaningful with tls_cert and tls_key")
+        n = self.num_shards
+        if self.metrics_base_port and not 0 < self.metrics_base_port <= 65536 - n:
+            raise ConfigError(
+                "metrics_base_port", f"ports {self.metrics_base_port}..+{n - 1} are not all valid"
+            )
+        if (
+            self.base_port
+            and self.metrics_base_port
+            and abs(self.base_port - self.metrics_base_port) < n
+        ):
+            raise ConfigError(
+                "metrics_base_port",
+                f"ports {self.metrics_base_port}..+{n - 1} overlap the gRPC ports "
+                f"{self.base_port}..+{n - 1}",
+            )
 
 
 class ShardState(Enum):
@@ -115,7 +171,7 @@ class ShardState(Enum):
     STARTING = "starting"  # spawned, not yet healthy
     SERVING = "serving"  # healthy
     WAITING = "waiting"  # exited; a restart is scheduled
-    FAILED = "failed"  # given up after max_restarts failed restarts
+    FAILED = "failed"  # given up: too many restarts (see the restart policy)
     STOPPED = "stopped"  # stopped by Cluster.stop()
 
 
@@ -131,6 +187,8 @@ class _Member:
     next_start: float = 0.0
     failures: int = 0  # consecutive failed starts
     restarts: int = 0
+    restart_times: deque[float] = field(default_factory=deque)  # within restart_window
+    last_probe: str = "no port file yet"  # why the last health check was not SERVING
     tail: deque[str] = field(default_factory=lambda: deque(maxlen=_TAIL_LINES))
 
     def last_words(self) -> str:
@@ -144,11 +202,21 @@ class Cluster:
     Args:
         config: the cluster's settings.
         output: receives every line a shard prints, prefixed ``[shard i]`` (default: stderr).
+
+    Raises:
+        ConfigError: ``config.tls_cert`` cannot be read.
     """
 
     def __init__(self, config: ClusterConfig, output: Callable[[str], None] | None = None) -> None:
         self.config = config
         self._output = output if output is not None else _to_stderr
+        self._probe_credentials: grpc.ChannelCredentials | None = None
+        if config.tls_cert is not None:
+            try:
+                root = config.tls_cert.read_bytes()
+            except OSError as exc:
+                raise ConfigError("tls_cert", f"cannot read {config.tls_cert}: {exc}") from exc
+            self._probe_credentials = grpc.ssl_channel_credentials(root_certificates=root)
         self._lock = threading.RLock()
         self._stop_requested = threading.Event()
         self._run_dir: Path | None = None
@@ -227,8 +295,8 @@ class Cluster:
             if time.monotonic() > deadline:
                 first = pending[0]
                 raise UnavailableError(
-                    f"shard {first.index} was not healthy within {limit:g}s; its last output:\n"
-                    f"{first.last_words()}"
+                    f"shard {first.index} was not healthy within {limit:g}s (last health check: "
+                    f"{first.last_probe}); its last output:\n{first.last_words()}"
                 )
             time.sleep(_POLL_S)
         addresses = self.addresses
@@ -306,18 +374,23 @@ class Cluster:
                "--shard-index", str(member.index), "--num-shards", str(cfg.num_shards),
                "--host", cfg.host, "--port", str(member.port),
                "--port-file", str(member.port_file), "--grace", str(cfg.grace),
-               "--log-level", cfg.log_level]  # fmt: skip
+               "--log-level", cfg.log_level, "--parent-pid", str(os.getpid())]  # fmt: skip
         if cfg.config_path is not None:
             cmd += ["--config", str(cfg.config_path)]
         if cfg.ephemeral:
             cmd.append("--ephemeral")
         else:
             cmd += ["--data-dir", str(cfg.data_dir / f"shard-{member.index}")]
+        if cfg.tls_cert is not None and cfg.tls_key is not None:
+            cmd += ["--tls-cert", str(cfg.tls_cert), "--tls-key", str(cfg.tls_key)]
+        if cfg.metrics_base_port:
+            cmd += ["--metrics-port", str(cfg.metrics_base_port + member.index)]
         return [*cmd, *cfg.serve_args]
 
     def _spawn(self, member: _Member) -> None:
         member.port_file.unlink(missing_ok=True)  # a stale file would name a dead server
         member.tail.clear()
+        member.last_probe = "no port file yet"
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         # A session of its own: a terminal's Ctrl-C reaches only the supervisor, which then
         # stops the shards in order instead of racing them.
@@ -364,12 +437,41 @@ class Cluster:
             port = int(member.port_file.read_text())
         except (OSError, ValueError):
             return None  # not bound yet (the file is written atomically once serving)
-        if _is_serving(f"{self.config.host}:{port}"):
-            member.port = port
-            member.state = ShardState.SERVING
-            member.failures = 0
-            log.info("shard %d serving on %s:%d", member.index, self.config.host, port)
+        why_not = self._probe(f"{self.config.host}:{port}")
+        if why_not is not None:
+            member.last_probe = why_not
+            return None
+        member.port = port
+        member.state = ShardState.SERVING
+        member.failures = 0
+        log.info(
+            "shard %d serving on %s:%d (pid %d)",
+            member.index,
+            self.config.host,
+            port,
+            member.process.pid,
+        )
         return None
+
+    def _probe(self, address: str) -> str | None:
+        """None if the shard at ``address`` answers its health check with SERVING; else why not."""
+        cfg = self.config
+        if self._probe_credentials is None:
+            channel = grpc.insecure_channel(address)
+        else:
+            options = []
+            if cfg.tls_server_name is not None:
+                options.append(("grpc.ssl_target_name_override", cfg.tls_server_name))
+            channel = grpc.secure_channel(address, self._probe_credentials, options=options)
+        with channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+            try:
+                reply = stub.Check(health_pb2.HealthCheckRequest(service=SERVICE_NAME), timeout=1.0)
+            except grpc.RpcError as exc:
+                return f"{exc.code().name}: {exc.details()}"
+        if reply.status == health_pb2.HealthCheckResponse.SERVING:
+            return None
+        return str(health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status))
 
     def _supervise_one(self, member: _Member) -> None:
         now = time.monotonic()
@@ -378,8 +480,7 @@ class Cluster:
             code = member.process.poll()
             if code is not None:
                 self._reap(member)
-                log.warning("shard %d exited with code %d; restarting", member.index, code)
-                self._restart(member)
+                self._schedule_restart(member, code)
         elif member.state is ShardState.STARTING:
             code = self._check_starting(member)
             if code is not None:
@@ -392,12 +493,17 @@ class Cluster:
                 member.process.kill()
                 member.process.wait()
                 self._reap(member)
-                self._failed_start(member, f"was not healthy within {self.config.start_timeout:g}s")
+                self._failed_start(
+                    member,
+                    f"was not healthy within {self.config.start_timeout:g}s; last health check: "
+                    f"{member.last_probe}",
+                )
         elif member.state is ShardState.WAITING and now >= member.next_start:
             self._restart(member)
 
     def _restart(self, member: _Member) -> None:
         member.restarts += 1
+        member.restart_times.append(time.monotonic())
         self._spawn(member)
 
     def _failed_start(self, member: _Member, why: str) -> None:
@@ -408,33 +514,57 @@ class Cluster:
             why,
             member.last_words(),
         )
-        if member.failures >= self.config.max_restarts:
+        self._schedule_restart(member, None)
+
+    def _schedule_restart(self, member: _Member, code: int | None) -> None:
+        """Restart ``member``, whose process has exited, now, later or never (the restart policy).
+
+        Args:
+            code: the exit code of a shard that was serving; None after a failed start.
+        """
+        cfg = self.config
+        now = time.monotonic()
+        recent = member.restart_times
+        while recent and recent[0] <= now - cfg.restart_window:
+            recent.popleft()
+        head = f"shard {member.index}" + (":" if code is None else f" exited with code {code};")
+        down = f"{cfg.host}:{member.port} stays down"
+        if member.failures >= cfg.max_restarts:
+            member.state = ShardState.FAILED
+            log.error("%s giving up after %d failed restarts; %s", head, member.failures, down)
+            return
+        if len(recent) >= cfg.max_restarts:
             member.state = ShardState.FAILED
             log.error(
-                "shard %d: giving up after %d failed restarts; %s:%d stays down",
-                member.index,
-                member.failures,
-                self.config.host,
-                member.port,
+                "%s giving up after %d restarts in the last %.1fs (at most %d within a "
+                "restart window of %gs); %s",
+                head,
+                len(recent),
+                now - recent[0],
+                cfg.max_restarts,
+                cfg.restart_window,
+                down,
             )
             return
-        delay = self.config.restart_backoff * 2 ** (member.failures - 1)
+        attempts = max(len(recent), member.failures)
+        if attempts == 0:
+            log.warning("%s restarting", head)
+            self._restart(member)
+            return
+        delay = cfg.restart_backoff * 2 ** (attempts - 1)
         member.state = ShardState.WAITING
-        member.next_start = time.monotonic() + delay
-        log.warning(
-            "shard %d: restart attempt %d in %.1fs", member.index, member.failures + 1, delay
-        )
-
-
-def _is_serving(address: str, timeout: float = 1.0) -> bool:
-    """Whether the shard at ``address`` answers its health check with SERVING."""
-    with grpc.insecure_channel(address) as channel:
-        stub = health_pb2_grpc.HealthStub(channel)
-        try:
-            reply = stub.Check(health_pb2.HealthCheckRequest(service=SERVICE_NAME), timeout=timeout)
-        except grpc.RpcError:
-            return False
-    return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
+        member.next_start = now + delay
+        if code is None:
+            log.warning("%s restart attempt %d in %.1fs", head, member.failures + 1, delay)
+        else:
+            log.warning(
+                "%s restarting in %.1fs (restart %d within %gs; at most %d)",
+                head,
+                delay,
+                len(recent) + 1,
+                cfg.restart_window,
+                cfg.max_restarts,
+            )
 
 
 def _to_stderr(line: str) -> None:

@@ -7,7 +7,7 @@ reads nothing else. The life of the process::
     build_server(shard)           health SERVING on every service
     write the port file           (temp file + rename) so a supervisor can find a port-0 server
     log "serving shard i/n on host:port (data dir ...)"
-    ... wait for SIGTERM / SIGINT (or the ``stop`` event) ...
+    ... wait for SIGTERM / SIGINT (or the ``stop`` event, or the parent process to die) ...
     health NOT_SERVING            load balancers and the cluster supervisor stop routing here
     stop accepting, grace         in-flight calls get ``grace`` seconds to finish
     shard.close()                 write dirty rows back, record clean-shutdown.json
@@ -15,6 +15,12 @@ reads nothing else. The life of the process::
 
 A signal that arrives while the shard is still opening is honoured as soon as it is open, so the
 directory is always left with its clean-shutdown record.
+
+With ``DaemonOptions.parent_pid`` (``embeddb serve --parent-pid``, set by the cluster supervisor)
+the daemon checks every half second that ``os.getppid()`` is still that process, and shuts down
+as on SIGTERM once it is not: a parent that died, even by SIGKILL and even before the check
+first ran, leaves no orphan serving. This relies on POSIX re-parenting of orphans (Linux, macOS,
+the BSDs); where a process keeps its dead parent's id (Windows) the check never fires.
 """
 
 from __future__ import annotations
@@ -52,12 +58,14 @@ class DaemonOptions:
         port_file: where to write the bound port (one line) once serving; removed at shutdown.
         handle_signals: install SIGTERM/SIGINT handlers that begin the shutdown. Only possible
             in the main thread; elsewhere (tests driving the daemon in a thread) pass ``stop``.
+        parent_pid: shut down (as on SIGTERM) once this process is no longer the parent.
     """
 
     data_dir: Path | None = None
     grace: float = 5.0
     port_file: Path | None = None
     handle_signals: bool = True
+    parent_pid: int | None = None
 
 
 def write_atomically(path: Path, text: str) -> None:
@@ -113,7 +121,7 @@ def run_daemon(
     Args:
         config: the embedding config of the shard's tables.
         server_config: how to serve it (host, port, shard index/count, limits).
-        options: data directory, grace period, port file, signal handling.
+        options: data directory, grace period, port file, signal handling, parent process.
         stop: the event that ends serving; a fresh one when ``None``.
 
     Returns:
@@ -159,7 +167,11 @@ def run_daemon(
                     "required" if server_config.tokens is not None else "not required",
                 )
             while not stop.wait(0.5):  # a timed wait keeps the main thread responsive to signals
-                pass
+                if options.parent_pid is not None and os.getppid() != options.parent_pid:
+                    log.warning(
+                        "%s: parent process %d is gone; shutting down", where, options.parent_pid
+                    )
+                    stop.set()
             log.info("%s: health NOT_SERVING, draining calls (grace %gs)", where, options.grace)
         finally:
             try:
