@@ -11,6 +11,7 @@ one type. Errors caused by the caller's input also derive from the matching buil
     │   └── TableNotFoundError                     unknown table name
     ├── ResourceExhaustedError                     a request above a configured limit
     ├── PermissionDeniedError                      a read-only caller tried to write
+    ├── FailedPreconditionError                    a follower (or a failed log) asked to write
     ├── UnauthenticatedError                       missing or wrong credentials
     ├── UnavailableError                           the shard is closed or not serving
     └── StorageError                (OSError)      the disk tier or data directory failed
@@ -30,6 +31,7 @@ __all__ = [
     "ConfigError",
     "CorruptDataError",
     "EmbeddbError",
+    "FailedPreconditionError",
     "InvalidArgumentError",
     "NotFoundError",
     "PermissionDeniedError",
@@ -79,6 +81,11 @@ class PermissionDeniedError(EmbeddbError):
     """The caller is authenticated but may not perform this operation."""
 
 
+class FailedPreconditionError(EmbeddbError):
+    """The shard is not in a state that allows the operation (a read-only follower asked to
+    write, a shard whose update log failed asked to mutate)."""
+
+
 class UnauthenticatedError(EmbeddbError):
     """The caller presented no credentials or wrong ones."""
 
@@ -105,6 +112,7 @@ STATUS_BY_ERROR: dict[type[EmbeddbError], str] = {
     NotFoundError: "NOT_FOUND",
     ResourceExhaustedError: "RESOURCE_EXHAUSTED",
     PermissionDeniedError: "PERMISSION_DENIED",
+    FailedPreconditionError: "FAILED_PRECONDITION",
     UnauthenticatedError: "UNAUTHENTICATED",
     UnavailableError: "UNAVAILABLE",
     CorruptDataError: "DATA_LOSS",
@@ -115,6 +123,7 @@ ERROR_BY_STATUS: dict[str, type[EmbeddbError]] = {
     "NOT_FOUND": NotFoundError,
     "RESOURCE_EXHAUSTED": ResourceExhaustedError,
     "PERMISSION_DENIED": PermissionDeniedError,
+    "FAILED_PRECONDITION": FailedPreconditionError,
     "UNAUTHENTICATED": UnauthenticatedError,
     "UNAVAILABLE": UnavailableError,
     "DATA_LOSS": CorruptDataError,

@@ -1,7 +1,8 @@
-"""One shard of embeddb: every table's tiered store plus its optimizer. No transport here.
+"""One shard of embeddb: every table's tiered store, its optimizer, update log and snapshots.
 
-The gRPC servicers (and tests) call this class directly. It validates every argument once, at
-this boundary, and raises from :mod:`embeddb.errors`; the storage layers below trust it.
+No transport here: the gRPC servicers (and tests) call this class directly. It validates every
+argument once, at this boundary, and raises from :mod:`embeddb.errors`; the layers below trust
+it.
 
 An ID batch as the shard sees it (table ``user``, ``dim = 2``)::
 
@@ -13,26 +14,50 @@ Data directory layout::
 
     DATA_DIR/
       disk/                 RocksDB: the disk tier (one column family per table)
-      clean-shutdown.json   present only after close(): every row had been written to disk
+      log/                  the update log (embeddb.durability.log): every acknowledged mutation
+      snapshots/<id>/       complete snapshots (embeddb.durability.snapshot)
+      clean-shutdown.json   present only after close(): the disk tier holds every row, at seq
+      base.json             the last clean shutdown's record, kept while the shard runs: the
+                            disk tier plus the log after its seq rebuild every row
+
+Durability (ARCHITECTURE.md §5). Every mutation — gradient push, assign, delete, rows created by
+a training lookup — is journaled while its stripe lock is held, as the resulting rows
+(:mod:`embeddb.storage.changes`), and appended to the update log with the next ``seq`` before
+the call returns; with ``fsync: always`` the call also waits for the fsync (group commit). On
+open, a directory without a clean-shutdown record is **recovered**: from the newest of (a) the
+newest complete snapshot — verified file by file — and (b) the last clean shutdown, then every
+log record after that seq is replayed. A snapshot that fails verification stops the start
+(``CorruptDataError`` naming the file) unless ``fallback=True`` lets the shard use the next
+older one. A log whose append fails (full or unwritable disk) puts the shard in read-only mode:
+reads go on, mutations raise :class:`FailedPreconditionError`, nothing stored is touched.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import tempfile
 import threading
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from embeddb.config import EmbeddingConfig
+from embeddb.durability import records, snapshot
+from embeddb.durability.log import FsyncPolicy, LogConfig, LogRecord, UpdateLog
+from embeddb.durability.snapshot import SnapshotInfo
 from embeddb.errors import (
     CorruptDataError,
+    FailedPreconditionError,
     InvalidArgumentError,
     StorageError,
     TableNotFoundError,
@@ -40,12 +65,16 @@ from embeddb.errors import (
 )
 from embeddb.routing import as_ids
 from embeddb.storage import DiskTier, TableStats, TieredTable, UpdateResult
+from embeddb.storage.changes import Change
 from embeddb.storage.parallel import StripePool, default_threads
 
-__all__ = ["Shard", "ShardStats", "UpdateResult"]
+__all__ = ["Recovery", "Shard", "ShardStats", "SnapshotInfo", "SnapshotResult", "UpdateResult"]
+
+log = logging.getLogger(__name__)
 
 _CLEAN_MARKER = "clean-shutdown.json"
-_FORMAT_VERSION = 1
+_BASE = "base.json"
+_FORMAT_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -64,95 +93,342 @@ class ShardStats:
         return out
 
 
+@dataclass(frozen=True)
+class SnapshotResult:
+    """A snapshot just taken: the snapshot, how long serving paused and the whole call took."""
+
+    info: SnapshotInfo
+    pause_s: float
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """How :class:`Shard` opened its directory.
+
+    Attributes:
+        source: ``"new"``, ``"clean"`` (after a clean shutdown), ``"snapshot"``, ``"base"``
+            (the last clean shutdown's disk tier) or ``"log"`` (the whole log replayed).
+        snapshot_id: the snapshot restored, if any.
+        from_seq: the seq the state was restored at, before the replay.
+        replayed: log records replayed after it.
+        seq: the shard's seq once open.
+        seconds: time taken.
+    """
+
+    source: str
+    snapshot_id: str | None
+    from_seq: int
+    replayed: int
+    seq: int
+    seconds: float
+
+
 class Shard:
-    """The tables of one shard, each a RAM tier (LRU) over a RocksDB disk tier.
+    """The tables of one shard, each a RAM tier (LRU) over a RocksDB disk tier, made durable by
+    an update log and snapshots (see the module docstring).
 
     Thread-safe: each table is split into lock stripes; calls on different stripes proceed in
     parallel and the compiled kernels release the GIL.
 
     Args:
         config: the embedding configuration (tables and store settings).
-        data_dir: directory for the disk tier. ``None`` uses a private temporary directory that
-            is removed on :meth:`close`. An existing directory is reopened only if it was closed
-            cleanly and its tables match ``config``.
+        data_dir: the shard's directory. ``None`` uses a private temporary directory that is
+            removed on :meth:`close` (no update log, nothing survives). An existing directory is
+            reopened (after a clean shutdown) or recovered (after a crash).
+        shard_index, num_shards: this shard's place in its cluster, recorded in snapshots.
+        restore: restore this snapshot id (discarding the state and the log after it; the old
+            log is kept aside in ``log.before-restore-<time>``) instead of the current state.
+        fallback: during recovery, if the newest snapshot fails verification, use the next
+            older one (logged) instead of refusing to start.
+        follower: a read-only replica: client mutations raise
+            :class:`FailedPreconditionError`; :meth:`apply_record` applies a primary's log.
 
     Raises:
-        StorageError: the directory is unusable or was not shut down cleanly.
-        CorruptDataError: the clean-shutdown record is unreadable or contradicts the config.
+        StorageError: the directory is unusable.
+        CorruptDataError: a record, snapshot or log segment failed its checks, or the tables
+            on disk contradict ``config``.
     """
 
     def __init__(
-        self, config: EmbeddingConfig, data_dir: str | os.PathLike[str] | None = None
+        self,
+        config: EmbeddingConfig,
+        data_dir: str | os.PathLike[str] | None = None,
+        *,
+        shard_index: int = 0,
+        num_shards: int = 1,
+        restore: str | None = None,
+        fallback: bool = False,
+        follower: bool = False,
     ) -> None:
+        began = time.perf_counter()
         self.config = config
+        self.shard_index = shard_index
+        self.num_shards = num_shards
+        self.follower = follower
         self._ephemeral = data_dir is None
         self.data_dir = (
             Path(tempfile.mkdtemp(prefix="embeddb-")) if data_dir is None else Path(data_dir)
         )
         self._closed = False
         self._close_lock = threading.Lock()
-        disk_rows = self._check_previous_shutdown()
-        widths = {name: t.dim + t.optimizer.state_dim(t.dim) for name, t in config.tables.items()}
-        self._disk = DiskTier(self.data_dir / "disk", widths, config.store.disk_cache_mb)
+        self._snapshot_lock = threading.Lock()
+        self._failed: StorageError | None = None
+        self._pins: dict[int, int] = {}  # reader token -> oldest seq it still needs
+        self._pins_lock = threading.Lock()
+        self._applied_seq = 0  # followers: the last primary seq applied
+        self._log: UpdateLog | None = None
+        self._disk: DiskTier | None = None
         store = config.store
         self._pool = StripePool(store.threads or default_threads(), store.parallel_min_ids)
-        self._tables = {
-            name: TieredTable(t, store, self._disk, disk_rows.get(name, 0), self._pool)
-            for name, t in config.tables.items()
-        }
-        # From now on the RAM tier may hold rows the disk does not: the marker is void.
-        (self.data_dir / _CLEAN_MARKER).unlink(missing_ok=True)
+        self._widths = {n: t.dim + t.optimizer.state_dim(t.dim) for n, t in config.tables.items()}
+        try:
+            self.recovery = self._open(restore, fallback)
+        except BaseException:
+            self._abandon()
+            raise
+        self.recovery = Recovery(
+            **{**self.recovery.__dict__, "seconds": time.perf_counter() - began}
+        )
 
-    # ------------------------------------------------------------------ lifecycle
-    def _check_previous_shutdown(self) -> dict[str, int]:
-        disk_dir = self.data_dir / "disk"
+    # ------------------------------------------------------------------ opening
+    @property
+    def _logged(self) -> bool:
+        return not self._ephemeral and not self.follower and self.config.store.update_log
+
+    def _open(self, restore: str | None, fallback: bool) -> Recovery:
+        snapshots_dir = self.data_dir / "snapshots"
         try:
             self.data_dir.mkdir(parents=True, exist_ok=True)
-            has_data = disk_dir.exists() and any(disk_dir.iterdir())
         except OSError as exc:
             raise StorageError(f"cannot use data directory {self.data_dir}: {exc}") from exc
-        if not has_data:
-            return {}
-        marker = self.data_dir / _CLEAN_MARKER
-        if not marker.exists():
+        snapshot.remove_incomplete(snapshots_dir)
+        if restore is not None:
+            return self._restore_explicitly(restore)
+        marker = self._read_record(_CLEAN_MARKER)
+        if marker is not None:
+            return self._open_clean(marker)
+        disk_dir = self.data_dir / "disk"
+        has_disk = disk_dir.exists() and any(disk_dir.iterdir())
+        log_dir = self.data_dir / "log"
+        has_log = log_dir.exists() and any(log_dir.glob("*.log"))
+        has_snapshots = bool(snapshot.list_snapshots(snapshots_dir))
+        if not (has_disk or has_log or has_snapshots):
+            self._start_tables(disk_rows={})
+            self._start_log(0)
+            return Recovery("new", None, 0, 0, self.seq, 0.0)
+        if not has_snapshots and not (self._logged and has_log):
             raise StorageError(
-                f"{self.data_dir} holds a disk tier that was not shut down cleanly (no "
-                f"{_CLEAN_MARKER}); its RAM-tier rows were lost. Restore from a snapshot, or "
-                f"remove the directory to start empty"
+                f"{self.data_dir} holds a disk tier that was not shut down cleanly and no "
+                f"update log or snapshot to recover it from; remove the directory to start empty"
             )
+        return self._recover(fallback, has_log)
+
+    def _open_clean(self, marker: dict[str, Any]) -> Recovery:
+        disk_rows = self._check_tables(marker, _CLEAN_MARKER)
+        seq = int(marker.get("seq", 0))
+        self._start_tables(disk_rows)
+        self._start_log(seq)
+        if self._log is not None and self._log.last_seq != seq:
+            raise CorruptDataError(
+                f"{self.data_dir / _CLEAN_MARKER} records seq {seq} but the update log ends at "
+                f"{self._log.last_seq}"
+            )
+        # From now on the RAM tier may hold rows the disk does not: the marker becomes the base
+        # that crash recovery starts from.
+        os.replace(self.data_dir / _CLEAN_MARKER, self.data_dir / _BASE)
+        return Recovery("clean", None, seq, 0, seq, 0.0)
+
+    def _recover(self, fallback: bool, has_log: bool) -> Recovery:
+        base = self._read_record(_BASE)
+        base_seq = int(base["seq"]) if base is not None else -1
+        candidates = [
+            s for s in reversed(snapshot.list_snapshots(self.data_dir / "snapshots"))
+            if s.seq > base_seq or s.seq < 0
+        ]  # fmt: skip
+        for info in candidates:
+            try:
+                manifest = snapshot.verify(info.path)
+                self._check_manifest(manifest, info.path)
+            except CorruptDataError as exc:
+                if not fallback:
+                    raise CorruptDataError(
+                        f"{exc}. The shard refuses to start; pass fallback=True (embeddb serve "
+                        f"--fallback-snapshot) to recover from the previous snapshot instead"
+                    ) from exc
+                log.error("snapshot %s is corrupt (%s); falling back to an older one", info, exc)
+                continue
+            self._load_snapshot(info.path, manifest)
+            (self.data_dir / _BASE).unlink(missing_ok=True)  # the disk tier is the snapshot's
+            replayed = self._replay_log(int(manifest["seq"]))
+            log.warning(
+                "recovered %s from snapshot %s (seq %d) and %d log records",
+                self.data_dir, info.snapshot_id, manifest["seq"], replayed,
+            )  # fmt: skip
+            return Recovery(
+                "snapshot", info.snapshot_id, int(manifest["seq"]), replayed, self.seq, 0
+            )
+        if not (self._logged and has_log):
+            raise StorageError(
+                f"{self.data_dir} was not shut down cleanly, has no usable snapshot and no update "
+                f"log to recover from"
+            )
+        if base is not None:
+            self._check_tables(base, _BASE)
+        self._start_tables(disk_rows=None)  # counted from the disk tier
+        start = max(base_seq, 0)
+        replayed = self._replay_log(start)
+        source = "base" if base is not None else "log"
+        log.warning(
+            "recovered %s from its %s (seq %d) and %d log records",
+            self.data_dir,
+            "last clean shutdown" if base is not None else "empty state",
+            start,
+            replayed,
+        )
+        return Recovery(source, None, start, replayed, self.seq, 0.0)
+
+    def _restore_explicitly(self, snapshot_id: str) -> Recovery:
+        path = self.data_dir / "snapshots" / snapshot.check_id(snapshot_id)
+        if not (path / snapshot.MANIFEST).exists():
+            raise InvalidArgumentError(f"no complete snapshot {snapshot_id!r} in {path.parent}")
+        manifest = snapshot.verify(path)
+        self._check_manifest(manifest, path)
+        log_dir = self.data_dir / "log"
+        if log_dir.exists():
+            aside = self.data_dir / f"log.before-restore-{time.strftime('%Y%m%dT%H%M%S')}"
+            os.replace(log_dir, aside)
+            log.warning("restoring %s: the previous update log is kept in %s", snapshot_id, aside)
+        for stale in (_CLEAN_MARKER, _BASE):
+            (self.data_dir / stale).unlink(missing_ok=True)
+        self._load_snapshot(path, manifest)
+        seq = int(manifest["seq"])
+        return Recovery("snapshot", snapshot_id, seq, 0, self.seq, 0.0)
+
+    def _load_snapshot(self, path: Path, manifest: dict[str, Any]) -> None:
+        disk_dir = self.data_dir / "disk"
+        shutil.rmtree(disk_dir, ignore_errors=True)
         try:
-            record = json.loads(marker.read_text())
-            tables = record["tables"]
-            if record["format_version"] != _FORMAT_VERSION:
-                raise ValueError(f"unsupported format_version {record['format_version']}")
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise CorruptDataError(f"{marker} is unreadable: {exc}") from exc
+            snapshot.copy_disk(path, disk_dir)
+        except OSError as exc:
+            raise StorageError(f"cannot copy the disk tier of snapshot {path}: {exc}") from exc
+        tables = manifest["tables"]
+        self._start_tables({n: int(t["disk_rows"]) for n, t in tables.items() if n in self._widths})
+        for name, table in self._tables.items():
+            if name in tables:
+                ids, rows, flags = snapshot.load_table(path, name, self._widths[name])
+                table.load_ram(ids, rows, flags)
+        self._start_log(int(manifest["seq"]))
+
+    def _replay_log(self, after_seq: int) -> int:
+        """Open the log (if not yet) and apply every record after ``after_seq``."""
+        if self._log is None:
+            self._start_log(after_seq)
+        assert self._log is not None
+        n = 0
+        for record in self._log.read(after_seq):
+            self._apply(record.payload, f"update log record {record.seq}")
+            n += 1
+        return n
+
+    def _start_tables(self, disk_rows: dict[str, int] | None) -> None:
+        self._disk = DiskTier(self.data_dir / "disk", self._widths, self.config.store.disk_cache_mb)
+        self._tables = {
+            name: TieredTable(t, self.config.store, self._disk, 0, self._pool)
+            for name, t in self.config.tables.items()
+        }
+        for name, table in self._tables.items():
+            n = self._disk.count(name) if disk_rows is None else disk_rows.get(name, 0)
+            table.set_disk_rows(n)
+
+    def _start_log(self, start_seq: int) -> None:
+        if not self._logged or self._log is not None:
+            return
+        store = self.config.store
+        cfg = LogConfig(
+            fsync=FsyncPolicy(store.fsync),
+            interval_ms=store.fsync_interval_ms,
+            segment_bytes=store.log_segment_mb << 20,
+            lz4_min_bytes=store.log_lz4_min_bytes,
+        )
+        self._log = UpdateLog(self.data_dir / "log", cfg, start_seq=start_seq)
+        for table in self._tables.values():
+            table.journal = self._journal
+
+    def _read_record(self, name: str) -> dict[str, Any] | None:
+        path = self.data_dir / name
+        if not path.exists():
+            return None
+        try:
+            record = json.loads(path.read_text())
+            if not isinstance(record, dict) or not isinstance(record.get("tables"), dict):
+                raise ValueError("not a shutdown record")
+            if record.get("format_version") not in (1, _FORMAT_VERSION):
+                raise ValueError(f"unsupported format_version {record.get('format_version')}")
+        except (OSError, ValueError) as exc:
+            raise CorruptDataError(f"{path} is unreadable: {exc}") from exc
+        return record
+
+    def _check_tables(self, record: dict[str, Any], source: str) -> dict[str, int]:
+        tables = record["tables"]
         for name, t in self.config.tables.items():
             if name in tables:
-                width = t.dim + t.optimizer.state_dim(t.dim)
+                width = self._widths[name]
                 if (tables[name]["dim"], tables[name]["width"]) != (t.dim, width):
                     raise CorruptDataError(
-                        f"table {name!r} in {self.data_dir} has dim {tables[name]['dim']} and "
-                        f"row width {tables[name]['width']}, the config says dim {t.dim} and "
-                        f"width {width} (changed optimizer or dim?)"
+                        f"table {name!r} in {self.data_dir} ({source}) has dim "
+                        f"{tables[name]['dim']} and row width {tables[name]['width']}, the "
+                        f"config says dim {t.dim} and width {width} (changed optimizer or dim?)"
                     )
         return {name: int(v["disk_rows"]) for name, v in tables.items()}
 
+    def _check_manifest(self, manifest: dict[str, Any], path: Path) -> None:
+        self._check_tables(manifest, f"snapshot {path.name}")
+        index, count = manifest.get("shard_index", 0), manifest.get("num_shards", 1)
+        if (index, count) != (self.shard_index, self.num_shards):
+            raise CorruptDataError(
+                f"snapshot {path} belongs to shard {index} of {count}, this is shard "
+                f"{self.shard_index} of {self.num_shards} (use embeddb reshard to change the "
+                f"shard count)"
+            )
+
+    def _abandon(self) -> None:
+        """Release what a failed open holds."""
+        self._pool.close()
+        if self._log is not None:
+            self._log.close()
+        if self._disk is not None:
+            try:
+                self._disk.close()
+            except StorageError:
+                log.exception("closing the disk tier after a failed open")
+        if self._ephemeral:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+
+    # ------------------------------------------------------------------ lifecycle
     def close(self) -> None:
-        """Write dirty rows to disk, record a clean shutdown and close RocksDB. Idempotent."""
+        """Write dirty rows to disk, record a clean shutdown (with the seq), close the log and
+        RocksDB. Idempotent."""
         with self._close_lock:
             if self._closed:
                 return
             self._closed = True
             self._pool.close()
+            assert self._disk is not None
             try:
-                if self._ephemeral:
+                if self._ephemeral or self.follower:
                     self._disk.close()
+                    if self.follower:  # a follower re-bootstraps from its primary on start
+                        shutil.rmtree(self.data_dir / "disk", ignore_errors=True)
                     return
                 for table in self._tables.values():
                     table.flush()
+                seq = self.seq
+                if self._log is not None:
+                    self._log.close()
                 record = {
                     "format_version": _FORMAT_VERSION,
+                    "seq": seq,
                     "tables": {
                         name: {"dim": t.dim, "width": t.width, "disk_rows": t.stats().disk_rows}
                         for name, t in self._tables.items()
@@ -163,6 +439,8 @@ class Shard:
                 tmp.write_text(json.dumps(record, indent=2))
                 os.replace(tmp, self.data_dir / _CLEAN_MARKER)
             finally:
+                if self._log is not None:
+                    self._log.close()
                 if self._ephemeral:
                     shutil.rmtree(self.data_dir, ignore_errors=True)
 
@@ -176,6 +454,186 @@ class Shard:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+    # ------------------------------------------------------------------ durability
+    @property
+    def seq(self) -> int:
+        """The seq of the last mutation (followers: the last primary record applied)."""
+        if self.follower:
+            return self._applied_seq
+        return self._log.last_seq if self._log is not None else 0
+
+    @property
+    def durable_seq(self) -> int:
+        """The last seq known fsynced (equal to :attr:`seq` without an update log)."""
+        return self._log.durable_seq if self._log is not None else self.seq
+
+    def _journal(self, changes: list[Change]) -> None:
+        """Append one stripe's changes to the log (called under the stripe's lock)."""
+        assert self._log is not None
+        try:
+            self._log.append(records.encode(changes))
+        except StorageError as exc:
+            if self._failed is None:
+                self._failed = exc
+                log.error("update log append failed; the shard is now read-only: %s", exc)
+            raise
+
+    def _mutating(self) -> int:
+        """Check that a mutation may run; returns the log position before it."""
+        if self.follower:
+            raise FailedPreconditionError(
+                "this shard is a read-only follower: send writes to its primary"
+            )
+        if self._failed is not None:
+            raise FailedPreconditionError(
+                f"the update log failed ({self._failed}); the shard serves reads only until "
+                f"it is restarted with a writable data directory"
+            )
+        return self._log.last_seq if self._log is not None else 0
+
+    def _acknowledge(self, before: int) -> None:
+        """Wait until this call's log records are as durable as the fsync policy promises."""
+        if self._log is not None and self._log.last_seq > before:
+            self._log.wait_durable(self._log.last_seq)
+
+    def snapshot(self, snapshot_id: str | None = None) -> SnapshotResult:
+        """Write a snapshot holding exactly the mutations up to the current seq.
+
+        Mutations pause while the RAM tier is copied and the disk tier checkpointed (reads of
+        stripes not being copied go on); the files are written afterwards. Older snapshots
+        beyond ``snapshot_retention`` and the log segments no snapshot needs are then deleted.
+
+        Args:
+            snapshot_id: the new snapshot's id (letters, digits, ``._-``); default: the UTC
+                time and the seq.
+
+        Raises:
+            InvalidArgumentError: a bad or existing id. StorageError: the write failed (no
+                partial snapshot is left).
+        """
+        if self._ephemeral:
+            raise FailedPreconditionError("a shard without a data directory keeps no snapshots")
+        began = time.perf_counter()
+        with self._snapshot_lock:
+            self._table_check_open()
+            name = snapshot_id or time.strftime("snap-%Y%m%dT%H%M%S", time.gmtime()) + (
+                f"{time.time() % 1:.6f}"[1:] + "Z"
+            )
+            writer = snapshot.SnapshotWriter(self.data_dir / "snapshots", name)
+            try:
+                with ExitStack() as locked:
+                    paused = time.perf_counter()
+                    for table in self._tables.values():
+                        for stripe in table.stripes:
+                            locked.enter_context(stripe.lock)
+                    seq = self.seq
+                    captured = {n: t.capture_ram() for n, t in self._tables.items()}
+                    disk_rows = {n: t.stats_unlocked_disk_rows() for n, t in self._tables.items()}
+                    assert self._disk is not None
+                    self._disk.checkpoint(writer.disk_dir)
+                    pause = time.perf_counter() - paused
+                for n, (ids, rows, flags) in captured.items():
+                    writer.write_table(n, ids, rows, flags)
+                del captured
+                meta = {
+                    "shard_index": self.shard_index,
+                    "num_shards": self.num_shards,
+                    "tables": {
+                        n: {
+                            "dim": t.dim,
+                            "width": t.width,
+                            "optimizer": t.config.optimizer.kind.value,
+                            "disk_rows": disk_rows[n],
+                        }
+                        for n, t in self._tables.items()
+                    },
+                }
+                info = writer.commit(seq, meta)
+            except BaseException:
+                writer.abort()
+                raise
+            snapshot.prune(self.data_dir / "snapshots", self.config.store.snapshot_retention)
+            self._truncate_log()
+        return SnapshotResult(info, pause, time.perf_counter() - began)
+
+    def snapshots(self) -> list[SnapshotInfo]:
+        """Complete snapshots of this shard, oldest first."""
+        return [s for s in snapshot.list_snapshots(self.data_dir / "snapshots") if s.seq >= 0]
+
+    def _truncate_log(self) -> None:
+        """Delete the log segments that no retained snapshot, base or reader needs."""
+        if self._log is None:
+            return
+        needed = [s.seq for s in self.snapshots()]
+        base = self._read_record(_BASE)
+        if base is not None:
+            needed.append(int(base["seq"]))
+        if not needed:
+            return  # without a snapshot or a base, recovery replays the whole log
+        with self._pins_lock:
+            needed.extend(self._pins.values())
+        self._log.truncate_before(min(needed) + 1)
+
+    def read_log(self, after_seq: int) -> Iterator[LogRecord]:
+        """Log records after ``after_seq``, as they are appended (followers' feed); while the
+        iterator is alive its position is protected from truncation.
+
+        Raises:
+            FailedPreconditionError: the shard has no update log.
+            StorageError: (``LogTruncatedError``) the records were already truncated.
+        """
+        if self._log is None:
+            raise FailedPreconditionError("this shard keeps no update log")
+        token = object().__hash__()
+        with self._pins_lock:
+            self._pins[token] = after_seq
+        try:
+            for record in self._log.read(after_seq):
+                with self._pins_lock:
+                    self._pins[token] = record.seq
+                yield record
+        finally:
+            with self._pins_lock:
+                self._pins.pop(token, None)
+
+    def apply_record(self, seq: int, payload: bytes) -> bool:
+        """Apply a primary's log record (followers only). Records at or below the last applied
+        seq are ignored (a resumed feed may repeat some); a gap is an error.
+
+        Returns:
+            Whether the record was applied.
+
+        Raises:
+            FailedPreconditionError: not a follower. CorruptDataError: a gap in seq or an
+                unreadable record.
+        """
+        if not self.follower:
+            raise FailedPreconditionError("only a follower applies a primary's log records")
+        if seq <= self._applied_seq:
+            return False
+        if seq != self._applied_seq + 1:
+            raise CorruptDataError(
+                f"record seq {seq} does not follow the last applied seq {self._applied_seq}"
+            )
+        self._apply(payload, f"record {seq}")
+        self._applied_seq = seq
+        return True
+
+    def start_following(self, seq: int) -> None:
+        """Set the seq a follower's state corresponds to (after a bootstrap)."""
+        self._applied_seq = seq
+
+    def _apply(self, payload: bytes, where: str) -> None:
+        for change in records.decode(payload, where):
+            table = self._tables.get(change.table)
+            if table is None:
+                raise CorruptDataError(f"{where} changes table {change.table!r}, not configured")
+            table.replay(change)
+
+    def _table_check_open(self) -> None:
+        if self._closed:
+            raise UnavailableError("shard is closed")
 
     # ------------------------------------------------------------------ validation
     def _table(self, name: str) -> TieredTable:
@@ -217,7 +675,13 @@ class Shard:
             TableNotFoundError, InvalidArgumentError, StorageError.
         """
         t = self._table(table)
-        return t.lookup(as_ids(ids), bool(train))
+        id_arr = as_ids(ids)
+        if not train:
+            return t.lookup(id_arr, False)
+        before = self._mutating()
+        vectors = t.lookup(id_arr, True)
+        self._acknowledge(before)
+        return vectors
 
     def apply_gradients(self, table: str, ids: object, grads: object) -> UpdateResult:
         """Apply the table's optimizer to ``ids`` with ``grads`` (float32, ``(len(ids), dim)``).
@@ -229,7 +693,10 @@ class Shard:
         t = self._table(table)
         id_arr = as_ids(ids)
         g = self._matrix(grads, id_arr.size, t.dim, "grads")
-        return t.apply_gradients(id_arr, g)
+        before = self._mutating()
+        result = t.apply_gradients(id_arr, g)
+        self._acknowledge(before)
+        return result
 
     def assign(self, table: str, ids: object, vectors: object) -> int:
         """Set vectors (creating rows regardless of admission) and reset optimizer state.
@@ -241,12 +708,19 @@ class Shard:
         v = self._matrix(vectors, id_arr.size, t.dim, "vectors")
         if not np.isfinite(v).all():
             raise InvalidArgumentError("vectors must be finite (found NaN or Inf)")
-        return t.assign(id_arr, v)
+        before = self._mutating()
+        written = t.assign(id_arr, v)
+        self._acknowledge(before)
+        return written
 
     def delete(self, table: str, ids: object) -> int:
         """Remove ``ids`` from both tiers. Returns how many of them existed."""
         t = self._table(table)
-        return t.delete(as_ids(ids))
+        id_arr = as_ids(ids)
+        before = self._mutating()
+        deleted = t.delete(id_arr)
+        self._acknowledge(before)
+        return deleted
 
     def peek(
         self, table: str, ids: object

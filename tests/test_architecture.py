@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-CORE = ["embeddb/shard.py", "embeddb/storage", "embeddb/optim", "embeddb/config",
-        "embeddb/routing.py", "embeddb/errors.py", "embeddb/initializers.py"]  # fmt: skip
+CORE = ["embeddb/shard.py", "embeddb/durability", "embeddb/storage", "embeddb/optim",
+        "embeddb/config", "embeddb/routing.py", "embeddb/errors.py",
+        "embeddb/initializers.py"]  # fmt: skip
 CLIENT_MAY_IMPORT = {
     "embeddb.allocator",
     "embeddb.errors",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import OrderedDict
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -228,11 +229,41 @@ def test_clean_close_and_reopen_keeps_every_row(make_shard: MakeShard, tmp_path)
     np.testing.assert_array_equal(reopened.lookup("t", universe), before[:, :4])
 
 
-def test_unclean_shutdown_is_refused(tmp_path) -> None:
+def _crash(shard: Shard) -> None:
+    """Simulate a process crash: drop the shard without flushing RAM or writing a marker."""
+    shard._pool.close()
+    shard._log.close()  # releases the directory lock, as the kernel does for a dead process
+    shard._disk.close()
+
+
+def test_unclean_shutdown_is_recovered_from_the_update_log(tmp_path) -> None:
     cfg = one_table_config(capacity=4)
     shard = Shard(cfg, tmp_path / "d")
+    universe = np.arange(10, dtype=np.uint64)
+    shard.lookup("t", universe)
+    shard.apply_gradients("t", universe[:6], np.ones((6, 4), np.float32))
+    shard.delete("t", universe[8:])
+    found_before, before = shard.peek("t", universe)
+    _crash(shard)  # RAM rows never reached disk, no marker written
+    reopened = Shard(cfg, tmp_path / "d")
+    try:
+        assert reopened.recovery.source == "log"
+        assert reopened.recovery.replayed == reopened.seq > 0
+        found, after = reopened.peek("t", universe)
+        np.testing.assert_array_equal(found, found_before)
+        np.testing.assert_array_equal(after, before)
+        assert reopened.stats().tables["t"].rows == 8
+    finally:
+        reopened.close()
+
+
+def test_a_directory_without_log_or_marker_is_refused(tmp_path) -> None:
+    cfg = one_table_config(capacity=4)
+    cfg = replace(cfg, store=replace(cfg.store, update_log=False))
+    shard = Shard(cfg, tmp_path / "d")
     shard.lookup("t", np.arange(10, dtype=np.uint64))
-    shard._disk.close()  # simulate a crash: RAM rows never reached disk, no marker written
+    shard._pool.close()
+    shard._disk.close()  # a crash with no update log: RAM rows are lost
     with pytest.raises(StorageError, match="not shut down cleanly"):
         Shard(cfg, tmp_path / "d")
 

@@ -327,6 +327,9 @@ class FeatureConfig:
         return prefixed.reshape(buckets.shape)
 
 
+_FSYNC_POLICIES = ("always", "interval", "never")
+
+
 @dataclass(frozen=True)
 class StoreConfig:
     """Settings of every table's store on a shard.
@@ -341,6 +344,18 @@ class StoreConfig:
             once, the calling one included; 0 (default) means the CPUs this process may use,
             1 keeps every call on its calling thread.
         parallel_min_ids: calls with fewer ids than this stay on their calling thread.
+        update_log: log every acknowledged mutation (needed for crash recovery, snapshots'
+            point-in-time restore and followers); ``False`` only for throwaway shards.
+        fsync: when the update log is fsynced: ``always`` (before each acknowledgement, group
+            commit), ``interval`` (default: every ``fsync_interval_ms``; a power loss can lose
+            the acknowledged updates of that window, a process crash loses none) or ``never``
+            (left to the OS).
+        fsync_interval_ms: the ``interval`` policy's period.
+        log_segment_mb: size at which an update log segment is sealed and a new one begun.
+        log_lz4_min_bytes: log records at least this large are LZ4-compressed when that shrinks
+            them (0: never).
+        snapshot_retention: complete snapshots kept per shard; older ones (and the log segments
+            only they needed) are deleted when a new snapshot lands.
     """
 
     stripes: int = 4
@@ -349,6 +364,12 @@ class StoreConfig:
     disk_cache_mb: int = 256
     threads: int = 0
     parallel_min_ids: int = 16384
+    update_log: bool = True
+    fsync: str = "interval"
+    fsync_interval_ms: float = 5.0
+    log_segment_mb: int = 64
+    log_lz4_min_bytes: int = 4096
+    snapshot_retention: int = 3
 
     def __post_init__(self) -> None:
         stripes = _as_int(self.stripes, "stripes", minimum=1, maximum=_MAX_STRIPES)
@@ -364,6 +385,26 @@ class StoreConfig:
             self,
             "parallel_min_ids",
             _as_int(self.parallel_min_ids, "parallel_min_ids", minimum=1),
+        )
+        if not isinstance(self.update_log, bool):
+            raise ConfigError("update_log", f"must be true or false, got {self.update_log!r}")
+        if self.fsync not in _FSYNC_POLICIES:
+            raise ConfigError(
+                "fsync", f"must be one of {', '.join(_FSYNC_POLICIES)}, got {self.fsync!r}"
+            )
+        interval = _as_float(self.fsync_interval_ms, "fsync_interval_ms", low=0.0, high=60_000.0,
+                             low_open=True)  # fmt: skip
+        _set(self, "fsync_interval_ms", interval)
+        _set(self, "log_segment_mb", _as_int(self.log_segment_mb, "log_segment_mb", minimum=1))
+        _set(
+            self,
+            "log_lz4_min_bytes",
+            _as_int(self.log_lz4_min_bytes, "log_lz4_min_bytes", minimum=0),
+        )
+        _set(
+            self,
+            "snapshot_retention",
+            _as_int(self.snapshot_retention, "snapshot_retention", minimum=1),
         )
 
 

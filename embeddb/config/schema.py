@@ -66,8 +66,12 @@ _TABLE_SETTINGS = ("admit_probability", "weight_bound", "capacity")
 _DEFAULTS_KEYS = frozenset({"optimizer", "initializer", *_TABLE_SETTINGS})
 _TABLE_KEYS = _DEFAULTS_KEYS | {"dim", "seed"}
 _STORE_KEYS = frozenset(
-    {"stripes", "eviction_chunk", "min_stripe_rows", "disk_cache_mb", "threads", "parallel_min_ids"}
-)
+    {
+        "stripes", "eviction_chunk", "min_stripe_rows", "disk_cache_mb", "threads",
+        "parallel_min_ids", "update_log", "fsync", "fsync_interval_ms", "log_segment_mb",
+        "log_lz4_min_bytes", "snapshot_retention",
+    }
+)  # fmt: skip
 _FEATURE_KEY_ALIASES = types.MappingProxyType(
     {
         "hash_stack_rounds": "hash_stack_config.hash_stack_rounds",

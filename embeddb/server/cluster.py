@@ -23,10 +23,11 @@ cluster stops and :meth:`Cluster.supervise` returns 1) when it would need more t
 ``max_restarts`` restarts within ``restart_window`` seconds (a crash loop), or after
 ``max_restarts`` consecutive restarts that never became healthy, however long they took.
 
-Until crash recovery lands, a persistent shard killed with SIGKILL cannot restart: its data
-directory has no clean-shutdown record, and the shard refuses it rather than serve with rows
-lost. The supervisor then logs that refusal and gives up on the shard after ``max_restarts``
-attempts. It never moves a shard to a fresh directory behind the user's back.
+A persistent shard killed with SIGKILL restarts in its own directory and recovers every
+acknowledged update from its newest snapshot and update log (:class:`embeddb.shard.Shard`); a
+shard whose directory cannot be recovered (a corrupt snapshot, say) refuses to start, the
+supervisor logs the shard's reason and gives up after ``max_restarts`` attempts. It never moves
+a shard to a fresh directory behind the user's back.
 
 Shards die with the supervisor. Each shard is started with ``--parent-pid`` (the supervisor's
 process id) and checks every half second that it is still its parent; once it is not (the

@@ -77,6 +77,7 @@ class RamStripe:
         self.index = hash_index.new_index(capacity)
         self.rows = np.zeros((capacity, width), dtype=np.float32)
         self.flags = np.zeros(capacity, dtype=np.uint8)
+        self.ids = np.zeros(capacity, dtype=np.uint64)  # the id held in each occupied slot
         self._free = np.arange(capacity - 1, -1, -1, dtype=np.int64)
         self.n_free = capacity
         self.scratch = np.full(capacity, -1, dtype=np.int64)

@@ -30,16 +30,18 @@ clean eviction — a disk hit costs one multi-get instead of a get, a delete and
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 
 import numpy as np
 import numpy.typing as npt
 
 from embeddb.config import StoreConfig, TableConfig
+from embeddb.errors import CorruptDataError
 from embeddb.initializers import initial_vectors, table_key
 from embeddb.optim import Optimizer
 from embeddb.storage import hash_index
+from embeddb.storage.changes import Change, Op
 from embeddb.storage.disk_tier import DiskTier
 from embeddb.storage.parallel import StripePool
 from embeddb.storage.ram_tier import DIRTY, ON_DISK, Counters, RamStripe
@@ -137,6 +139,8 @@ class TieredTable:
     ) -> None:
         self.config = config
         self._pool = pool or StripePool(1, 0)
+        # Called with each stripe's changes while its lock is held (see embeddb.storage.changes).
+        self.journal: Callable[[list[Change]], object] | None = None
         self.name = config.name
         self.dim = config.dim
         self.optimizer = Optimizer(config.optimizer, config.dim, config.weight_bound)
@@ -285,6 +289,66 @@ class TieredTable:
                 ids, slots = stripe.resident()
                 self._write_back(stripe, ids, slots)
 
+    # ------------------------------------------------------------------ durability
+    def replay(self, change: Change) -> None:
+        """Apply a logged change (recovery, followers): rows are written as they are, ids
+        deleted; nothing is journaled and no optimizer or initializer runs.
+
+        Raises:
+            CorruptDataError: rows of another width than this table's, or repeated ids.
+        """
+        ids = change.ids
+        if np.unique(ids).size != ids.size:
+            raise CorruptDataError(f"a logged change of table {self.name!r} repeats ids")
+        if change.op is Op.PUT:
+            rows = change.rows
+            if rows is None or rows.shape != (ids.size, self.width):
+                got = None if rows is None else rows.shape
+                raise CorruptDataError(
+                    f"a logged change of table {self.name!r} has rows of shape {got}, the "
+                    f"table's rows are ({ids.size}, {self.width})"
+                )
+        for s, sub, where in self._split(ids):
+            stripe = self.stripes[s]
+            with stripe.lock:
+                if change.op is Op.PUT:
+                    assert change.rows is not None
+                    self._put_stripe(stripe, sub, change.rows[where])
+                else:
+                    self._remove_stripe(stripe, sub)
+
+    def capture_ram(self) -> tuple[U64, F32, npt.NDArray[np.uint8]]:
+        """``(ids, rows, flags)`` of every resident row. The caller holds every stripe lock."""
+        parts = [s.resident() for s in self.stripes]
+        ids = np.concatenate([p[0] for p in parts])
+        rows = np.concatenate([s.rows[p[1]] for s, p in zip(self.stripes, parts, strict=True)])
+        flags = np.concatenate([s.flags[p[1]] for s, p in zip(self.stripes, parts, strict=True)])
+        return ids, rows, flags
+
+    def load_ram(self, ids: U64, rows: F32, flags: npt.NDArray[np.uint8]) -> None:
+        """Make captured rows resident again (into an empty table), keeping which have a disk
+        copy and which differ from it. Rows beyond the RAM capacity overflow to disk."""
+        on_disk = (flags & ON_DISK) != 0
+        dirty = (flags & DIRTY) != 0
+        for s, sub, where in self._split(ids):
+            stripe = self.stripes[s]
+            with stripe.lock:
+                tick = stripe.next_tick()
+                for mask, is_dirty in ((~dirty[where], False), (dirty[where], True)):
+                    rows_of = where[mask]
+                    self._store(stripe, sub[mask], rows[rows_of], on_disk[rows_of], tick, is_dirty)
+            stripe.counters.promoted -= int(on_disk[where].sum())  # a restore, not promotions
+
+    def stats_unlocked_disk_rows(self) -> int:
+        """The disk-tier row count; the caller holds every stripe lock."""
+        return sum(s.counters.disk_rows for s in self.stripes)
+
+    def set_disk_rows(self, n: int) -> None:
+        """Set the disk-tier row count (after a restore replaced the disk tier)."""
+        for i, stripe in enumerate(self.stripes):
+            with stripe.lock:
+                stripe.counters.disk_rows = n if i == 0 else 0
+
     # ------------------------------------------------------------------ per-stripe work
     def _gather_stripe(
         self, s: int, stripe: RamStripe, ids: U64, where: I64, out: F32, train: bool
@@ -347,6 +411,8 @@ class TieredTable:
         c.rejected += int(new.sum()) - int(admitted.sum())
         keep = absent & (found | admitted)
         self._store(stripe, uniq[keep], values[keep], found[keep], m.tick, dirty=False)
+        if admitted.any():
+            self._journal([Change(Op.PUT, self.name, uniq[admitted], values[admitted])])
         return values
 
     def _update_stripe(
@@ -361,6 +427,7 @@ class TieredTable:
         missing = 0
         skipped = 0
         applied = 0
+        changes: list[Change] = []
         if n_miss:
             miss = np.flatnonzero(slots < 0)
             uniq = np.unique(ids[miss])
@@ -372,24 +439,31 @@ class TieredTable:
             slots[miss] = sub_slots
             still = sub_slots < 0  # overflow rows (on disk) and ids that exist nowhere
             if still.any():
-                a, k = self._update_on_disk(stripe, ids[miss[still]], grads[where[miss[still]]])
+                a, k, change = self._update_on_disk(
+                    stripe, ids[miss[still]], grads[where[miss[still]]]
+                )
                 applied += a
                 skipped += k
+                changes.append(change)
         uniq_slots = np.empty(ids.size, dtype=np.int64)
         sums = np.empty((ids.size, self.dim), dtype=np.float32)
         k = hash_index.dedup_sum(slots, grads, where, stripe.scratch, uniq_slots, sums)
-        nan = self.optimizer.apply(stripe.rows, uniq_slots[:k], sums[:k])
-        stripe.flags[uniq_slots[:k]] |= DIRTY
+        touched = uniq_slots[:k]
+        nan = self.optimizer.apply(stripe.rows, touched, sums[:k])
+        stripe.flags[touched] |= DIRTY
         skipped += nan
         applied += k - nan
         c.updated_rows += applied
         c.nan_skipped += skipped
         c.missing_updates += missing
+        if k:  # skipped rows are logged unchanged: a PUT of the current row is harmless
+            changes.append(Change(Op.PUT, self.name, stripe.ids[touched], stripe.rows[touched]))
+        self._journal(changes)
         return applied, skipped, missing
 
-    def _update_on_disk(self, stripe: RamStripe, ids: U64, grads: F32) -> tuple[int, int]:
+    def _update_on_disk(self, stripe: RamStripe, ids: U64, grads: F32) -> tuple[int, int, Change]:
         """Apply gradients to rows that stay on disk (overflow); ids absent everywhere are
-        ignored (they were counted as missing)."""
+        ignored (they were counted as missing). Returns applied, skipped and the change."""
         uniq, inv = np.unique(ids, return_inverse=True)
         found, rows = self._disk.get(self.name, uniq)
         sums = np.zeros((uniq.size, self.dim), dtype=np.float32)
@@ -398,16 +472,22 @@ class TieredTable:
         nan = self.optimizer.apply(rows, np.arange(rows.shape[0], dtype=np.int64), sums)
         self._disk.put(self.name, uniq[found], rows)  # skipped rows are rewritten unchanged
         stripe.disk_generation += 1
-        return int(rows.shape[0]) - nan, nan
+        return int(rows.shape[0]) - nan, nan, Change(Op.PUT, self.name, uniq[found], rows)
 
     def _assign_stripe(self, stripe: RamStripe, ids: U64, vectors: F32) -> int:
-        c = stripe.counters
         n = ids.size
         uniq, first_in_reversed = np.unique(ids[::-1], return_index=True)
         vecs = vectors[n - 1 - first_in_reversed]
         rows = np.empty((uniq.size, self.width), dtype=np.float32)
         rows[:, : self.dim] = vecs
         rows[:, self.dim :] = self.optimizer.initial_state(uniq.size)
+        self._put_stripe(stripe, uniq, rows)
+        stripe.counters.assigned_rows += uniq.size
+        self._journal([Change(Op.PUT, self.name, uniq, rows)])
+        return int(uniq.size)
+
+    def _put_stripe(self, stripe: RamStripe, uniq: U64, rows: F32) -> None:
+        """Overwrite the full rows of distinct ``uniq`` (created as needed), as most recent."""
         tick = stripe.next_tick()
         slots = np.empty(uniq.size, dtype=np.int64)
         hash_index.probe(stripe.index, uniq, tick, True, slots)
@@ -418,12 +498,15 @@ class TieredTable:
         if absent.any():
             on_disk, _ = self._disk.get(self.name, uniq[absent])
             self._store(stripe, uniq[absent], rows[absent], on_disk, tick, dirty=True)
-        c.assigned_rows += uniq.size
-        return int(uniq.size)
 
     def _delete_stripe(self, stripe: RamStripe, ids: U64) -> int:
-        c = stripe.counters
         uniq = np.unique(ids)
+        deleted = self._remove_stripe(stripe, uniq)
+        self._journal([Change(Op.DELETE, self.name, uniq)])
+        return deleted
+
+    def _remove_stripe(self, stripe: RamStripe, uniq: U64) -> int:
+        c = stripe.counters
         freed = np.empty(uniq.size, dtype=np.int64)
         n_ram = hash_index.remove(stripe.index, uniq, freed)
         resident = freed >= 0
@@ -437,6 +520,10 @@ class TieredTable:
         c.disk_rows -= on_disk.size
         c.deleted_rows += int(n_ram) + int(found.sum())
         return int(n_ram) + int(found.sum())
+
+    def _journal(self, changes: list[Change]) -> None:
+        if self.journal is not None and changes:
+            self.journal(changes)
 
     # ------------------------------------------------------------------ tier movement
     def _new_rows(self, ids: U64) -> F32:
@@ -470,6 +557,7 @@ class TieredTable:
         fit = min(k, stripe.n_free)
         slots = stripe.take_slots(fit)
         stripe.rows[slots] = rows[:fit]
+        stripe.ids[slots] = ids[:fit]
         copy = on_disk[:fit]
         stripe.flags[slots] = np.where(copy, ON_DISK, 0) | np.where(dirty | ~copy, DIRTY, 0)
         hash_index.insert(stripe.index, ids[:fit], slots, tick)
