@@ -242,10 +242,10 @@ class Shard:
     def _recover(self, fallback: bool, has_log: bool) -> Recovery:
         base = self._read_record(_BASE)
         base_seq = int(base["seq"]) if base is not None else -1
-        candidates = [
-            s for s in reversed(snapshot.list_snapshots(self.data_dir / "snapshots"))
-            if s.seq > base_seq or s.seq < 0
-        ]  # fmt: skip
+        listed = snapshot.list_snapshots(self.data_dir / "snapshots")
+        # A snapshot whose manifest is unreadable might be the newest: never skip it silently.
+        unreadable = [s for s in listed if s.seq < 0]
+        candidates = unreadable + [s for s in reversed(listed) if s.seq > base_seq]
         for info in candidates:
             try:
                 manifest = snapshot.verify(info.path)
@@ -303,6 +303,8 @@ class Shard:
             (self.data_dir / stale).unlink(missing_ok=True)
         self._load_snapshot(path, manifest)
         seq = int(manifest["seq"])
+        if self.follower:
+            self._applied_seq = seq
         return Recovery("snapshot", snapshot_id, seq, 0, self.seq, 0.0)
 
     def _load_snapshot(self, path: Path, manifest: dict[str, Any]) -> None:
@@ -517,9 +519,12 @@ class Shard:
         began = time.perf_counter()
         with self._snapshot_lock:
             self._table_check_open()
-            name = snapshot_id or time.strftime("snap-%Y%m%dT%H%M%S", time.gmtime()) + (
-                f"{time.time() % 1:.6f}"[1:] + "Z"
-            )
+            name = snapshot_id
+            if name is None:
+                now = time.time()
+                name = time.strftime("snap-%Y%m%dT%H%M%S", time.gmtime(now)) + (
+                    f"{now % 1:.6f}"[1:] + "Z"
+                )
             writer = snapshot.SnapshotWriter(self.data_dir / "snapshots", name)
             try:
                 with ExitStack() as locked:

@@ -8,8 +8,8 @@ Layout under a shard's ``snapshots/`` directory::
         ram/<table>.rows     float32  their rows [vector | state], (n, width)
         ram/<table>.flags    uint8    ON_DISK / DIRTY per row (see embeddb.storage.ram_tier)
         disk/...             a RocksDB checkpoint of the disk tier (SST files hard-linked)
-        manifest.json        written last: format, id, seq, shard index/count, tables, and the
-                             size and CRC32 of every other file
+        manifest.json        written last: format, id, seq, shard index/count, tables, the
+                             size and CRC32 of every other file, and its own CRC32
       .tmp-<snapshot id>-<random>/   a snapshot being written (never read; removed at start)
 
 A snapshot holds exactly the mutations up to its ``seq``: the shard captures the RAM tier and
@@ -18,6 +18,11 @@ then this module writes the files, checksums them, writes the manifest, fsyncs a
 directory into place. A crash at any point leaves either the complete snapshot or a temporary
 directory. :func:`verify` re-reads every file against the manifest, so a flipped byte or a
 truncated file anywhere is reported with its path; nothing is loaded unverified.
+
+Sending a snapshot to another machine (a follower's bootstrap): :class:`SnapshotReader` opens
+every file of a complete snapshot and cuts them into ``(path, offset, data)`` chunks, the
+manifest last; :class:`SnapshotReceiver` writes the chunks into a temporary directory and, on
+:meth:`~SnapshotReceiver.commit`, verifies the whole snapshot before renaming it into place.
 """
 
 from __future__ import annotations
@@ -29,9 +34,11 @@ import shutil
 import tempfile
 import time
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+from pathlib import Path, PurePosixPath
+from types import TracebackType
+from typing import Any, BinaryIO, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -41,7 +48,10 @@ from embeddb.errors import CorruptDataError, InvalidArgumentError, StorageError
 __all__ = [
     "FORMAT_VERSION",
     "MANIFEST",
+    "Chunk",
     "SnapshotInfo",
+    "SnapshotReader",
+    "SnapshotReceiver",
     "SnapshotWriter",
     "list_snapshots",
     "load_table",
@@ -146,6 +156,7 @@ class SnapshotWriter:
                 **meta,
                 "files": files,
             }
+            manifest["checksum"] = _manifest_crc(manifest)
             text = json.dumps(manifest, indent=1, sort_keys=True).encode()
             manifest_path = self.tmp / MANIFEST
             with open(manifest_path, "wb") as f:
@@ -166,6 +177,181 @@ class SnapshotWriter:
         shutil.rmtree(self.tmp, ignore_errors=True)
 
 
+class Chunk(NamedTuple):
+    """``data`` is the bytes of snapshot file ``path`` (relative, ``/``-separated) from
+    ``offset`` on."""
+
+    path: str
+    offset: int
+    data: bytes
+
+
+class SnapshotReader:
+    """The files of one complete snapshot, opened for sending.
+
+    :meth:`open` opens every file the manifest lists, so the snapshot is read whole even if
+    it is pruned meanwhile (an unlinked file stays readable while open).
+
+    Args:
+        info: the snapshot.
+        files: its files as ``(relative path, open file)``, the manifest last.
+    """
+
+    def __init__(self, info: SnapshotInfo, files: list[tuple[str, BinaryIO]]) -> None:
+        self.info = info
+        self._files = files
+
+    @classmethod
+    def open(cls, info: SnapshotInfo) -> SnapshotReader:
+        """Open the files of the complete snapshot ``info``.
+
+        Raises:
+            CorruptDataError: its manifest is unreadable or a listed file is missing.
+        """
+        manifest = read_manifest(info.path)
+        files: list[tuple[str, BinaryIO]] = []
+        try:
+            for rel in [*sorted(manifest["files"]), MANIFEST]:
+                files.append((rel, open(info.path / rel, "rb")))  # noqa: SIM115 (closed by close())
+        except OSError as exc:
+            for _, f in files:
+                f.close()
+            raise CorruptDataError(f"cannot open snapshot {info.path}: {exc}") from exc
+        return cls(info, files)
+
+    def chunks(self, chunk_bytes: int = 1 << 20) -> Iterator[Chunk]:
+        """The files in chunks of at most ``chunk_bytes``, in order, the manifest last; an empty
+        file is one chunk without data."""
+        for rel, f in self._files:
+            offset = 0
+            while True:
+                data = f.read(chunk_bytes)
+                if data or offset == 0:
+                    yield Chunk(rel, offset, data)
+                if len(data) < chunk_bytes:
+                    break
+                offset += len(data)
+
+    def close(self) -> None:
+        """Close every file. Idempotent."""
+        for _, f in self._files:
+            f.close()
+
+    def __enter__(self) -> SnapshotReader:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class SnapshotReceiver:
+    """Writes a snapshot arriving in chunks (from :meth:`SnapshotReader.chunks`) under ``root``.
+
+    The files go to a temporary directory; :meth:`commit` verifies the whole snapshot against
+    its manifest (:func:`verify`) and only then renames it to ``root/<snapshot id>``.
+
+    Args:
+        root: the ``snapshots/`` directory to receive into (created if missing).
+        snapshot_id: the snapshot's id (see :func:`check_id`); must not exist under ``root``.
+
+    Raises:
+        InvalidArgumentError: a bad or existing id.
+        StorageError: the directory cannot be created.
+    """
+
+    def __init__(self, root: Path, snapshot_id: str) -> None:
+        self.root = root
+        self.snapshot_id = check_id(snapshot_id)
+        self.final = root / snapshot_id
+        if self.final.exists():
+            raise InvalidArgumentError(f"snapshot {snapshot_id!r} already exists in {root}")
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            self.tmp = Path(tempfile.mkdtemp(prefix=f"{_TMP_PREFIX}{snapshot_id}-", dir=root))
+        except OSError as exc:
+            raise StorageError(f"cannot receive a snapshot in {root}: {exc}") from exc
+        self._open: dict[str, tuple[BinaryIO, int]] = {}  # path -> (file, bytes written)
+        self.bytes = 0
+
+    def write(self, chunk: Chunk) -> None:
+        """Write one chunk; the chunks of a file must arrive in order.
+
+        Raises:
+            CorruptDataError: an unsafe path (absolute, ``..``) or a chunk out of order.
+            StorageError: the write failed.
+        """
+        rel = _safe_path(chunk.path)
+        entry = self._open.get(rel)
+        written = 0 if entry is None else entry[1]
+        if chunk.offset != written:
+            raise CorruptDataError(
+                f"snapshot {self.snapshot_id!r}: chunk of {rel} at offset {chunk.offset}, "
+                f"expected {written}"
+            )
+        try:
+            if entry is None:
+                target = self.tmp / rel
+                target.parent.mkdir(parents=True, exist_ok=True)
+                f: BinaryIO = open(target, "xb")  # noqa: SIM115 (closed by commit or abort)
+            else:
+                f = entry[0]
+            f.write(chunk.data)
+        except OSError as exc:
+            raise StorageError(f"cannot write snapshot file {self.tmp / rel}: {exc}") from exc
+        self._open[rel] = (f, written + len(chunk.data))
+        self.bytes += len(chunk.data)
+
+    def commit(self) -> SnapshotInfo:
+        """Verify the received snapshot and rename it into place.
+
+        Raises:
+            CorruptDataError: it fails :func:`verify` (the temporary directory is removed).
+            StorageError: the rename failed.
+        """
+        self._close_files()
+        try:
+            manifest = verify(self.tmp)
+            if manifest["snapshot_id"] != self.snapshot_id:
+                raise CorruptDataError(
+                    f"received snapshot {self.snapshot_id!r} has the manifest of "
+                    f"{manifest['snapshot_id']!r}"
+                )
+            os.rename(self.tmp, self.final)
+        except CorruptDataError:
+            self.abort()
+            raise
+        except OSError as exc:
+            self.abort()
+            raise StorageError(f"cannot store snapshot {self.snapshot_id!r}: {exc}") from exc
+        created = float(manifest.get("created", 0.0))
+        return SnapshotInfo(self.snapshot_id, int(manifest["seq"]), self.final, self.bytes, created)
+
+    def abort(self) -> None:
+        """Remove the temporary directory. Idempotent."""
+        self._close_files()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def _close_files(self) -> None:
+        for f, _ in self._open.values():
+            f.close()
+        self._open.clear()
+
+
+def _safe_path(path: str) -> str:
+    """``path`` if it is a plain relative path inside a snapshot; CorruptDataError otherwise."""
+    parts = PurePosixPath(path).parts
+    if not parts or path.startswith("/") or any(p in ("", ".", "..") for p in parts) or (
+        "\\" in path
+    ):
+        raise CorruptDataError(f"snapshot chunk path {path!r} is not a relative path inside it")
+    return "/".join(parts)
+
+
 def read_manifest(path: Path) -> dict[str, Any]:
     """The manifest of the snapshot directory ``path`` (structure checked, files not).
 
@@ -179,6 +365,8 @@ def read_manifest(path: Path) -> dict[str, Any]:
             raise ValueError("not a JSON object")
         if manifest.get("format_version") != FORMAT_VERSION:
             raise ValueError(f"unsupported format_version {manifest.get('format_version')!r}")
+        if manifest.get("checksum") != _manifest_crc(manifest):
+            raise ValueError("its checksum does not match its content")
         for key, kind in (("seq", int), ("files", dict), ("tables", dict), ("snapshot_id", str)):
             if not isinstance(manifest.get(key), kind):
                 raise ValueError(f"field {key!r} missing or not a {kind.__name__}")
@@ -304,6 +492,12 @@ def copy_disk(snapshot: Path, target: Path) -> None:
 
 
 # ----------------------------------------------------------------------------------- helpers
+def _manifest_crc(manifest: dict[str, Any]) -> int:
+    """CRC32 of the manifest's canonical JSON without its own ``checksum`` field."""
+    body = {k: v for k, v in manifest.items() if k != "checksum"}
+    return zlib.crc32(json.dumps(body, sort_keys=True).encode())
+
+
 def _write_file(path: Path, arr: npt.NDArray[Any]) -> None:
     with open(path, "wb") as f:
         f.write(np.ascontiguousarray(arr).reshape(-1).view(np.uint8).data)
