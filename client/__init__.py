@@ -16,6 +16,7 @@ name the shard. Usage::
         print(result.applied, client.stats()[0]["tables"]["user"]["rows"])
 
 :class:`AsyncClient` offers the same methods as coroutines (``await client.lookup(...)``).
+``client.snapshot()`` takes a job checkpoint: one snapshot id on every shard.
 
 Modules: :mod:`~embeddb.client.sync` and :mod:`~embeddb.client.aio` (the two clients, I/O only),
 :mod:`~embeddb.client.plans` (what each method sends and how answers merge),
@@ -29,7 +30,7 @@ from __future__ import annotations
 from .aio import AsyncClient
 from .errors import DeadlineExceededError, RemoteError
 from .options import ClientOptions, read_address_file
-from .plans import ShardStats, TableInfo, UpdateResult
+from .plans import ShardStats, SnapshotInfo, SnapshotResult, TableInfo, UpdateResult
 from .sync import Client
 
 __all__ = [
@@ -39,6 +40,8 @@ __all__ = [
     "DeadlineExceededError",
     "RemoteError",
     "ShardStats",
+    "SnapshotInfo",
+    "SnapshotResult",
     "TableInfo",
     "UpdateResult",
     "read_address_file",

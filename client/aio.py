@@ -28,8 +28,17 @@ from . import plans
 from .batching import IdBatch, as_matrix
 from .errors import translate_rpc_error
 from .options import ClientOptions, check_addresses, read_address_file
-from .plans import Plan, ShardCall, ShardStats, TableInfo, UpdateResult
+from .plans import (
+    Plan,
+    ShardCall,
+    ShardStats,
+    SnapshotInfo,
+    SnapshotResult,
+    TableInfo,
+    UpdateResult,
+)
 from .stubs import store_stub
+from .sync import SNAPSHOT_TIMEOUT
 
 __all__ = ["AsyncClient"]
 
@@ -167,6 +176,28 @@ class AsyncClient:
         """See :meth:`Client.check_topology`."""
         plans.check_topology(await self.stats())
 
+    # ------------------------------------------------------------------ durability
+    async def snapshot(
+        self, snapshot_id: str | None = None, *, timeout: float = SNAPSHOT_TIMEOUT
+    ) -> list[SnapshotResult]:
+        """See :meth:`Client.snapshot` (the job checkpoint; never retried)."""
+        name = snapshot_id if snapshot_id is not None else plans.new_snapshot_id()
+        plan = plans.snapshot(name, self.addresses, timeout)
+        if self._closed:
+            raise UnavailableError("the client is closed")
+        outcomes = await asyncio.gather(
+            *(self._call(c) for c in plan.calls), return_exceptions=True
+        )
+        error = plans.snapshot_error(name, self.addresses, outcomes)
+        if error is not None:
+            first = next(o for o in outcomes if isinstance(o, BaseException))
+            raise error from first
+        return plan.merge(list(outcomes))
+
+    async def list_snapshots(self) -> list[list[SnapshotInfo]]:
+        """See :meth:`Client.list_snapshots`."""
+        return await self._run(plans.list_snapshots(self.addresses))
+
     async def _dim(self, table: str) -> int:
         dim = self._dims.get(table)
         return dim if dim is not None else (await self.describe_table(table)).dim
@@ -211,7 +242,7 @@ class AsyncClient:
         """One call with a deadline, retrying UNAVAILABLE for idempotent calls."""
         method = getattr(self._stub(call.shard), call.method)
         opts = self.options
-        deadline = time.monotonic() + opts.timeout
+        deadline = time.monotonic() + (call.timeout or opts.timeout)
         attempt = 0
         while True:
             attempt += 1

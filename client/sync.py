@@ -23,12 +23,22 @@ from . import plans
 from .batching import IdBatch, as_matrix
 from .errors import translate_rpc_error
 from .options import ClientOptions, check_addresses, read_address_file
-from .plans import Plan, ShardCall, ShardStats, TableInfo, UpdateResult
+from .plans import (
+    Plan,
+    ShardCall,
+    ShardStats,
+    SnapshotInfo,
+    SnapshotResult,
+    TableInfo,
+    UpdateResult,
+)
 from .stubs import store_stub
 
-__all__ = ["Client"]
+__all__ = ["SNAPSHOT_TIMEOUT", "Client"]
 
 T = TypeVar("T")
+
+SNAPSHOT_TIMEOUT = 600.0  # seconds a shard may take to write a snapshot, by default
 
 
 class Client:
@@ -194,6 +204,48 @@ class Client:
         """
         plans.check_topology(self.stats())
 
+    # ------------------------------------------------------------------ durability
+    def snapshot(
+        self, snapshot_id: str | None = None, *, timeout: float = SNAPSHOT_TIMEOUT
+    ) -> list[SnapshotResult]:
+        """Take a job checkpoint of the embeddings: every shard snapshots, in parallel, under
+        one id (restore them together with ``embeddb serve --restore ID`` on every shard).
+
+        Each shard's snapshot holds exactly its mutations up to its own seq; shards are not
+        paused together, so pause training (stop pushing gradients) around the call for a
+        checkpoint consistent across shards and with the dense model.
+
+        Not retried, whatever the failure: a retry after a lost answer would find the id taken
+        (``INVALID_ARGUMENT``). If any shard fails, the snapshots the other shards took remain
+        (they are pruned by each shard's retention like any other); take the checkpoint again
+        under a new id.
+
+        Args:
+            snapshot_id: the id (letters, digits, ``._-``); default ``job-<UTC time>``.
+            timeout: seconds each shard may take.
+
+        Returns:
+            One result per shard, in shard order.
+
+        Raises:
+            InvalidArgumentError: a bad id, or one a shard already has. FailedPreconditionError:
+                a shard keeps no snapshots (no data directory). Any error of
+                :mod:`embeddb.errors`, of the first failing shard's type, naming every failed
+                shard and those whose snapshot was taken.
+        """
+        name = snapshot_id if snapshot_id is not None else plans.new_snapshot_id()
+        plan = plans.snapshot(name, self.addresses, timeout)
+        outcomes = self._run_each(plan)
+        error = plans.snapshot_error(name, self.addresses, outcomes)
+        if error is not None:
+            first = next(o for o in outcomes if isinstance(o, BaseException))
+            raise error from first
+        return plan.merge(outcomes)
+
+    def list_snapshots(self) -> list[list[SnapshotInfo]]:
+        """Every shard's complete snapshots (oldest first), in shard order."""
+        return self._run(plans.list_snapshots(self.addresses))
+
     def _dim(self, table: str) -> int:
         with self._lock:
             dim = self._dims.get(table)
@@ -240,11 +292,27 @@ class Client:
                 raise error
         return plan.merge([f.result() for f in futures])
 
+    def _run_each(self, plan: Plan[T]) -> list[Any]:
+        """Every call's response or exception, in order (all calls run to completion)."""
+        if self._closed:
+            raise UnavailableError("the client is closed")
+        if self._pool is None:
+            outcomes: list[Any] = []
+            for c in plan.calls:
+                try:
+                    outcomes.append(self._call(c))
+                except Exception as exc:
+                    outcomes.append(exc)
+            return outcomes
+        futures = [self._pool.submit(self._call, c) for c in plan.calls]
+        wait_all(futures)
+        return [f.exception() or f.result() for f in futures]
+
     def _call(self, call: ShardCall) -> Any:
         """One call with a deadline, retrying UNAVAILABLE for idempotent calls."""
         method = getattr(self._stubs[call.shard], call.method)
         opts = self.options
-        deadline = time.monotonic() + opts.timeout
+        deadline = time.monotonic() + (call.timeout or opts.timeout)
         attempt = 0
         while True:
             attempt += 1

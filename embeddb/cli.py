@@ -4,6 +4,8 @@ Commands:
     embeddb demo      train a factorization machine on UCI Adult with its embeddings in a shard
     embeddb serve     serve one shard over gRPC until SIGTERM/SIGINT (then shut down cleanly)
     embeddb cluster   run N ``serve`` processes locally, health-checked and supervised
+    embeddb snapshot  take a job checkpoint: every shard of a running cluster snapshots under one id
+    embeddb reshard   rewrite a job checkpoint (one snapshot id on N shards) into M shards
     embeddb --version
 
 ``python -m embeddb.cli`` works too (the cluster starts its shards that way).
@@ -16,6 +18,7 @@ import signal
 import tempfile
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -47,6 +50,35 @@ def _read_bytes(path: Path | None) -> bytes | None:
         return path.read_bytes()
     except OSError as exc:
         raise click.ClickException(f"cannot read {path}: {exc}") from exc
+
+
+def _read_token(path: Path | None) -> str | None:
+    """The bearer token in ``path``: its first line holding the token alone, or ``rw TOKEN`` /
+    ``ro TOKEN`` (so a server's tokens file works too); ``#`` starts a comment."""
+    if path is None:
+        return None
+    text = (_read_bytes(path) or b"").decode("utf-8", "replace")
+    for line in text.splitlines():
+        fields = line.split("#", 1)[0].split()
+        if len(fields) == 1:
+            return fields[0]
+        if len(fields) == 2 and fields[0] in ("rw", "ro"):
+            return fields[1]
+        if fields:
+            break
+    raise click.ClickException(
+        f"{path}: expected a token alone on its first line, or 'rw TOKEN' / 'ro TOKEN' (the "
+        f"line is not shown: it may hold a token)"
+    )
+
+
+def _channel_credentials(ca: Path | None) -> Any:
+    """TLS channel credentials trusting the PEM certificate(s) in ``ca``; None for plaintext."""
+    if ca is None:
+        return None
+    import grpc
+
+    return grpc.ssl_channel_credentials(root_certificates=_read_bytes(ca))
 
 
 def _set_log_level(ctx: click.Context, level: str | None) -> None:
@@ -227,6 +259,39 @@ def demo(
     help="Seconds in-flight calls may finish after SIGTERM/SIGINT.",
 )
 @click.option(
+    "--restore",
+    metavar="SNAPSHOT_ID",
+    help="Start from this snapshot of the data directory; the state and update log after it "
+    "are set aside (the log is kept in log.before-restore-<time>).",
+)
+@click.option(
+    "--fallback-snapshot",
+    is_flag=True,
+    help="If the newest snapshot fails verification while recovering from a crash, recover "
+    "from the next older one instead of refusing to start.",
+)
+@click.option(
+    "--follow",
+    metavar="HOST:PORT",
+    help="Serve a read-only follower of the primary shard at HOST:PORT (bootstrapped from its "
+    "snapshot, then fed its update log); --data-dir then holds the replica (default "
+    "embeddb-data/follower-{index}).",
+)
+@click.option(
+    "--primary-token-file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="With --follow: file holding the bearer token for the primary (read-only is enough).",
+)
+@click.option(
+    "--primary-tls-ca",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="With --follow: PEM certificate(s) to trust; the primary is reached over TLS.",
+)
+@click.option(
+    "--primary-tls-server-name",
+    help="With --follow: the name in the primary's certificate, if HOST does not match it.",
+)
+@click.option(
     "--parent-pid",
     type=click.IntRange(min=1),
     hidden=True,  # set by `embeddb cluster`: shut down once this process is no longer the parent
@@ -251,14 +316,24 @@ def serve(
     max_message_mb: int,
     workers: int,
     grace: float,
+    restore: str | None,
+    fallback_snapshot: bool,
+    follow: str | None,
+    primary_token_file: Path | None,
+    primary_tls_ca: Path | None,
+    primary_tls_server_name: str | None,
     parent_pid: int | None,
 ) -> None:
     """Serve one shard over gRPC until SIGTERM or SIGINT, then shut down cleanly.
 
     Shutdown: health NOT_SERVING, stop accepting calls, let in-flight ones finish (--grace),
     write rows back and record a clean shutdown, exit 0.
+
+    A directory that was not shut down cleanly is recovered from its newest snapshot and update
+    log. With --follow the process serves a read-only replica of another shard instead.
     """
     from embeddb.server.daemon import DaemonOptions, run_daemon
+    from embeddb.server.follower import FollowerOptions
 
     _set_log_level(ctx, log_level)
     if shard_index >= num_shards:
@@ -268,6 +343,19 @@ def serve(
         )
     if tokens_file is not None and tokens_from_env:
         raise click.UsageError("use --tokens-file or --tokens-from-env, not both")
+    if follow is not None and (restore is not None or fallback_snapshot):
+        raise click.UsageError(
+            "--follow excludes --restore and --fallback-snapshot: a follower bootstraps from "
+            "its primary's snapshot"
+        )
+    if follow is None and (primary_token_file or primary_tls_ca or primary_tls_server_name):
+        raise click.UsageError("the --primary-* options need --follow")
+    if ephemeral and restore is not None:
+        raise click.UsageError("--restore needs a data directory, not --ephemeral")
+    if follow is not None and ctx.get_parameter_source("data_dir") is not (
+        click.core.ParameterSource.COMMANDLINE
+    ):
+        data_dir = "embeddb-data/follower-{index}"
     try:
         config = _load_config(config_path)
         tokens = (
@@ -289,16 +377,114 @@ def serve(
             tokens=tokens,
             metrics_port=metrics_port,
         )
+        following = (
+            None
+            if follow is None
+            else FollowerOptions(
+                primary=follow,
+                token=_read_token(primary_token_file),
+                credentials=_channel_credentials(primary_tls_ca),
+                server_name=primary_tls_server_name,
+            )
+        )
         options = DaemonOptions(
             data_dir=None if ephemeral else Path(data_dir.replace("{index}", str(shard_index))),
             grace=grace,
             port_file=port_file,
             parent_pid=parent_pid,
+            restore=restore,
+            fallback=fallback_snapshot,
+            follow=following,
         )
         code = run_daemon(config, server_config, options)
     except (EmbeddbError, OSError) as exc:
         raise click.ClickException(str(exc)) from exc
     ctx.exit(code)
+
+
+# ------------------------------------------------------------------------------------ snapshot
+@main.command("snapshot")
+@click.option("--addresses", help="Every shard's HOST:PORT, comma-separated, in shard order.")
+@click.option(
+    "--address-file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="File of HOST:PORT lines in shard order (embeddb cluster writes DATA_DIR/addresses.txt).",
+)
+@click.option("--id", "snapshot_id", help="The snapshot id (default: job-<UTC time>).")
+@click.option(
+    "--token-file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="File holding a read-write bearer token (alone on its first line, or 'rw TOKEN').",
+)
+@click.option(
+    "--tls-ca",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="PEM certificate(s) to trust; the shards are reached over TLS.",
+)
+@click.option("--tls-server-name", help="The name in the shards' certificate, if HOST differs.")
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=600.0,
+    show_default=True,
+    help="Seconds each shard may take.",
+)
+def snapshot_command(
+    addresses: str | None,
+    address_file: Path | None,
+    snapshot_id: str | None,
+    token_file: Path | None,
+    tls_ca: Path | None,
+    tls_server_name: str | None,
+    timeout: float,
+) -> None:
+    """Take a job checkpoint: every shard of a running cluster snapshots under one id.
+
+    Prints one line per shard. If a shard fails, the command exits 1 naming it; the snapshots
+    the other shards took remain. Restore a checkpoint with `embeddb serve --restore ID` on
+    every shard. For a checkpoint consistent across shards, pause training meanwhile.
+    """
+    from embeddb.client import Client, read_address_file
+
+    if (addresses is None) == (address_file is None):
+        raise click.UsageError("give --addresses or --address-file (one of them)")
+    if tls_server_name is not None and tls_ca is None:
+        raise click.UsageError("--tls-server-name needs --tls-ca")
+    try:
+        shards = (
+            read_address_file(address_file)
+            if address_file is not None
+            else tuple(a.strip() for a in (addresses or "").split(",") if a.strip())
+        )
+        credentials = _channel_credentials(tls_ca)
+        factory = None
+        if credentials is not None and tls_server_name is not None:
+            import grpc
+
+            name = [("grpc.ssl_target_name_override", tls_server_name)]
+
+            def factory(address: str) -> Any:
+                return grpc.secure_channel(address, credentials, options=name)
+
+        with Client(
+            shards,
+            token=_read_token(token_file),
+            credentials=credentials,
+            channel_factory=factory,
+            tune_allocator=False,
+        ) as client:
+            results = client.snapshot(snapshot_id, timeout=timeout)
+    except EmbeddbError as exc:
+        raise click.ClickException(str(exc)) from exc
+    line = "{:<7}{:<24}{:>12}{:>14}{:>11}{:>10}"
+    click.echo(line.format("shard", "address", "seq", "bytes", "pause ms", "seconds"))
+    for r in results:
+        click.echo(
+            line.format(
+                r.shard, r.address, r.seq, f"{r.bytes:,}", f"{r.pause_ms:.1f}", f"{r.seconds:.2f}"
+            )
+        )
+    click.echo(f"checkpoint {results[0].snapshot_id} taken on {len(results)} shards")
 
 
 # ------------------------------------------------------------------------------------- cluster
@@ -478,6 +664,77 @@ def cluster(
         for sig, old in previous.items():
             signal.signal(sig, old)
     ctx.exit(code)
+
+
+# ------------------------------------------------------------------------------------- reshard
+@main.command()
+@click.option(
+    "--from",
+    "source",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    required=True,
+    help="Data root of the N source shards (shard-0 .. shard-(N-1)).",
+)
+@click.option(
+    "--to",
+    "target",
+    type=click.Path(file_okay=False, path_type=Path),
+    required=True,
+    help="New data root for the M shards; must not exist or be empty.",
+)
+@click.option("--num-shards", type=click.IntRange(min=1), required=True, help="M.")
+@click.option(
+    "--snapshot",
+    "snapshot_id",
+    required=True,
+    help="The snapshot id every source shard holds (a coordinated snapshot).",
+)
+@click.option(
+    "--chunk-rows",
+    type=click.IntRange(min=1),
+    default=65536,
+    show_default=True,
+    help="Rows read, routed and written at a time (memory per chunk: rows x width x 4 bytes).",
+)
+def reshard(source: Path, target: Path, num_shards: int, snapshot_id: str, chunk_rows: int) -> None:
+    """Rewrite snapshot SNAPSHOT of the N shards under FROM into NUM_SHARDS shards under TO.
+
+    Every source snapshot is verified first. Each row (vector and optimizer state) moves to
+    the shard that owns it among NUM_SHARDS; serve TO/shard-j with --shard-index j
+    --num-shards NUM_SHARDS to recover from the new snapshots.
+    """
+    import time
+
+    from embeddb.durability.reshard import ReshardProgress
+    from embeddb.durability.reshard import reshard as run_reshard
+
+    last = [0.0]
+
+    def report(p: ReshardProgress) -> None:
+        now = time.monotonic()
+        if now - last[0] >= 1.0 or p.rows >= p.total:
+            last[0] = now
+            share = f" ({100 * p.rows / p.total:.0f}%)" if p.total else ""
+            rate = p.rows / p.seconds if p.seconds > 0 else 0.0
+            click.echo(f"  {p.rows:,} of {p.total:,} rows{share}, {rate:,.0f} rows/s", err=True)
+
+    click.echo(f"resharding snapshot {snapshot_id!r} of {source} into {num_shards} shards ...")
+    try:
+        result = run_reshard(
+            source, target, num_shards, snapshot_id, chunk_rows=chunk_rows, progress=report
+        )
+    except (EmbeddbError, OSError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(
+        f"{result.total_rows:,} rows from {result.source_shards} shards to "
+        f"{result.target_shards} in {result.seconds:.1f} s ({result.rows_per_s:,.0f} rows/s); "
+        f"{result.stale:,} stale disk copies skipped"
+    )
+    for name, per_shard in result.rows.items():
+        click.echo(
+            f"  table {name}: " + ", ".join(f"shard-{j} {n:,}" for j, n in enumerate(per_shard))
+        )
+    click.echo(f"written to {target}/shard-<j>/snapshots/{snapshot_id}")
 
 
 if __name__ == "__main__":

@@ -12,6 +12,9 @@ one type. Errors caused by the caller's input also derive from the matching buil
     ├── ResourceExhaustedError                     a request above a configured limit
     ├── PermissionDeniedError                      a read-only caller tried to write
     ├── FailedPreconditionError                    a follower (or a failed log) asked to write
+    ├── OutOfRangeError                            a seq outside what the shard keeps
+    │   └── LogTruncatedError       (StorageError) a follower's records were truncated away
+    │                                              (embeddb.durability.log; re-bootstrap)
     ├── UnauthenticatedError                       missing or wrong credentials
     ├── UnavailableError                           the shard is closed or not serving
     └── StorageError                (OSError)      the disk tier or data directory failed
@@ -34,6 +37,7 @@ __all__ = [
     "FailedPreconditionError",
     "InvalidArgumentError",
     "NotFoundError",
+    "OutOfRangeError",
     "PermissionDeniedError",
     "ResourceExhaustedError",
     "StorageError",
@@ -86,6 +90,12 @@ class FailedPreconditionError(EmbeddbError):
     write, a shard whose update log failed asked to mutate)."""
 
 
+class OutOfRangeError(EmbeddbError):
+    """A position outside what the shard keeps: update log records already truncated away
+    (``embeddb.durability.log.LogTruncatedError`` derives from this), or a seq beyond the
+    shard's last. A follower that gets it must bootstrap again from a fresh snapshot."""
+
+
 class UnauthenticatedError(EmbeddbError):
     """The caller presented no credentials or wrong ones."""
 
@@ -113,6 +123,7 @@ STATUS_BY_ERROR: dict[type[EmbeddbError], str] = {
     ResourceExhaustedError: "RESOURCE_EXHAUSTED",
     PermissionDeniedError: "PERMISSION_DENIED",
     FailedPreconditionError: "FAILED_PRECONDITION",
+    OutOfRangeError: "OUT_OF_RANGE",
     UnauthenticatedError: "UNAUTHENTICATED",
     UnavailableError: "UNAVAILABLE",
     CorruptDataError: "DATA_LOSS",
@@ -124,6 +135,7 @@ ERROR_BY_STATUS: dict[str, type[EmbeddbError]] = {
     "RESOURCE_EXHAUSTED": ResourceExhaustedError,
     "PERMISSION_DENIED": PermissionDeniedError,
     "FAILED_PRECONDITION": FailedPreconditionError,
+    "OUT_OF_RANGE": OutOfRangeError,
     "UNAUTHENTICATED": UnauthenticatedError,
     "UNAVAILABLE": UnavailableError,
     "DATA_LOSS": CorruptDataError,

@@ -16,6 +16,8 @@ Data directory layout::
       disk/                 RocksDB: the disk tier (one column family per table)
       log/                  the update log (embeddb.durability.log): every acknowledged mutation
       snapshots/<id>/       complete snapshots (embeddb.durability.snapshot)
+      <export_dir>/         with store.export_dir relative: the incremental export of changed
+                            rows (embeddb.durability.export)
       clean-shutdown.json   present only after close(): the disk tier holds every row, at seq
       base.json             the last clean shutdown's record, kept while the shard runs: the
                             disk tier plus the log after its seq rebuild every row
@@ -30,6 +32,12 @@ log record after that seq is replayed. A snapshot that fails verification stops 
 (``CorruptDataError`` naming the file) unless ``fallback=True`` lets the shard use the next
 older one. A log whose append fails (full or unwritable disk) puts the shard in read-only mode:
 reads go on, mutations raise :class:`FailedPreconditionError`, nothing stored is touched.
+
+Feeding followers (``embeddb.server.follower``): :meth:`Shard.open_snapshot` opens a snapshot's
+files for sending (the bootstrap), :meth:`Shard.tail_log` yields every log record after a seq
+and then each new one as soon as it is appended (:meth:`Shard.wait_for_seq`), pinning the
+reader's position so that snapshots never truncate records a live reader still needs. A
+follower shard (``follower=True``) applies them with :meth:`Shard.apply_record`.
 """
 
 from __future__ import annotations
@@ -41,7 +49,7 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,12 +61,16 @@ import numpy.typing as npt
 
 from embeddb.config import EmbeddingConfig
 from embeddb.durability import records, snapshot
+from embeddb.durability.export import Exporter
 from embeddb.durability.log import FsyncPolicy, LogConfig, LogRecord, UpdateLog
-from embeddb.durability.snapshot import SnapshotInfo
+from embeddb.durability.snapshot import SnapshotInfo, SnapshotReader
 from embeddb.errors import (
+    ConfigError,
     CorruptDataError,
     FailedPreconditionError,
     InvalidArgumentError,
+    NotFoundError,
+    OutOfRangeError,
     StorageError,
     TableNotFoundError,
     UnavailableError,
@@ -179,11 +191,13 @@ class Shard:
         self._applied_seq = 0  # followers: the last primary seq applied
         self._log: UpdateLog | None = None
         self._disk: DiskTier | None = None
+        self._exporter: Exporter | None = None
         store = config.store
         self._pool = StripePool(store.threads or default_threads(), store.parallel_min_ids)
         self._widths = {n: t.dim + t.optimizer.state_dim(t.dim) for n, t in config.tables.items()}
         try:
             self.recovery = self._open(restore, fallback)
+            self._exporter = self._start_export()
         except BaseException:
             self._abandon()
             raise
@@ -357,6 +371,40 @@ class Shard:
         for table in self._tables.values():
             table.journal = self._journal
 
+    def _start_export(self) -> Exporter | None:
+        """Start the incremental export (``store.export_dir``), which tails the update log."""
+        store = self.config.store
+        if store.export_dir is None or self.follower:
+            return None  # a follower's primary exports
+        if self._log is None:
+            raise ConfigError(
+                "store.export_dir", "the export reads the update log: it needs a data directory "
+                "and update_log: true"
+            )  # fmt: skip
+        directory = Path(store.export_dir.replace("{index}", str(self.shard_index)))
+        tables = {n: (t.dim, self._widths[n]) for n, t in self.config.tables.items()}
+        return Exporter(
+            directory if directory.is_absolute() else self.data_dir / directory,
+            self.read_log,
+            tables,
+            self.seq,
+            store.export_interval_s,
+            empty=not any(t.stats().rows for t in self._tables.values()),
+        )
+
+    def _stop_export(self) -> None:
+        """Export the tail (every record logged so far) and stop; a failure is logged, not
+        raised: the export resumes from its last finished file at the next start."""
+        if self._exporter is None:
+            return
+        try:
+            self._exporter.close()
+        except (StorageError, UnavailableError) as exc:
+            log.error(
+                "the export's last write failed (%s); it resumes after seq %d at the next start",
+                exc, self._exporter.exported_seq,
+            )  # fmt: skip
+
     def _read_record(self, name: str) -> dict[str, Any] | None:
         path = self.data_dir / name
         if not path.exists():
@@ -426,6 +474,7 @@ class Shard:
                 for table in self._tables.values():
                     table.flush()
                 seq = self.seq
+                self._stop_export()  # the tail: every record up to seq
                 if self._log is not None:
                     self._log.close()
                 record = {
@@ -441,10 +490,30 @@ class Shard:
                 tmp.write_text(json.dumps(record, indent=2))
                 os.replace(tmp, self.data_dir / _CLEAN_MARKER)
             finally:
+                self._stop_export()
                 if self._log is not None:
                     self._log.close()
                 if self._ephemeral:
                     shutil.rmtree(self.data_dir, ignore_errors=True)
+
+    def discard(self) -> None:
+        """Close without writing RAM rows back or recording a clean shutdown, as a crash would
+        leave the directory (the next open recovers it from snapshots and the update log).
+        For throwaway shards (benchmarks) and crash tests. Idempotent; :meth:`close` after it
+        does nothing."""
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._pool.close()
+            if self._exporter is not None:
+                self._exporter.abandon()  # as a crash: the next start exports the rest
+            if self._log is not None:
+                self._log.close()
+            if self._disk is not None:
+                self._disk.close()
+            if self._ephemeral:
+                shutil.rmtree(self.data_dir, ignore_errors=True)
 
     def __enter__(self) -> Shard:
         return self
@@ -578,11 +647,14 @@ class Shard:
             return  # without a snapshot or a base, recovery replays the whole log
         with self._pins_lock:
             needed.extend(self._pins.values())
+        if self._exporter is not None:
+            needed.append(self._exporter.exported_seq)  # a restarted export resumes there
         self._log.truncate_before(min(needed) + 1)
 
     def read_log(self, after_seq: int) -> Iterator[LogRecord]:
         """Log records after ``after_seq``, as they are appended (followers' feed); while the
-        iterator is alive its position is protected from truncation.
+        iterator is alive its position is protected from truncation. It ends once it has
+        caught up (see :meth:`tail_log` for one that waits for more).
 
         Raises:
             FailedPreconditionError: the shard has no update log.
@@ -590,17 +662,109 @@ class Shard:
         """
         if self._log is None:
             raise FailedPreconditionError("this shard keeps no update log")
-        token = object().__hash__()
+        records = self._pinned_records(self._log, after_seq, None)
+        return (r for r in records if r is not None)
+
+    def tail_log(
+        self, after_seq: int, idle_s: float = 0.05
+    ) -> Generator[LogRecord | None, None, None]:
+        """Every log record after ``after_seq``, then each new one as soon as it is appended
+        (the primary's side of a follower's feed).
+
+        The iterator never ends by itself: it yields ``None`` after every ``idle_s`` seconds
+        without a new record, so that the consumer can decide whether to go on (close the
+        iterator, or stop iterating, to end it). While it is alive its position is protected
+        from log truncation (:meth:`snapshot` deletes only segments no reader needs).
+
+        Raises:
+            FailedPreconditionError: the shard has no update log (an ephemeral shard, a
+                follower).
+            OutOfRangeError: ``after_seq`` is beyond this shard's seq (the reader saw a history
+                this shard does not have), or (``LogTruncatedError``, while iterating) the
+                records after it were truncated away: the reader must bootstrap again.
+            UnavailableError: (while iterating) the shard was closed.
+        """
+        if self._log is None:
+            raise FailedPreconditionError("this shard keeps no update log")
+        if after_seq > self._log.last_seq:
+            raise OutOfRangeError(
+                f"seq {after_seq} is beyond this shard's last seq {self._log.last_seq}: the "
+                f"reader followed another history (a restore?); bootstrap again from a snapshot"
+            )
+        return self._pinned_records(self._log, after_seq, idle_s)
+
+    def _pinned_records(
+        self, update_log: UpdateLog, after_seq: int, idle_s: float | None
+    ) -> Generator[LogRecord | None, None, None]:
+        """Records after ``after_seq`` with the reader's position pinned against truncation;
+        with ``idle_s``, waits for new ones (yielding None when idle) instead of ending."""
+        marker = object()  # alive as long as this generator: its id is a unique pin token
+        token = id(marker)
         with self._pins_lock:
             self._pins[token] = after_seq
         try:
-            for record in self._log.read(after_seq):
-                with self._pins_lock:
-                    self._pins[token] = record.seq
-                yield record
+            last = after_seq
+            while True:
+                for record in update_log.read(last):
+                    last = record.seq
+                    with self._pins_lock:
+                        self._pins[token] = last
+                    yield record
+                if idle_s is None:
+                    return
+                self._table_check_open()
+                if not update_log.wait_appended(last, idle_s):
+                    self._table_check_open()
+                    yield None
         finally:
             with self._pins_lock:
                 self._pins.pop(token, None)
+
+    def wait_for_seq(self, after_seq: int, timeout: float | None = None) -> bool:
+        """Block until a mutation with a seq above ``after_seq`` is logged (returns at once if
+        one is), for at most ``timeout`` seconds. Returns whether one is.
+
+        Raises:
+            FailedPreconditionError: the shard has no update log.
+        """
+        if self._log is None:
+            raise FailedPreconditionError("this shard keeps no update log")
+        return self._log.wait_appended(after_seq, timeout)
+
+    def append_time(self, seq: int) -> float | None:
+        """The wall-clock time (``time.time()``) at which mutation ``seq`` was logged, when
+        known (recent mutations since this shard opened); None otherwise."""
+        return self._log.append_time(seq) if self._log is not None else None
+
+    def open_snapshot(
+        self, snapshot_id: str | None = None, take_new: bool = False
+    ) -> SnapshotReader:
+        """Open the files of a complete snapshot for sending (a follower's bootstrap).
+
+        Args:
+            snapshot_id: the snapshot to open; None: the newest. A shard without any snapshot
+                takes one first when ``snapshot_id`` is None.
+            take_new: take a new snapshot first (named ``snapshot_id`` when given) and open it.
+
+        Returns:
+            The open snapshot (close it when sent); it stays readable even if pruned meanwhile.
+
+        Raises:
+            NotFoundError: no complete snapshot ``snapshot_id``.
+            InvalidArgumentError, StorageError, FailedPreconditionError: see :meth:`snapshot`.
+        """
+        if take_new or (snapshot_id is None and not self.snapshots()):
+            snapshot_id = self.snapshot(snapshot_id).info.snapshot_id
+        with self._snapshot_lock:  # no pruning while the files are opened
+            self._table_check_open()
+            found = [
+                s for s in self.snapshots() if snapshot_id is None or s.snapshot_id == snapshot_id
+            ]
+            if not found:
+                raise NotFoundError(
+                    f"shard {self.shard_index} has no complete snapshot {snapshot_id!r}"
+                )
+            return SnapshotReader.open(found[-1])
 
     def apply_record(self, seq: int, payload: bytes) -> bool:
         """Apply a primary's log record (followers only). Records at or below the last applied

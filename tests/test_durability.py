@@ -38,12 +38,10 @@ def config(**store: object) -> EmbeddingConfig:
 
 
 def crash(shard: Shard) -> None:
-    """What a SIGKILL leaves: no write-back, no clean-shutdown record (locks are released)."""
-    shard._pool.close()
-    if shard._log is not None:
-        shard._log.close()
-    assert shard._disk is not None
-    shard._disk.close()
+    """What a SIGKILL leaves: no write-back, no clean-shutdown record."""
+    shard.discard()
+    with pytest.raises(Exception, match="closed"):
+        shard.lookup("t", UNIVERSE[:1])
 
 
 def churn(shard: Shard, rng: np.random.Generator, steps: int = 6) -> None:

@@ -527,3 +527,76 @@ def test_a_directory_that_is_a_file_is_a_storage_error(tmp_path: Path) -> None:
     blocker.write_bytes(b"")
     with pytest.raises(StorageError, match="cannot open update log directory"):
         UpdateLog(blocker, NEVER)
+
+
+# ------------------------------------------------------------------------ tailing (followers)
+
+
+def test_wait_appended_returns_at_once_when_the_record_exists(tmp_path: Path) -> None:
+    with UpdateLog(tmp_path / "log", NEVER) as log:
+        log.append([b"a"])
+        began = time.perf_counter()
+        assert log.wait_appended(0, timeout=5)
+        assert not log.wait_appended(1, timeout=0.05)  # times out: nothing after seq 1
+        assert time.perf_counter() - began < 1
+
+
+def test_wait_appended_wakes_on_append_within_milliseconds(tmp_path: Path) -> None:
+    with UpdateLog(tmp_path / "log", NEVER) as log:
+        woke: list[float] = []
+        ready = threading.Event()
+
+        def waiter() -> None:
+            ready.set()
+            assert log.wait_appended(0, timeout=10)
+            woke.append(time.perf_counter())
+
+        thread = threading.Thread(target=waiter)
+        thread.start()
+        ready.wait(5)
+        time.sleep(0.05)  # let the waiter block
+        appended = time.perf_counter()
+        log.append([b"wake up"])
+        thread.join(5)
+        latency = woke[0] - appended
+        print(f"wait_appended woke {latency * 1000:.2f} ms after the append")
+        assert latency < 0.5
+
+
+def test_wait_appended_returns_false_when_the_log_closes(tmp_path: Path) -> None:
+    log = UpdateLog(tmp_path / "log", NEVER)
+    result: list[bool] = []
+    thread = threading.Thread(target=lambda: result.append(log.wait_appended(0, timeout=30)))
+    thread.start()
+    time.sleep(0.05)
+    began = time.perf_counter()
+    log.close()
+    thread.join(5)
+    assert result == [False] and time.perf_counter() - began < 1
+    assert not log.wait_appended(0, timeout=10)  # closed: returns at once
+
+
+def test_append_time_is_known_for_recent_records_of_this_process(tmp_path: Path) -> None:
+    directory = tmp_path / "log"
+    fill(directory, 3)
+    with UpdateLog(directory, NEVER) as log:
+        before = time.time()
+        seq = log.append([b"new"])
+        after = time.time()
+        at = log.append_time(seq)
+        assert at is not None and before <= at <= after
+        assert log.append_time(3) is None  # appended before this UpdateLog opened
+        assert log.append_time(seq + 1) is None  # not appended yet
+
+
+def test_a_truncated_reader_error_is_out_of_range(tmp_path: Path) -> None:
+    from embeddb.errors import OutOfRangeError, status_of
+
+    with UpdateLog(tmp_path / "log", small(segment_bytes=200)) as log:
+        for seq in range(1, 30):
+            log.append([payload(seq)])
+        log.truncate_before(20)
+        with pytest.raises(LogTruncatedError) as info:
+            log.read(1)
+        assert isinstance(info.value, OutOfRangeError) and isinstance(info.value, StorageError)
+        assert status_of(info.value) == "OUT_OF_RANGE"

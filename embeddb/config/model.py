@@ -6,7 +6,7 @@ import enum
 import os
 import types
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -356,6 +356,13 @@ class StoreConfig:
             them (0: never).
         snapshot_retention: complete snapshots kept per shard; older ones (and the log segments
             only they needed) are deleted when a new snapshot lands.
+        export_dir: write the rows the shard changes, every ``export_interval_s``, as numpy
+            files into this directory (``embeddb.durability.export``); ``None`` (default): no
+            export. ``{index}`` is replaced by the shard index; a relative path is taken
+            inside the shard's data directory (so each shard of a cluster gets its own). Needs
+            the update log; followers do not export.
+        export_interval_s: seconds between two exports (the tail is always written when the
+            shard closes).
     """
 
     stripes: int = 4
@@ -370,6 +377,8 @@ class StoreConfig:
     log_segment_mb: int = 64
     log_lz4_min_bytes: int = 4096
     snapshot_retention: int = 3
+    export_dir: str | None = None
+    export_interval_s: float = 10.0
 
     def __post_init__(self) -> None:
         stripes = _as_int(self.stripes, "stripes", minimum=1, maximum=_MAX_STRIPES)
@@ -406,6 +415,20 @@ class StoreConfig:
             "snapshot_retention",
             _as_int(self.snapshot_retention, "snapshot_retention", minimum=1),
         )
+        if isinstance(self.export_dir, os.PathLike):
+            _set(self, "export_dir", os.fspath(self.export_dir))
+        if self.export_dir is not None and (
+            not isinstance(self.export_dir, str) or not self.export_dir.strip()
+        ):
+            raise ConfigError(
+                "export_dir", f"must be a directory path or null, got {_describe(self.export_dir)}"
+            )
+        _set(
+            self,
+            "export_interval_s",
+            _as_float(self.export_interval_s, "export_interval_s", low=0.0, high=86_400.0,
+                      low_open=True),
+        )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -622,12 +645,7 @@ class EmbeddingConfig:
                 name: list(members) for name, members in self.feature_groups.items()
             },
             "tables": {name: _table_to_dict(t) for name, t in self.tables.items()},
-            "store": {
-                "stripes": self.store.stripes,
-                "eviction_chunk": self.store.eviction_chunk,
-                "min_stripe_rows": self.store.min_stripe_rows,
-                "disk_cache_mb": self.store.disk_cache_mb,
-            },
+            "store": {f.name: getattr(self.store, f.name) for f in fields(self.store)},
         }
 
 

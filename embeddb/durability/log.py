@@ -4,7 +4,8 @@ The shard appends one record per mutation while it holds its own lock (:meth:`Up
 only frames the payload and hands it to the kernel with ``write(2)``), releases the lock, and
 waits for the record to be as durable as the policy promises (:meth:`UpdateLog.wait_durable`)
 before it acknowledges. Restore replays :meth:`UpdateLog.read` after a snapshot's seq; a follower
-reads the same stream while appends continue.
+reads the same stream while appends continue, and tails it with :meth:`UpdateLog.wait_appended`
+(a condition that ``append`` notifies only while somebody waits) between reads.
 
 Files
 -----
@@ -58,9 +59,12 @@ The policies differ on **power loss or a kernel crash**:
 The default is ``interval`` because ``always`` puts an fsync in the path of every acknowledged
 request group — its cost is measured by the durability benchmark — while training tolerates a
 few milliseconds of lost gradient updates after a power cut (a snapshot plus the log loses
-nothing else). Under every policy a segment is fsynced when it is sealed (one fsync per
-``segment_bytes``), so only the last segment can hold a torn tail, and :meth:`~UpdateLog.sync`
-and :meth:`~UpdateLog.close` always fsync everything appended (``never`` included).
+nothing else). A sealed segment is fsynced by the next sync (never inline on the append path,
+where an fsync of a whole segment would stall every writer), before the active one; so a
+process crash tears at most the last segment, and only a power loss within the policy's window
+can leave a torn tail in the previous one too (reported as corruption, naming the file: cut it
+at the reported offset). :meth:`~UpdateLog.sync` and :meth:`~UpdateLog.close` always fsync
+everything appended (``never`` included).
 
 Torn tail or corruption
 -----------------------
@@ -102,6 +106,7 @@ import os
 import re
 import struct
 import threading
+import time
 import zlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -116,6 +121,7 @@ from embeddb.errors import (
     ConfigError,
     CorruptDataError,
     InvalidArgumentError,
+    OutOfRangeError,
     StorageError,
     UnavailableError,
 )
@@ -136,8 +142,9 @@ _LZ4 = 0x01
 _MAX_LENGTH = 0xFFFF_FFFF
 _NAME = re.compile(r"(\d{20})\.log")
 _MARK_BYTES = 256 << 10  # a segment remembers the offset of a record every 256 KiB, for read()
-_PROBE_BYTES = 64 << 10  # large payloads: compress only if their first 64 KiB compress
+_PROBE_BYTES = 64 << 10  # payloads of 4x this are probed before a full LZ4 attempt
 _IOV_MAX = 1000  # below the kernel's 1024 buffers per writev
+_TIMES = 1 << 14  # append times remembered (a ring indexed by seq), for followers' lag
 _fdatasync: Callable[[int], None] = getattr(os, "fdatasync", os.fsync)
 
 
@@ -192,8 +199,11 @@ class LogRecord(NamedTuple):
     payload: bytes
 
 
-class LogTruncatedError(StorageError):
+class LogTruncatedError(OutOfRangeError, StorageError):
     """A reader asked for records that :meth:`UpdateLog.truncate_before` already deleted.
+
+    Also an :class:`~embeddb.errors.OutOfRangeError` (gRPC ``OUT_OF_RANGE``): a follower that
+    gets it must bootstrap again from a snapshot.
 
     Attributes:
         after_seq: the reader wanted the records after this seq.
@@ -205,7 +215,7 @@ class LogTruncatedError(StorageError):
         self.first_seq = first_seq
         super().__init__(
             f"update log {directory}: the records after seq {after_seq} were truncated away; "
-            f"the log starts at seq {first_seq}"
+            f"the log starts at seq {first_seq} (a follower must bootstrap again from a snapshot)"
         )
 
 
@@ -264,6 +274,9 @@ class UpdateLog:
         self._retired: list[int] = []  # fds of sealed segments, closed by a _sync_lock holder
         self._stop = threading.Event()
         self._syncer: threading.Thread | None = None
+        self._appended = threading.Condition(self._lock)  # notified by append when _waiting
+        self._waiting = 0
+        self._times: list[float] = [0.0] * _TIMES  # wall-clock append time of seq, at seq % _TIMES
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
             self._dir_fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -293,6 +306,7 @@ class UpdateLog:
             raise
         self._durable_seq = self._last_seq
         self._first_seq = self._segments[0].first_seq
+        self._timed_from = self._last_seq + 1  # append times are known from this seq on
         if self.config.fsync is FsyncPolicy.INTERVAL:
             self._syncer = threading.Thread(
                 target=self._sync_every,
@@ -375,7 +389,42 @@ class UpdateLog:
             active.mark(seq, active.size)
             active.size += size
             self._last_seq = seq
+            self._times[seq % _TIMES] = time.time()
+            if self._waiting:
+                self._appended.notify_all()
         return seq
+
+    def wait_appended(self, after_seq: int, timeout: float | None = None) -> bool:
+        """Block until a record with a seq above ``after_seq`` is appended (or already is).
+
+        For readers that tail the log (followers): :meth:`append` wakes the waiters at once, and
+        costs nothing extra while nobody waits.
+
+        Args:
+            after_seq: wait for ``last_seq > after_seq``.
+            timeout: seconds to wait at most; None waits until an append or :meth:`close`.
+
+        Returns:
+            Whether ``last_seq > after_seq`` (False after a timeout or once the log is closed).
+        """
+        with self._lock:
+            if self._last_seq <= after_seq and not self._closed:
+                self._waiting += 1
+                try:
+                    self._appended.wait_for(
+                        lambda: self._last_seq > after_seq or self._closed, timeout
+                    )
+                finally:
+                    self._waiting -= 1
+            return self._last_seq > after_seq
+
+    def append_time(self, seq: int) -> float | None:
+        """The wall-clock time (``time.time()``) at which record ``seq`` was appended, if known:
+        for records appended by this :class:`UpdateLog` among its last 16,384; else None."""
+        with self._lock:
+            if self._timed_from <= seq <= self._last_seq and self._last_seq - seq < _TIMES:
+                return self._times[seq % _TIMES]
+        return None
 
     def wait_durable(self, seq: int) -> None:
         """Block until record ``seq`` is as durable as the fsync policy promises.
@@ -500,14 +549,16 @@ class UpdateLog:
             StorageError: a segment could not be deleted.
             UnavailableError: the log is closed.
         """
-        with self._sync_lock, self._lock:
-            if self._closed:
-                raise UnavailableError(f"update log {self.directory} is closed")
-            doomed: list[_Segment] = []
-            while len(self._segments) > 1 and self._segments[1].first_seq <= seq:
-                doomed.append(self._segments.pop(0))
-            self._first_seq = self._segments[0].first_seq
-            self._close_retired()  # their space is freed only once no fd holds them
+        with self._sync_lock:
+            if self._failed is None and not self._closed:
+                self._sync_locked()  # fsyncs and closes sealed segments: no fd holds them
+            with self._lock:
+                if self._closed:
+                    raise UnavailableError(f"update log {self.directory} is closed")
+                doomed: list[_Segment] = []
+                while len(self._segments) > 1 and self._segments[1].first_seq <= seq:
+                    doomed.append(self._segments.pop(0))
+                self._first_seq = self._segments[0].first_seq
         freed = 0
         errors: list[str] = []
         for segment in doomed:
@@ -536,6 +587,7 @@ class UpdateLog:
             if self._closed:
                 return
             self._closed = True  # no more appends; every written record is covered below
+            self._appended.notify_all()
         self._stop.set()
         if self._syncer is not None:
             self._syncer.join()
@@ -594,22 +646,21 @@ class UpdateLog:
             )
 
     def _roll(self, seq: int) -> _Segment:
-        """Seal the active segment (fsynced, under every policy) and start one at ``seq``
-        (under ``_lock``). On failure the old segment stays active."""
+        """Seal the active segment and start one at ``seq`` (under ``_lock``). On failure the
+        old segment stays active.
+
+        The sealed segment is not fsynced here, on the append path (an fsync of up to a
+        segment's worth of data would stall every writer): the next sync — the ``interval``
+        thread's, an ``always`` waiter's, or :meth:`close` — fsyncs it before the active one,
+        so ``durable_seq`` never covers an unsynced record. Under ``never`` it is closed
+        unsynced, as that policy leaves flushing to the OS."""
         old = self._segments[-1]
-        try:
-            _fdatasync(self._fd)
-        except OSError as exc:
-            err = _os_error(f"update log segment {old.path}: fsync failed", exc)
-            self._fail(err)
-            raise err from exc
-        self._durable_seq = self._last_seq
         segment, fd = self._create_segment(seq)
         old.sealed = True
         self._retired.append(self._fd)
         self._fd = fd
         self._segments.append(segment)
-        if self._sync_lock.acquire(blocking=False):  # else the syncer closes it
+        if self.config.fsync is FsyncPolicy.NEVER and self._sync_lock.acquire(blocking=False):
             try:
                 self._close_retired()
             finally:
@@ -639,7 +690,7 @@ class UpdateLog:
         return _Segment(path, first_seq, len(header), sealed=False), fd
 
     def _close_retired(self) -> None:
-        for fd in self._retired:  # sealed segments: already fsynced
+        for fd in self._retired:  # callers have fsynced them, or need not (``never``)
             _close_quietly(fd)
         self._retired = []
 
@@ -651,7 +702,19 @@ class UpdateLog:
             if self._fd < 0:
                 return
             target, fd = self._last_seq, self._fd
-            self._close_retired()
+            retired, self._retired = self._retired, []
+        try:
+            for old in retired:  # sealed segments first: their records precede the active's
+                _fdatasync(old)
+                _close_quietly(old)
+                retired = retired[1:]
+        except OSError as exc:
+            with self._lock:
+                self._retired = retired + self._retired
+            err = _os_error(f"update log {self.directory}: fsync of a sealed segment failed", exc)
+            with self._lock:
+                self._fail(err)
+            raise err from exc
         if target <= self._durable_seq:
             return
         try:
@@ -744,15 +807,24 @@ def _byte_view(part: PayloadPart) -> bytes | memoryview:
 
 
 def _compress(parts: list[bytes | memoryview], length: int) -> bytes | None:
-    """The payload as one LZ4 frame, or None when that would not shrink it."""
-    first = parts[0]
-    if length >= 4 * _PROBE_BYTES and len(first) >= _PROBE_BYTES:
-        probe = memoryview(first)[:_PROBE_BYTES]
-        if len(lz4.frame.compress(probe)) >= _PROBE_BYTES:
-            return None  # incompressible (float vectors, mostly): skip the full attempt
-    data = first if len(parts) == 1 else b"".join(parts)
+    """The payload as one LZ4 frame, or None when that would not shrink it by 10%.
+
+    A large payload is probed first: three windows (start, middle, end) of its largest part
+    (for a shard's records, the rows) are compressed, and if they do not shrink by 10% the
+    full attempt is skipped — float vectors and optimizer state rarely compress.
+    """
+    if length >= 4 * _PROBE_BYTES:
+        big = max(parts, key=len)
+        view = memoryview(big).cast("B") if isinstance(big, memoryview) else memoryview(big)
+        if len(view) >= _PROBE_BYTES:
+            window = _PROBE_BYTES // 4
+            starts = (0, (len(view) - window) // 2, len(view) - window)
+            sample = b"".join(view[a : a + window] for a in starts)
+            if len(lz4.frame.compress(sample)) >= 0.9 * len(sample):
+                return None
+    data = parts[0] if len(parts) == 1 else b"".join(parts)
     packed: bytes = lz4.frame.compress(data)
-    return packed if len(packed) < length else None
+    return packed if len(packed) < 0.9 * length else None
 
 
 def _write_all(fd: int, buffers: list[bytes | memoryview], total: int) -> None:

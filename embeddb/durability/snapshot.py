@@ -345,8 +345,11 @@ class SnapshotReceiver:
 def _safe_path(path: str) -> str:
     """``path`` if it is a plain relative path inside a snapshot; CorruptDataError otherwise."""
     parts = PurePosixPath(path).parts
-    if not parts or path.startswith("/") or any(p in ("", ".", "..") for p in parts) or (
-        "\\" in path
+    if (
+        not parts
+        or path.startswith("/")
+        or any(p in ("", ".", "..") for p in parts)
+        or ("\\" in path)
     ):
         raise CorruptDataError(f"snapshot chunk path {path!r} is not a relative path inside it")
     return "/".join(parts)

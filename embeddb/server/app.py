@@ -23,6 +23,7 @@ from embeddb.server.auth import AuthInterceptor, Tokens
 from embeddb.server.interceptors import ErrorInterceptor
 from embeddb.server.metrics import MetricsEndpoint, MetricsInterceptor, ShardMetrics, serve_metrics
 from embeddb.server.servicer import ServicerLimits, StoreServicer, store_handler
+from embeddb.server.slot import ShardSlot
 from embeddb.shard import Shard
 from embeddb.v1 import embeddb_pb2 as pb
 
@@ -46,6 +47,8 @@ class ServerConfig:
         max_message_bytes: largest request or response; larger ones get RESOURCE_EXHAUSTED.
         max_ids_per_request: ids one request may carry.
         workers: threads serving requests.
+        max_streams: ``Subscribe`` and ``FetchSnapshot`` calls (followers) served at once; each
+            holds one of the ``workers`` threads while it runs. None: half the workers.
         tls_cert, tls_key: PEM certificate chain and private key; when both are set the port
             serves TLS only. Set both or neither.
         tokens: accepted bearer tokens (see :mod:`embeddb.server.auth`); None serves every
@@ -66,6 +69,7 @@ class ServerConfig:
     max_message_bytes: int = 256 << 20
     max_ids_per_request: int = 1 << 22
     workers: int = 8
+    max_streams: int | None = None
     tls_cert: bytes | None = None
     tls_key: bytes | None = None
     tokens: Tokens | None = None
@@ -84,6 +88,8 @@ class ServerConfig:
             raise ConfigError("tls_key", "not a PEM private key (no BEGIN ... PRIVATE KEY line)")
         if self.tokens is not None and not isinstance(self.tokens, Tokens):
             raise ConfigError("tokens", f"must be a Tokens, not {type(self.tokens).__name__}")
+        if self.max_streams is not None and self.max_streams < 1:
+            raise ConfigError("max_streams", f"must be >= 1, got {self.max_streams}")
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
             raise ConfigError("metrics_port", f"must be in 0..65535, got {self.metrics_port}")
 
@@ -106,27 +112,50 @@ class ShardServer:
     executor: futures.ThreadPoolExecutor
     metrics_registry: CollectorRegistry | None = None
     metrics_endpoint: MetricsEndpoint | None = None
+    servicer: StoreServicer | None = None
 
     @property
     def metrics_port(self) -> int | None:
         return None if self.metrics_endpoint is None else self.metrics_endpoint.port
 
+    def set_serving(self, serving: bool) -> None:
+        """Health SERVING or NOT_SERVING on every service (a follower serves once it has
+        bootstrapped)."""
+        status = (
+            health_pb2.HealthCheckResponse.SERVING
+            if serving
+            else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        for name in ("", SERVICE_NAME):
+            self.health.set(name, status)
+
     def stop(self, grace: float | None = 5.0) -> None:
-        """Health NOT_SERVING, then stop accepting and let in-flight calls finish (grace).
+        """Health NOT_SERVING, end the streams (followers reconnect elsewhere or later), then
+        stop accepting and let in-flight calls finish (grace).
 
         Handlers still running when the grace period ends are waited for (the request pool is
         shut down), so nothing touches the shard after this returns and the caller closes it.
         The metrics endpoint stops last, so the final counts can still be scraped meanwhile.
         """
         self.health.enter_graceful_shutdown()
+        if self.servicer is not None:
+            self.servicer.stop_streams()
         self.server.stop(grace).wait()
         self.executor.shutdown(wait=True)
         if self.metrics_endpoint is not None:
             self.metrics_endpoint.stop()
 
 
-def build_server(shard: Shard, config: ServerConfig | None = None) -> ShardServer:
+def build_server(
+    shard: Shard | ShardSlot, config: ServerConfig | None = None, *, serving: bool = True
+) -> ShardServer:
     """Start serving ``shard``; returns the server and the bound port.
+
+    Args:
+        shard: the shard, or the slot a follower swaps its shard in (empty until bootstrapped).
+        config: how to serve it.
+        serving: the initial health status; a follower starts NOT_SERVING and calls
+            :meth:`ShardServer.set_serving` once bootstrapped.
 
     Raises:
         OSError: an address cannot be bound.
@@ -158,8 +187,12 @@ def build_server(shard: Shard, config: ServerConfig | None = None) -> ShardServe
         interceptors=interceptors,
         options=options,
     )
+    max_streams = cfg.max_streams if cfg.max_streams is not None else max(1, cfg.workers // 2)
     servicer = StoreServicer(
-        shard, cfg.shard_index, cfg.num_shards, ServicerLimits(cfg.max_ids_per_request)
+        shard,
+        cfg.shard_index,
+        cfg.num_shards,
+        ServicerLimits(cfg.max_ids_per_request, max_streams),
     )
     server.add_generic_rpc_handlers((store_handler(servicer),))
     health_servicer = health.HealthServicer()
@@ -185,16 +218,17 @@ def build_server(shard: Shard, config: ServerConfig | None = None) -> ShardServe
         if endpoint is not None:
             endpoint.stop()
         raise
-    for name in ("", SERVICE_NAME):
-        health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    return ShardServer(
+    served = ShardServer(
         server=server,
         executor=executor,
         port=port,
         health=health_servicer,
         metrics_registry=registry,
         metrics_endpoint=endpoint,
+        servicer=servicer,
     )
+    served.set_serving(serving)
+    return served
 
 
 def _is_loopback(host: str) -> bool:

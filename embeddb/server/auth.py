@@ -8,11 +8,16 @@ role                    may call
 ======================  ==================================================================
 ``Role.READ_WRITE``     everything
 ``Role.READ_ONLY``      ``Lookup`` with ``train=false``, ``ListTables``, ``DescribeTable``,
-                        ``Stats``
+                        ``Stats``, ``ListSnapshots``, ``Subscribe``, ``FetchSnapshot`` with
+                        ``take_new=false``
 ======================  ==================================================================
 
 A training lookup is a write: it creates admitted rows, promotes disk rows and refreshes
-recency, so a read-only caller gets ``PERMISSION_DENIED`` for it. A missing, malformed or
+recency, so a read-only caller gets ``PERMISSION_DENIED`` for it. So is ``Snapshot``, and
+``FetchSnapshot`` with ``take_new``: a new snapshot costs a pause of the mutations and can prune
+older snapshots (retention). A read-only token is enough for a follower: it reads the update
+log (which shows no more than evaluation lookups could) and the newest snapshot; a primary
+without any snapshot takes its first one for it (that prunes nothing). A missing, malformed or
 unknown token gets ``UNAUTHENTICATED``. Services named in ``open_services`` (health checking
 and reflection, so orchestrators can probe) need no token. Denied calls never reach the
 servicer.
@@ -59,8 +64,18 @@ _HINT = "generate one with: python -c 'import secrets; print(secrets.token_urlsa
 
 _STORE = pb.DESCRIPTOR.services_by_name["EmbeddingStore"].full_name
 _LOOKUP = f"/{_STORE}/Lookup"
+_FETCH_SNAPSHOT = f"/{_STORE}/FetchSnapshot"
 _READ_ONLY_METHODS = frozenset(
-    f"/{_STORE}/{name}" for name in ("Lookup", "ListTables", "DescribeTable", "Stats")
+    f"/{_STORE}/{name}"
+    for name in (
+        "Lookup",
+        "ListTables",
+        "DescribeTable",
+        "Stats",
+        "ListSnapshots",
+        "Subscribe",
+        "FetchSnapshot",
+    )
 )
 
 
@@ -258,6 +273,8 @@ class AuthInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
             return _refusing(handler, exc)
         if role is Role.READ_ONLY and method == _LOOKUP:
             return _checked(handler, _refuse_training_lookup, method)
+        if role is Role.READ_ONLY and method == _FETCH_SNAPSHOT:
+            return _checked(handler, _refuse_new_snapshot, method)
         return handler
 
 
@@ -266,6 +283,14 @@ def _refuse_training_lookup(request: Any) -> None:
         raise PermissionDeniedError(
             "a read-only token may not run a training lookup (train=true creates rows and "
             "refreshes recency); send train=false or use a read-write token"
+        )
+
+
+def _refuse_new_snapshot(request: Any) -> None:
+    if request.take_new:
+        raise PermissionDeniedError(
+            "a read-only token may not take a snapshot (FetchSnapshot take_new=true); fetch the "
+            "newest one or use a read-write token"
         )
 
 

@@ -3,7 +3,9 @@
 ``embeddb serve`` parses argv and files into config objects and calls :func:`run_daemon`, which
 reads nothing else. The life of the process::
 
-    open Shard(data_dir)          refuses a directory that was not shut down cleanly
+    open Shard(data_dir)          reopens after a clean shutdown, recovers after a crash
+                                  (newest verified snapshot + update log), or restores the
+                                  snapshot ``restore`` names
     build_server(shard)           health SERVING on every service
     write the port file           (temp file + rename) so a supervisor can find a port-0 server
     log "serving shard i/n on host:port (data dir ...)"
@@ -16,6 +18,13 @@ reads nothing else. The life of the process::
 A signal that arrives while the shard is still opening is honoured as soon as it is open, so the
 directory is always left with its clean-shutdown record.
 
+With ``DaemonOptions.follow`` (``embeddb serve --follow ADDRESS``) the process serves a
+read-only follower of that primary instead (:mod:`embeddb.server.follower`): the server starts
+NOT_SERVING with no shard, turns SERVING once the follower has bootstrapped from the primary's
+snapshot, and at shutdown the follower stops after the server (its replica is deleted: a
+follower bootstraps again when it restarts). A follower that cannot go on (its primary serves
+another shard) ends the process with exit code 1.
+
 With ``DaemonOptions.parent_pid`` (``embeddb serve --parent-pid``, set by the cluster supervisor)
 the daemon checks every half second that ``os.getppid()`` is still that process, and shuts down
 as on SIGTERM once it is not: a parent that died, even by SIGKILL and even before the check
@@ -27,6 +36,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import tempfile
 import threading
@@ -37,7 +47,9 @@ from pathlib import Path
 from types import FrameType
 
 from embeddb.config import EmbeddingConfig
-from embeddb.server.app import ServerConfig, build_server
+from embeddb.server.app import ServerConfig, ShardServer, build_server
+from embeddb.server.follower import Follower, FollowerOptions
+from embeddb.server.metrics import FollowerCollector
 from embeddb.shard import Shard
 
 __all__ = ["DaemonOptions", "run_daemon", "write_atomically"]
@@ -59,6 +71,12 @@ class DaemonOptions:
         handle_signals: install SIGTERM/SIGINT handlers that begin the shutdown. Only possible
             in the main thread; elsewhere (tests driving the daemon in a thread) pass ``stop``.
         parent_pid: shut down (as on SIGTERM) once this process is no longer the parent.
+        restore: start from this snapshot of ``data_dir`` (``Shard(restore=...)``): the state
+            and update log after it are set aside.
+        fallback: if the newest snapshot fails verification during crash recovery, recover
+            from the next older one (``Shard(fallback=True)``) instead of refusing to start.
+        follow: serve a read-only follower of this primary instead of a shard of our own;
+            ``data_dir`` (a temporary directory when None) then holds its replica.
     """
 
     data_dir: Path | None = None
@@ -66,6 +84,9 @@ class DaemonOptions:
     port_file: Path | None = None
     handle_signals: bool = True
     parent_pid: int | None = None
+    restore: str | None = None
+    fallback: bool = False
+    follow: FollowerOptions | None = None
 
 
 def write_atomically(path: Path, text: str) -> None:
@@ -125,17 +146,41 @@ def run_daemon(
         stop: the event that ends serving; a fresh one when ``None``.
 
     Returns:
-        0 after a clean shutdown (the shard's clean-shutdown record is written).
+        0 after a clean shutdown (the shard's clean-shutdown record is written); 1 when a
+        follower stopped on an error retrying cannot fix.
 
     Raises:
-        StorageError: the data directory is unusable or was not shut down cleanly.
-        CorruptDataError: the data directory contradicts ``config``.
+        StorageError: the data directory is unusable or cannot be recovered.
+        CorruptDataError: the data directory contradicts ``config``, or a snapshot failed
+            verification (without ``fallback``).
+        InvalidArgumentError: ``restore`` names no complete snapshot.
         OSError: the address cannot be bound or the port file cannot be written.
     """
+    if options.follow is not None:
+        return _run_follower(config, server_config, options, options.follow, stop)
     stop = stop if stop is not None else threading.Event()
     where = f"shard {server_config.shard_index}/{server_config.num_shards}"
     with _stop_on_signals(stop, options.handle_signals):
-        shard = Shard(config, options.data_dir)
+        shard = Shard(
+            config,
+            options.data_dir,
+            shard_index=server_config.shard_index,
+            num_shards=server_config.num_shards,
+            restore=options.restore,
+            fallback=options.fallback,
+        )
+        recovery = shard.recovery
+        if recovery.source not in ("new", "clean"):
+            log.warning(
+                "%s: opened from %s%s at seq %d, %d log records replayed (seq %d, %.2fs)",
+                where,
+                recovery.source,
+                f" {recovery.snapshot_id}" if recovery.snapshot_id else "",
+                recovery.from_seq,
+                recovery.replayed,
+                recovery.seq,
+                recovery.seconds,
+            )
         try:
             served = build_server(shard, server_config)
         except BaseException:
@@ -152,26 +197,8 @@ def run_daemon(
             log.info(
                 "serving %s on %s:%d (data dir %s)", where, server_config.host, served.port, data
             )
-            if served.metrics_port is not None:
-                log.info(
-                    "%s metrics on http://%s:%d/metrics",
-                    where,
-                    server_config.host,
-                    served.metrics_port,
-                )
-            if server_config.tls or server_config.tokens is not None:
-                log.info(
-                    "%s: TLS %s, bearer tokens %s",
-                    where,
-                    "on" if server_config.tls else "off",
-                    "required" if server_config.tokens is not None else "not required",
-                )
-            while not stop.wait(0.5):  # a timed wait keeps the main thread responsive to signals
-                if options.parent_pid is not None and os.getppid() != options.parent_pid:
-                    log.warning(
-                        "%s: parent process %d is gone; shutting down", where, options.parent_pid
-                    )
-                    stop.set()
+            _log_extras(where, server_config, served)
+            _wait(stop, options, where)
             log.info("%s: health NOT_SERVING, draining calls (grace %gs)", where, options.grace)
         finally:
             try:
@@ -184,3 +211,94 @@ def run_daemon(
                         options.port_file.unlink(missing_ok=True)
     log.info("%s stopped cleanly", where)
     return 0
+
+
+def _run_follower(
+    config: EmbeddingConfig,
+    server_config: ServerConfig,
+    options: DaemonOptions,
+    follow: FollowerOptions,
+    stop: threading.Event | None,
+) -> int:
+    """:func:`run_daemon` for a follower of ``follow.primary``."""
+    stop = stop if stop is not None else threading.Event()
+    where = (
+        f"follower of {follow.primary} (shard {server_config.shard_index}/"
+        f"{server_config.num_shards})"
+    )
+    temporary = options.data_dir is None
+    data_dir = (
+        Path(tempfile.mkdtemp(prefix="embeddb-follower-"))
+        if options.data_dir is None
+        else options.data_dir
+    )
+    with _stop_on_signals(stop, options.handle_signals):
+        follower = Follower(
+            config,
+            data_dir,
+            follow,
+            shard_index=server_config.shard_index,
+            num_shards=server_config.num_shards,
+        )
+        served = build_server(follower.slot, server_config, serving=False)
+        try:
+            if served.metrics_registry is not None:
+                served.metrics_registry.register(FollowerCollector(follower))
+            follower.start(on_ready=lambda: served.set_serving(True))
+            if options.port_file is not None:
+                write_atomically(options.port_file, f"{served.port}\n")
+            log.info(
+                "serving %s on %s:%d (data dir %s); NOT_SERVING until bootstrapped",
+                where,
+                server_config.host,
+                served.port,
+                os.path.abspath(data_dir),
+            )
+            _log_extras(where, server_config, served)
+            _wait(stop, options, where, follower.done)
+            log.info("%s: health NOT_SERVING, draining calls (grace %gs)", where, options.grace)
+        finally:
+            try:
+                served.stop(options.grace)
+            finally:
+                try:
+                    follower.stop()
+                finally:
+                    if options.port_file is not None:
+                        options.port_file.unlink(missing_ok=True)
+                    if temporary:
+                        shutil.rmtree(data_dir, ignore_errors=True)
+    if follower.error is not None:
+        log.error("%s stopped: %s", where, follower.error)
+        return 1
+    log.info("%s stopped cleanly", where)
+    return 0
+
+
+def _log_extras(where: str, server_config: ServerConfig, served: ShardServer) -> None:
+    if served.metrics_port is not None:
+        log.info(
+            "%s metrics on http://%s:%d/metrics", where, server_config.host, served.metrics_port
+        )
+    if server_config.tls or server_config.tokens is not None:
+        log.info(
+            "%s: TLS %s, bearer tokens %s",
+            where,
+            "on" if server_config.tls else "off",
+            "required" if server_config.tokens is not None else "not required",
+        )
+
+
+def _wait(
+    stop: threading.Event,
+    options: DaemonOptions,
+    where: str,
+    failed: threading.Event | None = None,
+) -> None:
+    """Until ``stop`` (signals), the parent's death, or ``failed`` (a follower's end)."""
+    while not stop.wait(0.5):  # a timed wait keeps the main thread responsive to signals
+        if options.parent_pid is not None and os.getppid() != options.parent_pid:
+            log.warning("%s: parent process %d is gone; shutting down", where, options.parent_pid)
+            stop.set()
+        if failed is not None and failed.is_set():
+            stop.set()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, NoReturn
 
 import grpc
@@ -24,6 +24,7 @@ def abort_with(context: grpc.ServicerContext, error: EmbeddbError) -> NoReturn:
 class ErrorInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
     """Turns embeddb exceptions into gRPC statuses (``embeddb.errors.STATUS_BY_ERROR``).
 
+    Unary calls and server-streaming calls (raised before or between the streamed messages).
     An unexpected exception is logged with its traceback and answered with ``INTERNAL``; the
     server keeps serving either way.
     """
@@ -34,9 +35,26 @@ class ErrorInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
         handler_call_details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler | None:
         handler = continuation(handler_call_details)
-        if handler is None or handler.unary_unary is None:
+        if handler is None:
             return handler
         method = handler_call_details.method
+        if handler.unary_stream is not None:
+            streaming = handler.unary_stream
+
+            def guarded_stream(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+                try:
+                    yield from streaming(request, context)
+                except EmbeddbError as exc:
+                    abort_with(context, exc)
+                except Exception:
+                    log.exception("unexpected error in %s", method)
+                    context.abort(
+                        grpc.StatusCode.INTERNAL, f"internal error in {method}; see server log"
+                    )
+
+            return rewrap(handler, guarded_stream)
+        if handler.unary_unary is None:
+            return handler
         inner = handler.unary_unary
 
         def guarded(request: Any, context: grpc.ServicerContext) -> Any:

@@ -35,6 +35,21 @@ label ``table``; named after the fields of ``embeddb.storage.TableStats``)::
     embeddb_assigned_rows_total     counter   rows written by Assign
     embeddb_deleted_rows_total      counter   rows removed by Delete
 
+Follower metrics (read from a :class:`~embeddb.server.follower.Follower` at scrape time by
+:class:`FollowerCollector`; only on a server started with ``embeddb serve --follow``)::
+
+    embeddb_follower_lag_seq               gauge    the primary's seq (as last heard) − applied
+    embeddb_follower_lag_seconds           gauge    0 when caught up, else now − the primary's
+                                                    time of logging the newest applied record
+                                                    (clocks of both hosts; approximate after a
+                                                    primary restart)
+    embeddb_follower_applied_seq           gauge    the last primary seq applied
+    embeddb_follower_primary_seq           gauge    the primary's last seq, as last heard
+    embeddb_follower_applied_records_total counter  log records applied
+    embeddb_follower_reconnects_total      counter  feeds re-opened after a broken stream
+    embeddb_follower_bootstraps_total      counter  bootstraps from a snapshot (first included)
+    embeddb_follower_bootstrapped          gauge    1 once serving a bootstrapped shard
+
 Mapping to PERSIA's metric names (``embeddb_`` prefix added; Prometheus adds ``_total`` to
 counters):
 
@@ -63,7 +78,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 from wsgiref.simple_server import WSGIServer
 
 import grpc
@@ -73,11 +88,13 @@ from prometheus_client.registry import Collector
 
 from embeddb.errors import UnavailableError
 from embeddb.server.interceptors import rewrap
+from embeddb.server.slot import ShardSlot
 from embeddb.shard import Shard
 from embeddb.v1 import embeddb_pb2 as pb
 
 __all__ = [
     "LATENCY_BUCKETS",
+    "FollowerCollector",
     "MetricsEndpoint",
     "MetricsInterceptor",
     "ShardMetrics",
@@ -130,10 +147,11 @@ _COUNTERS: dict[str, tuple[str, str]] = {
 
 
 class ShardStatsCollector(Collector):
-    """Reads ``shard.stats()`` at every scrape; a closed shard yields no samples."""
+    """Reads ``shard.stats()`` at every scrape; a closed shard (or an empty slot) yields no
+    samples."""
 
-    def __init__(self, shard: Shard, prefix: str = "embeddb") -> None:
-        self._shard = shard
+    def __init__(self, shard: Shard | ShardSlot, prefix: str = "embeddb") -> None:
+        self._slot = shard if isinstance(shard, ShardSlot) else ShardSlot(shard)
         self._prefix = prefix
 
     def describe(self) -> list[Any]:
@@ -142,7 +160,8 @@ class ShardStatsCollector(Collector):
     def collect(self) -> Iterator[Any]:
         p = self._prefix
         try:
-            stats = self._shard.stats()
+            with self._slot.use() as shard:
+                stats = shard.stats()
         except UnavailableError:
             return
         rows = GaugeMetricFamily(f"{p}_rows", "Rows stored in either tier.", labels=["table"])
@@ -220,7 +239,7 @@ class ShardMetrics:
             registry=registry,
         )
 
-    def watch(self, shard: Shard) -> None:
+    def watch(self, shard: Shard | ShardSlot) -> None:
         """Export ``shard``'s table statistics, read at scrape time."""
         self.registry.register(ShardStatsCollector(shard, self.prefix))
 
@@ -239,6 +258,55 @@ class ShardMetrics:
                 n *= max(int(d), 0)
             # Only successful calls: their table exists, so the label set stays bounded.
             self.request_ids.labels(method, request.table).inc(n)
+
+
+class FollowerStatus(Protocol):
+    """What :class:`FollowerCollector` reads (a :class:`~embeddb.server.follower.Follower`)."""
+
+    applied_records: int
+    reconnects: int
+    bootstraps: int
+
+    @property
+    def applied_seq(self) -> int: ...
+    @property
+    def primary_seq(self) -> int: ...
+    @property
+    def bootstrapped(self) -> bool: ...
+    def lag_seconds(self) -> float: ...
+
+
+class FollowerCollector(Collector):
+    """The ``embeddb_follower_*`` metrics of a follower, read at every scrape."""
+
+    def __init__(self, follower: FollowerStatus, prefix: str = "embeddb") -> None:
+        self._follower = follower
+        self._prefix = prefix
+
+    def describe(self) -> list[Any]:
+        return []
+
+    def collect(self) -> Iterator[Any]:
+        p, f = f"{self._prefix}_follower", self._follower
+        applied, primary = f.applied_seq, f.primary_seq
+        gauges = (
+            ("lag_seq", "The primary's last seq (as last heard) minus the applied seq.",
+             max(0, primary - applied)),
+            ("lag_seconds", "0 when caught up, else seconds since the primary logged the "
+             "newest applied record.", f.lag_seconds()),
+            ("applied_seq", "The last primary seq applied.", applied),
+            ("primary_seq", "The primary's last seq, as last heard.", primary),
+            ("bootstrapped", "1 once serving a bootstrapped shard.", int(f.bootstrapped)),
+        )  # fmt: skip
+        for name, text, value in gauges:
+            yield GaugeMetricFamily(f"{p}_{name}", text, value=value)
+        counters = (
+            ("applied_records", "Update log records applied.", f.applied_records),
+            ("reconnects", "Feeds re-opened after a broken stream.", f.reconnects),
+            ("bootstraps", "Bootstraps from a snapshot, the first included.", f.bootstraps),
+        )
+        for name, text, value in counters:
+            yield CounterMetricFamily(f"{p}_{name}", text, value=value)
 
 
 def _status_name(context: grpc.ServicerContext, finished: bool) -> str:

@@ -2,10 +2,21 @@
 
 Errors raised by the shard or the codec propagate as :mod:`embeddb.errors` exceptions; the
 :class:`~embeddb.server.interceptors.ErrorInterceptor` turns them into gRPC statuses.
+
+Every call borrows the shard from a :class:`~embeddb.server.slot.ShardSlot` (a follower swaps
+its shard when it bootstraps again). The two server-streaming calls, ``Subscribe`` (a
+follower's feed: :meth:`Shard.tail_log`) and ``FetchSnapshot`` (a snapshot's files), each hold
+a request thread while they run, so at most ``max_streams`` run at once (RESOURCE_EXHAUSTED
+beyond); :meth:`StoreServicer.stop_streams` ends them all with UNAVAILABLE within
+``STREAM_POLL_S`` when the server shuts down, so open streams never hold up the shutdown.
 """
 
 from __future__ import annotations
 
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import closing, contextmanager
 from dataclasses import dataclass
 
 import grpc
@@ -13,41 +24,68 @@ import numpy as np
 import numpy.typing as npt
 
 from embeddb import wire
-from embeddb.errors import ResourceExhaustedError
+from embeddb.durability.log import LogRecord
+from embeddb.errors import ResourceExhaustedError, UnavailableError
+from embeddb.server.slot import ShardSlot
 from embeddb.shard import Shard
 from embeddb.v1 import embeddb_pb2 as pb
 from embeddb.v1 import embeddb_pb2_grpc as pb_grpc
 
-__all__ = ["ServicerLimits", "StoreServicer", "store_handler"]
+__all__ = [
+    "HEARTBEAT_S",
+    "SNAPSHOT_CHUNK_BYTES",
+    "STREAM_POLL_S",
+    "ServicerLimits",
+    "StoreServicer",
+    "store_handler",
+]
+
+STREAM_POLL_S = 0.05  # how often an idle stream checks for cancellation and shutdown
+HEARTBEAT_S = 1.0  # an idle Subscribe stream sends a heartbeat this often
+SNAPSHOT_CHUNK_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
 class ServicerLimits:
-    """Per-request limits enforced before any work is done."""
+    """Per-request limits enforced before any work is done.
+
+    Attributes:
+        max_ids_per_request: ids one request may carry.
+        max_streams: ``Subscribe`` and ``FetchSnapshot`` calls running at once (each holds a
+            request thread for as long as it runs).
+    """
 
     max_ids_per_request: int = 1 << 22
+    max_streams: int = 4
 
 
 class StoreServicer(pb_grpc.EmbeddingStoreServicer):
     """Serves one shard.
 
     Args:
-        shard: the open shard.
+        shard: the open shard, or the slot holding it (a follower's, swapped on re-bootstrap).
         shard_index, num_shards: this shard's place in the cluster (reported by ``Stats``).
         limits: request limits.
     """
 
     def __init__(
         self,
-        shard: Shard,
+        shard: Shard | ShardSlot,
         shard_index: int = 0,
         num_shards: int = 1,
         limits: ServicerLimits | None = None,
     ) -> None:
-        self._shard = shard
+        self._slot = shard if isinstance(shard, ShardSlot) else ShardSlot(shard)
         self._index = shard_index
         self._count = num_shards
         self._limits = limits or ServicerLimits()
+        self._stopping = threading.Event()
+        self._streams = 0
+        self._streams_lock = threading.Lock()
+
+    def stop_streams(self) -> None:
+        """End every running and future stream with UNAVAILABLE (the server is stopping)."""
+        self._stopping.set()
 
     def _ids(self, tensor: pb.Tensor, field: str = "ids") -> npt.NDArray[np.uint64]:
         n = 1
@@ -60,13 +98,15 @@ class StoreServicer(pb_grpc.EmbeddingStoreServicer):
             )
         return wire.decode_ids(tensor, field)
 
-    def _dim(self, table: str) -> int:
-        return self._shard.config.table(table).dim
+    @staticmethod
+    def _dim(shard: Shard, table: str) -> int:
+        return shard.config.table(table).dim
 
     def Lookup(self, request: pb.LookupRequest, context: grpc.ServicerContext) -> wire.Encoded:
         """Answers an already serialized ``LookupResponse`` (one copy of the vectors)."""
         ids = self._ids(request.ids)
-        vectors = self._shard.lookup(request.table, ids, train=request.train)
+        with self._slot.use() as shard:
+            vectors = shard.lookup(request.table, ids, train=request.train)
         enc = request.encoding
         return wire.encode_lookup_response(vectors, fp16=enc.fp16, lz4_min_bytes=enc.lz4_min_bytes)
 
@@ -74,33 +114,41 @@ class StoreServicer(pb_grpc.EmbeddingStoreServicer):
         self, request: pb.ApplyGradientsRequest, context: grpc.ServicerContext
     ) -> pb.ApplyGradientsResponse:
         ids = self._ids(request.ids)
-        grads = wire.decode_matrix(request.grads, "grads", ids.size, self._dim(request.table))
-        result = self._shard.apply_gradients(request.table, ids, grads)
+        with self._slot.use() as shard:
+            dim = self._dim(shard, request.table)
+            grads = wire.decode_matrix(request.grads, "grads", ids.size, dim)
+            result = shard.apply_gradients(request.table, ids, grads)
         return pb.ApplyGradientsResponse(
             applied=result.applied, nan_skipped=result.nan_skipped, missing=result.missing
         )
 
     def Assign(self, request: pb.AssignRequest, context: grpc.ServicerContext) -> pb.AssignResponse:
         ids = self._ids(request.ids)
-        vectors = wire.decode_matrix(request.vectors, "vectors", ids.size, self._dim(request.table))
-        return pb.AssignResponse(written=self._shard.assign(request.table, ids, vectors))
+        with self._slot.use() as shard:
+            dim = self._dim(shard, request.table)
+            vectors = wire.decode_matrix(request.vectors, "vectors", ids.size, dim)
+            return pb.AssignResponse(written=shard.assign(request.table, ids, vectors))
 
     def Delete(self, request: pb.DeleteRequest, context: grpc.ServicerContext) -> pb.DeleteResponse:
         ids = self._ids(request.ids)
-        return pb.DeleteResponse(deleted=self._shard.delete(request.table, ids))
+        with self._slot.use() as shard:
+            return pb.DeleteResponse(deleted=shard.delete(request.table, ids))
 
     def ListTables(
         self, request: pb.ListTablesRequest, context: grpc.ServicerContext
     ) -> pb.ListTablesResponse:
-        return pb.ListTablesResponse(tables=[self._info(name) for name in self._shard.tables])
+        with self._slot.use() as shard:
+            return pb.ListTablesResponse(tables=[self._info(shard, n) for n in shard.tables])
 
     def DescribeTable(
         self, request: pb.DescribeTableRequest, context: grpc.ServicerContext
     ) -> pb.TableInfo:
-        return self._info(request.table)
+        with self._slot.use() as shard:
+            return self._info(shard, request.table)
 
     def Stats(self, request: pb.StatsRequest, context: grpc.ServicerContext) -> pb.StatsResponse:
-        stats = self._shard.stats()
+        with self._slot.use() as shard:
+            stats = shard.stats()
         tables = [
             pb.TableStats(
                 table=name,
@@ -110,8 +158,112 @@ class StoreServicer(pb_grpc.EmbeddingStoreServicer):
         ]
         return pb.StatsResponse(shard_index=self._index, num_shards=self._count, tables=tables)
 
-    def _info(self, name: str) -> pb.TableInfo:
-        t = self._shard.config.table(name)
+    # ------------------------------------------------------------------ durability
+    def Snapshot(
+        self, request: pb.SnapshotRequest, context: grpc.ServicerContext
+    ) -> pb.SnapshotResponse:
+        with self._slot.use() as shard:
+            result = shard.snapshot(request.snapshot_id or None)
+        return pb.SnapshotResponse(
+            snapshot_id=result.info.snapshot_id,
+            seq=result.info.seq,
+            bytes=result.info.bytes,
+            pause_ms=result.pause_s * 1000.0,
+            seconds=result.seconds,
+            shard_index=self._index,
+        )
+
+    def ListSnapshots(
+        self, request: pb.ListSnapshotsRequest, context: grpc.ServicerContext
+    ) -> pb.ListSnapshotsResponse:
+        with self._slot.use() as shard:
+            infos = shard.snapshots()
+        return pb.ListSnapshotsResponse(
+            snapshots=[
+                pb.SnapshotInfo(
+                    snapshot_id=s.snapshot_id, seq=s.seq, bytes=s.bytes, created=s.created
+                )
+                for s in infos
+            ]
+        )
+
+    def Subscribe(
+        self, request: pb.SubscribeRequest, context: grpc.ServicerContext
+    ) -> Iterator[pb.LogRecordMessage]:
+        """Records after ``from_seq``, then new ones as they are logged; a heartbeat (seq 0)
+        after every ``HEARTBEAT_S`` without one. Ends when the caller cancels, or with
+        UNAVAILABLE when the server stops or the shard closes."""
+        with self._stream(), self._slot.use() as shard:
+            records = shard.tail_log(request.from_seq, idle_s=STREAM_POLL_S)
+            with closing(records):
+                yield from self._feed(shard, records, context)
+
+    def _feed(
+        self, shard: Shard, records: Iterator[LogRecord | None], context: grpc.ServicerContext
+    ) -> Iterator[pb.LogRecordMessage]:
+        sent = time.monotonic()
+        for record in records:
+            self._check_stopping()
+            if not context.is_active():
+                return
+            if record is None:
+                if time.monotonic() - sent < HEARTBEAT_S:
+                    continue
+                message = pb.LogRecordMessage(primary_seq=shard.seq)
+            else:
+                message = pb.LogRecordMessage(
+                    seq=record.seq,
+                    payload=record.payload,
+                    primary_seq=shard.seq,
+                    appended_at=shard.append_time(record.seq) or 0.0,
+                )
+            sent = time.monotonic()
+            yield message
+
+    def FetchSnapshot(
+        self, request: pb.FetchSnapshotRequest, context: grpc.ServicerContext
+    ) -> Iterator[pb.SnapshotChunk]:
+        """The files of a complete snapshot in chunks, the manifest last (see the proto)."""
+        with self._stream():
+            with self._slot.use() as shard:
+                reader = shard.open_snapshot(request.snapshot_id or None, request.take_new)
+            with reader:
+                info = reader.info
+                for chunk in reader.chunks(SNAPSHOT_CHUNK_BYTES):
+                    self._check_stopping()
+                    if not context.is_active():
+                        return
+                    yield pb.SnapshotChunk(
+                        snapshot_id=info.snapshot_id,
+                        seq=info.seq,
+                        path=chunk.path,
+                        offset=chunk.offset,
+                        data=chunk.data,
+                    )
+
+    @contextmanager
+    def _stream(self) -> Iterator[None]:
+        """Count a running stream; RESOURCE_EXHAUSTED beyond ``max_streams``."""
+        with self._streams_lock:
+            if self._streams >= self._limits.max_streams:
+                raise ResourceExhaustedError(
+                    f"{self._streams} streams (Subscribe, FetchSnapshot) are running, the "
+                    f"server's max_streams; retry later"
+                )
+            self._streams += 1
+        try:
+            yield
+        finally:
+            with self._streams_lock:
+                self._streams -= 1
+
+    def _check_stopping(self) -> None:
+        if self._stopping.is_set():
+            raise UnavailableError("the server is shutting down; reconnect later")
+
+    @staticmethod
+    def _info(shard: Shard, name: str) -> pb.TableInfo:
+        t = shard.config.table(name)
         return pb.TableInfo(
             name=t.name,
             dim=t.dim,

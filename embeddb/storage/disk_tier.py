@@ -11,11 +11,20 @@ RAM row and records that it did); crash recovery is the update log's job.
 
 The rocksdict API takes Python lists of ``bytes``; keys and values are converted with numpy's
 void-dtype views (``tolist`` on a ``V8`` array builds the list in C), never a per-id Python loop.
+
+**Read-only** (``read_only=True``, for tools that read a snapshot's checkpoint, such as
+``embeddb reshard``): nothing is ever written to ``path``. RocksDB's own read-only mode writes
+nothing, but rocksdict rewrites its ``rocksdict-config.json`` on every open (read-only too), and
+a snapshot's files are checksummed and partly hard-linked with the live shard. So the tier opens
+a private *shadow* directory instead: symlinks to every file of ``path`` except that config file,
+removed again by :meth:`close`.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,6 +37,7 @@ from embeddb.errors import CorruptDataError, StorageError
 __all__ = ["DiskTier"]
 
 _CF_PREFIX = "table."
+_ROCKSDICT_CONFIG = "rocksdict-config.json"  # written by rocksdict on every open
 
 
 def _keys(ids: npt.NDArray[np.uint64]) -> list[bytes]:
@@ -42,9 +52,12 @@ def _storage_error(what: str, exc: Exception) -> StorageError:
     return kind(f"{what}: {exc}")
 
 
-def _options(cache_mb: int = 256) -> rocksdict.Options:
+def _options(cache_mb: int = 256, write_buffer_mb: int | None = None) -> rocksdict.Options:
     opt = rocksdict.Options(raw_mode=True)
     opt.create_if_missing(True)
+    if write_buffer_mb is not None:
+        opt.set_write_buffer_size(write_buffer_mb << 20)
+        opt.set_db_write_buffer_size(write_buffer_mb << 20)
     opt.set_max_background_jobs(2)
     table = rocksdict.BlockBasedOptions()
     table.set_bloom_filter(10, False)  # misses (new ids) rarely touch data blocks
@@ -62,37 +75,84 @@ class DiskTier:
     """RocksDB storage of spilled rows for all tables of one shard.
 
     Args:
-        path: the RocksDB directory (created if missing).
+        path: the RocksDB directory (created if missing, unless ``read_only``).
         widths: ``{table name: row width in float32}`` for every table.
         cache_mb: block cache size in MiB.
+        read_only: open an existing database (e.g. a snapshot's checkpoint) for reading only,
+            through a shadow directory (see the module docstring); writes raise
+            :class:`StorageError`.
+        write_buffer_mb: cap the memtables of the whole database at about this many MiB
+            (default: RocksDB's, 64 MiB per table); bulk writers opening many tiers at once
+            set it to bound their memory.
 
     Raises:
         StorageError: RocksDB cannot open the directory (locked, unwritable, corrupt).
+        CorruptDataError: (``read_only``) a table has no column family in the database.
     """
 
     def __init__(
-        self, path: str | os.PathLike[str], widths: dict[str, int], cache_mb: int = 256
+        self,
+        path: str | os.PathLike[str],
+        widths: dict[str, int],
+        cache_mb: int = 256,
+        *,
+        read_only: bool = False,
+        write_buffer_mb: int | None = None,
     ) -> None:
         self.path = Path(path)
+        self.read_only = read_only
         self._widths = dict(widths)
         self._write_opts = rocksdict.WriteOptions()
         self._write_opts.disable_wal = True  # type: ignore[method-assign,assignment]  # stub is wrong: a property
+        self._shadow: Path | None = None
+        self._views: dict[str, rocksdict.Rdict] = {}
+        self._cfs: dict[str, rocksdict.ColumnFamily] = {}
         try:
+            if read_only:
+                self._db = self._open_read_only(cache_mb)
+                return
             self.path.mkdir(parents=True, exist_ok=True)
-            self._db = rocksdict.Rdict(str(self.path), _options(cache_mb))
+            self._db = rocksdict.Rdict(str(self.path), _options(cache_mb, write_buffer_mb))
             existing = set(rocksdict.Rdict.list_cf(str(self.path), _options()))
             # Per table: an Rdict view of its column family (multi-get, iteration) and a handle
             # (write batches).
-            self._views: dict[str, rocksdict.Rdict] = {}
-            self._cfs: dict[str, rocksdict.ColumnFamily] = {}
             for name in self._widths:
                 cf_name = _CF_PREFIX + name
                 if cf_name not in existing:
-                    self._db.create_column_family(cf_name, _options())
+                    self._db.create_column_family(cf_name, _options(256, write_buffer_mb))
                 self._views[name] = self._db.get_column_family(cf_name)
                 self._cfs[name] = self._db.get_column_family_handle(cf_name)
+        except StorageError:
+            raise
         except Exception as exc:  # rocksdict raises plain Exception subclasses
             raise _storage_error(f"cannot open disk tier at {self.path}", exc) from exc
+
+    def _open_read_only(self, cache_mb: int) -> rocksdict.Rdict:
+        if not (self.path / "CURRENT").is_file():
+            raise StorageError(f"{self.path} holds no RocksDB database (no CURRENT file)")
+        shadow = Path(tempfile.mkdtemp(prefix="embeddb-readonly-"))
+        self._shadow = shadow
+        try:
+            for entry in self.path.iterdir():
+                if entry.name != _ROCKSDICT_CONFIG:
+                    os.symlink(entry.resolve(), shadow / entry.name)
+            opt = _options(cache_mb)
+            opt.create_if_missing(False)
+            db = rocksdict.Rdict(str(shadow), opt, access_type=rocksdict.AccessType.read_only())
+            existing = set(rocksdict.Rdict.list_cf(str(shadow), _options()))
+            for name in self._widths:
+                cf_name = _CF_PREFIX + name
+                if cf_name not in existing:
+                    db.close()
+                    raise CorruptDataError(
+                        f"disk tier at {self.path} has no column family for table {name!r}"
+                    )
+                self._views[name] = db.get_column_family(cf_name)
+        except BaseException:
+            shutil.rmtree(shadow, ignore_errors=True)
+            self._shadow = None
+            raise
+        return db
 
     def get(
         self, table: str, ids: npt.NDArray[np.uint64]
@@ -140,6 +200,8 @@ class DiskTier:
         self._write(batch, table)
 
     def _write(self, batch: rocksdict.WriteBatch, table: str) -> None:
+        if self.read_only:
+            raise StorageError(f"disk tier at {self.path} is open read-only")
         try:
             self._db.write(batch, self._write_opts)
         except Exception as exc:
@@ -195,9 +257,10 @@ class DiskTier:
             raise _storage_error("disk tier flush failed", exc) from exc
 
     def close(self) -> None:
-        """Flush and close the database; further calls fail."""
+        """Flush (unless read-only) and close the database; further calls fail."""
         try:
-            self.flush()
+            if not self.read_only:
+                self.flush()
             for view in self._views.values():
                 view.close()
             self._views.clear()
@@ -205,6 +268,10 @@ class DiskTier:
             self._db.close()
         except Exception as exc:
             raise _storage_error("disk tier close failed", exc) from exc
+        finally:
+            if self._shadow is not None:
+                shutil.rmtree(self._shadow, ignore_errors=True)
+                self._shadow = None
 
 
 def _decode(

@@ -173,3 +173,87 @@ class StatsResponse(_message.Message):
     num_shards: int
     tables: _containers.RepeatedCompositeFieldContainer[TableStats]
     def __init__(self, shard_index: _Optional[int] = ..., num_shards: _Optional[int] = ..., tables: _Optional[_Iterable[_Union[TableStats, _Mapping]]] = ...) -> None: ...
+
+class SnapshotRequest(_message.Message):
+    __slots__ = ("snapshot_id",)
+    SNAPSHOT_ID_FIELD_NUMBER: _ClassVar[int]
+    snapshot_id: str
+    def __init__(self, snapshot_id: _Optional[str] = ...) -> None: ...
+
+class SnapshotResponse(_message.Message):
+    __slots__ = ("snapshot_id", "seq", "bytes", "pause_ms", "seconds", "shard_index")
+    SNAPSHOT_ID_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    PAUSE_MS_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    SHARD_INDEX_FIELD_NUMBER: _ClassVar[int]
+    snapshot_id: str
+    seq: int
+    bytes: int
+    pause_ms: float
+    seconds: float
+    shard_index: int
+    def __init__(self, snapshot_id: _Optional[str] = ..., seq: _Optional[int] = ..., bytes: _Optional[int] = ..., pause_ms: _Optional[float] = ..., seconds: _Optional[float] = ..., shard_index: _Optional[int] = ...) -> None: ...
+
+class ListSnapshotsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class SnapshotInfo(_message.Message):
+    __slots__ = ("snapshot_id", "seq", "bytes", "created")
+    SNAPSHOT_ID_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    snapshot_id: str
+    seq: int
+    bytes: int
+    created: float
+    def __init__(self, snapshot_id: _Optional[str] = ..., seq: _Optional[int] = ..., bytes: _Optional[int] = ..., created: _Optional[float] = ...) -> None: ...
+
+class ListSnapshotsResponse(_message.Message):
+    __slots__ = ("snapshots",)
+    SNAPSHOTS_FIELD_NUMBER: _ClassVar[int]
+    snapshots: _containers.RepeatedCompositeFieldContainer[SnapshotInfo]
+    def __init__(self, snapshots: _Optional[_Iterable[_Union[SnapshotInfo, _Mapping]]] = ...) -> None: ...
+
+class SubscribeRequest(_message.Message):
+    __slots__ = ("from_seq",)
+    FROM_SEQ_FIELD_NUMBER: _ClassVar[int]
+    from_seq: int
+    def __init__(self, from_seq: _Optional[int] = ...) -> None: ...
+
+class LogRecordMessage(_message.Message):
+    __slots__ = ("seq", "payload", "primary_seq", "appended_at")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    PRIMARY_SEQ_FIELD_NUMBER: _ClassVar[int]
+    APPENDED_AT_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    payload: bytes
+    primary_seq: int
+    appended_at: float
+    def __init__(self, seq: _Optional[int] = ..., payload: _Optional[bytes] = ..., primary_seq: _Optional[int] = ..., appended_at: _Optional[float] = ...) -> None: ...
+
+class FetchSnapshotRequest(_message.Message):
+    __slots__ = ("snapshot_id", "take_new")
+    SNAPSHOT_ID_FIELD_NUMBER: _ClassVar[int]
+    TAKE_NEW_FIELD_NUMBER: _ClassVar[int]
+    snapshot_id: str
+    take_new: bool
+    def __init__(self, snapshot_id: _Optional[str] = ..., take_new: _Optional[bool] = ...) -> None: ...
+
+class SnapshotChunk(_message.Message):
+    __slots__ = ("snapshot_id", "seq", "path", "offset", "data")
+    SNAPSHOT_ID_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    snapshot_id: str
+    seq: int
+    path: str
+    offset: int
+    data: bytes
+    def __init__(self, snapshot_id: _Optional[str] = ..., seq: _Optional[int] = ..., path: _Optional[str] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...

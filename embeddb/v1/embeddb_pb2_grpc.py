@@ -69,6 +69,26 @@ class EmbeddingStoreStub:
                 request_serializer=embeddb_dot_v1_dot_embeddb__pb2.StatsRequest.SerializeToString,
                 response_deserializer=embeddb_dot_v1_dot_embeddb__pb2.StatsResponse.FromString,
                 _registered_method=True)
+        self.Snapshot = channel.unary_unary(
+                '/embeddb.v1.EmbeddingStore/Snapshot',
+                request_serializer=embeddb_dot_v1_dot_embeddb__pb2.SnapshotRequest.SerializeToString,
+                response_deserializer=embeddb_dot_v1_dot_embeddb__pb2.SnapshotResponse.FromString,
+                _registered_method=True)
+        self.ListSnapshots = channel.unary_unary(
+                '/embeddb.v1.EmbeddingStore/ListSnapshots',
+                request_serializer=embeddb_dot_v1_dot_embeddb__pb2.ListSnapshotsRequest.SerializeToString,
+                response_deserializer=embeddb_dot_v1_dot_embeddb__pb2.ListSnapshotsResponse.FromString,
+                _registered_method=True)
+        self.Subscribe = channel.unary_stream(
+                '/embeddb.v1.EmbeddingStore/Subscribe',
+                request_serializer=embeddb_dot_v1_dot_embeddb__pb2.SubscribeRequest.SerializeToString,
+                response_deserializer=embeddb_dot_v1_dot_embeddb__pb2.LogRecordMessage.FromString,
+                _registered_method=True)
+        self.FetchSnapshot = channel.unary_stream(
+                '/embeddb.v1.EmbeddingStore/FetchSnapshot',
+                request_serializer=embeddb_dot_v1_dot_embeddb__pb2.FetchSnapshotRequest.SerializeToString,
+                response_deserializer=embeddb_dot_v1_dot_embeddb__pb2.SnapshotChunk.FromString,
+                _registered_method=True)
 
 
 class EmbeddingStoreServicer:
@@ -116,6 +136,30 @@ class EmbeddingStoreServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Snapshot(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListSnapshots(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Subscribe(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def FetchSnapshot(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_EmbeddingStoreServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -153,6 +197,26 @@ def add_EmbeddingStoreServicer_to_server(servicer, server):
                     servicer.Stats,
                     request_deserializer=embeddb_dot_v1_dot_embeddb__pb2.StatsRequest.FromString,
                     response_serializer=embeddb_dot_v1_dot_embeddb__pb2.StatsResponse.SerializeToString,
+            ),
+            'Snapshot': grpc.unary_unary_rpc_method_handler(
+                    servicer.Snapshot,
+                    request_deserializer=embeddb_dot_v1_dot_embeddb__pb2.SnapshotRequest.FromString,
+                    response_serializer=embeddb_dot_v1_dot_embeddb__pb2.SnapshotResponse.SerializeToString,
+            ),
+            'ListSnapshots': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListSnapshots,
+                    request_deserializer=embeddb_dot_v1_dot_embeddb__pb2.ListSnapshotsRequest.FromString,
+                    response_serializer=embeddb_dot_v1_dot_embeddb__pb2.ListSnapshotsResponse.SerializeToString,
+            ),
+            'Subscribe': grpc.unary_stream_rpc_method_handler(
+                    servicer.Subscribe,
+                    request_deserializer=embeddb_dot_v1_dot_embeddb__pb2.SubscribeRequest.FromString,
+                    response_serializer=embeddb_dot_v1_dot_embeddb__pb2.LogRecordMessage.SerializeToString,
+            ),
+            'FetchSnapshot': grpc.unary_stream_rpc_method_handler(
+                    servicer.FetchSnapshot,
+                    request_deserializer=embeddb_dot_v1_dot_embeddb__pb2.FetchSnapshotRequest.FromString,
+                    response_serializer=embeddb_dot_v1_dot_embeddb__pb2.SnapshotChunk.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -344,6 +408,114 @@ class EmbeddingStore:
             '/embeddb.v1.EmbeddingStore/Stats',
             embeddb_dot_v1_dot_embeddb__pb2.StatsRequest.SerializeToString,
             embeddb_dot_v1_dot_embeddb__pb2.StatsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Snapshot(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/embeddb.v1.EmbeddingStore/Snapshot',
+            embeddb_dot_v1_dot_embeddb__pb2.SnapshotRequest.SerializeToString,
+            embeddb_dot_v1_dot_embeddb__pb2.SnapshotResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListSnapshots(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/embeddb.v1.EmbeddingStore/ListSnapshots',
+            embeddb_dot_v1_dot_embeddb__pb2.ListSnapshotsRequest.SerializeToString,
+            embeddb_dot_v1_dot_embeddb__pb2.ListSnapshotsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Subscribe(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/embeddb.v1.EmbeddingStore/Subscribe',
+            embeddb_dot_v1_dot_embeddb__pb2.SubscribeRequest.SerializeToString,
+            embeddb_dot_v1_dot_embeddb__pb2.LogRecordMessage.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FetchSnapshot(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/embeddb.v1.EmbeddingStore/FetchSnapshot',
+            embeddb_dot_v1_dot_embeddb__pb2.FetchSnapshotRequest.SerializeToString,
+            embeddb_dot_v1_dot_embeddb__pb2.SnapshotChunk.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,462 @@
+"""A follower: a read-only replica of one primary shard, fed over gRPC (ARCHITECTURE.md §5).
+
+The life of a follower (one thread; :meth:`Follower.start`, :meth:`Follower.stop`)::
+
+    bootstrap     FetchSnapshot: the primary's newest snapshot (it takes one if it has none)
+                  → DATA_DIR/replica-<n>/snapshots/<id>, verified (snapshot.verify) before use
+                  → Shard(config, DATA_DIR/replica-<n>, restore=<id>, follower=True)
+                  → swapped into the server's ShardSlot; health SERVING (``on_ready``)
+    follow        Subscribe(from_seq = shard.seq) → shard.apply_record(seq, payload) per record
+    reconnect     the stream broke (primary restarting, network) or went silent for
+                  ``dead_after`` seconds (an idle primary sends a heartbeat every second):
+                  wait (exponential backoff, jittered) and Subscribe again from the last
+                  applied seq
+    re-bootstrap  the primary answers OUT_OF_RANGE (the records after our seq were truncated
+                  away, or it is behind us: restored from an older snapshot), or a record does
+                  not follow the last applied one: bootstrap a fresh shard into replica-<n+1>
+                  while the old one keeps serving, swap it in, close and delete the old one
+
+The follower's shard refuses every mutation, training lookups included, with
+``FailedPreconditionError`` (FAILED_PRECONDITION); it serves evaluation lookups, ``Stats``,
+``ListTables`` and ``DescribeTable``. Its directory holds nothing worth keeping: a restarted
+follower bootstraps again, and ``replica-*`` directories of an earlier run are removed at start.
+
+Errors that retrying cannot fix stop the follower (:attr:`Follower.error`; ``embeddb serve``
+then exits 1): the primary serves another shard index or count than the follower was given, or
+a verified snapshot that the follower's config cannot open (other tables or dims).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from embeddb.config import EmbeddingConfig
+from embeddb.durability.snapshot import Chunk, SnapshotReceiver, read_manifest
+from embeddb.errors import (
+    ERROR_BY_STATUS,
+    ConfigError,
+    CorruptDataError,
+    EmbeddbError,
+    OutOfRangeError,
+    StorageError,
+    UnavailableError,
+)
+from embeddb.server.servicer import HEARTBEAT_S
+from embeddb.server.slot import ShardSlot
+from embeddb.shard import Shard
+from embeddb.v1 import embeddb_pb2 as pb
+from embeddb.v1 import embeddb_pb2_grpc as pb_grpc
+
+__all__ = ["Follower", "FollowerOptions"]
+
+log = logging.getLogger(__name__)
+
+_PRIMARY_MARKERS = ("disk", "log", "clean-shutdown.json", "base.json")
+
+
+@dataclass(frozen=True)
+class FollowerOptions:
+    """How a follower reaches its primary.
+
+    Attributes:
+        primary: the primary shard's ``host:port``.
+        token: bearer token for the primary (a read-only one is enough).
+        credentials: TLS channel credentials for the primary; None: plaintext.
+        server_name: the name to expect in the primary's certificate when ``primary`` does not
+            name it.
+        backoff: the first reconnect waits about this many seconds, each further one twice as
+            long up to ``max_backoff`` (jittered); reset once records flow again.
+        max_backoff: cap of one reconnect delay, in seconds.
+        dead_after: seconds without any message (the primary sends a heartbeat every second
+            when idle) after which the feed is considered dead and reopened.
+        max_message_bytes: the largest log record or snapshot chunk accepted.
+
+    Raises:
+        ConfigError: an invalid value.
+    """
+
+    primary: str
+    token: str | None = None
+    credentials: grpc.ChannelCredentials | None = None
+    server_name: str | None = None
+    backoff: float = 0.1
+    max_backoff: float = 5.0
+    dead_after: float = 5.0
+    max_message_bytes: int = 1 << 30
+
+    def __post_init__(self) -> None:
+        host, sep, port = self.primary.rpartition(":")
+        if not (sep and host and port.isdigit() and 0 < int(port) < 65536):
+            raise ConfigError("primary", f"must be 'host:port', got {self.primary!r}")
+        if not 0 < self.backoff <= self.max_backoff:
+            raise ConfigError(
+                "backoff",
+                f"need 0 < backoff <= max_backoff, got {self.backoff}, {self.max_backoff}",
+            )
+        if not self.dead_after > HEARTBEAT_S:
+            raise ConfigError(
+                "dead_after",
+                f"must exceed the heartbeat interval {HEARTBEAT_S}s, got {self.dead_after}",
+            )
+        if self.token is not None and (not self.token or any(c in self.token for c in "\r\n")):
+            raise ConfigError("token", "must be a non-empty single-line string")
+
+    @property
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        return (("authorization", f"Bearer {self.token}"),) if self.token else ()
+
+    @property
+    def channel_options(self) -> list[tuple[str, Any]]:
+        # gRPC's own reconnect backoff (up to 2 minutes by default) would delay resuming after a
+        # primary restart; keep it within ours.
+        options: list[tuple[str, Any]] = [
+            ("grpc.max_receive_message_length", self.max_message_bytes),
+            ("grpc.max_send_message_length", self.max_message_bytes),
+            ("grpc.initial_reconnect_backoff_ms", int(self.backoff * 1000)),
+            ("grpc.min_reconnect_backoff_ms", int(self.backoff * 1000)),
+            ("grpc.max_reconnect_backoff_ms", int(self.max_backoff * 1000)),
+        ]
+        if self.server_name is not None:
+            options.append(("grpc.ssl_target_name_override", self.server_name))
+        return options
+
+
+class _Fatal(Exception):
+    """An error retrying cannot fix; ends the follower."""
+
+    def __init__(self, error: EmbeddbError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+class Follower:
+    """Keeps a read-only replica of one primary shard up to date (see the module docstring).
+
+    Args:
+        config: the embedding config (the primary's tables).
+        data_dir: a directory of the follower's own (never a primary's data directory).
+        options: how to reach the primary.
+        shard_index, num_shards: the primary's place in its cluster; its snapshots must agree.
+        slot: where to install the shard (the server's); a new one when None.
+
+    Raises:
+        StorageError: (from :meth:`start`) ``data_dir`` is a shard's data directory or unusable.
+    """
+
+    def __init__(
+        self,
+        config: EmbeddingConfig,
+        data_dir: str | Path,
+        options: FollowerOptions,
+        *,
+        shard_index: int = 0,
+        num_shards: int = 1,
+        slot: ShardSlot | None = None,
+    ) -> None:
+        self.config = config
+        self.data_dir = Path(data_dir)
+        self.options = options
+        self.shard_index = shard_index
+        self.num_shards = num_shards
+        self.slot = slot or ShardSlot(
+            empty_reason=f"this follower has not bootstrapped from its primary "
+            f"{options.primary} yet"
+        )
+        self.applied_records = 0
+        self.reconnects = 0
+        self.bootstraps = 0
+        self.error: EmbeddbError | None = None
+        self._primary_seq = 0
+        self._applied_at: float | None = None  # the primary's time of the newest applied record
+        self._progress = False
+        self._replica = 0
+        self._stop = threading.Event()
+        self._ready = threading.Event()
+        self.done = threading.Event()  # set when the follow loop has ended (stop or error)
+        self._lock = threading.Lock()  # guards the call in progress
+        self._call: Any = None
+        self._watched = False
+        self._last_message = 0.0
+        self._on_ready: Callable[[], None] | None = None
+        self._channel: grpc.Channel | None = None
+        self._stub: Any = None
+        self._threads: list[threading.Thread] = []
+
+    # ------------------------------------------------------------------ observed state
+    @property
+    def bootstrapped(self) -> bool:
+        """Whether a shard has been bootstrapped and is served."""
+        return self._ready.is_set()
+
+    @property
+    def applied_seq(self) -> int:
+        """The last primary seq applied (0 before the first bootstrap)."""
+        shard = self.slot.current
+        return shard.seq if shard is not None else 0
+
+    @property
+    def primary_seq(self) -> int:
+        """The primary's last seq, as last heard (each message carries it)."""
+        return self._primary_seq
+
+    @property
+    def lag_seq(self) -> int:
+        """How many records the follower is behind the primary, as last heard."""
+        return max(0, self._primary_seq - self.applied_seq)
+
+    def lag_seconds(self) -> float:
+        """0 when caught up, else seconds since the primary logged the newest applied record
+        (primary and follower clocks; approximate when the primary does not know that time,
+        e.g. for records logged before it restarted)."""
+        if self.applied_seq >= self._primary_seq or self._applied_at is None:
+            return 0.0
+        return max(0.0, time.time() - self._applied_at)
+
+    def wait_ready(self, timeout: float | None = None) -> bool:
+        """Wait until the first bootstrap is done; returns whether it is."""
+        return self._ready.wait(timeout)
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self, on_ready: Callable[[], None] | None = None) -> None:
+        """Prepare the directory and start following in the background.
+
+        Args:
+            on_ready: called (from the follower's thread) after the first bootstrap.
+
+        Raises:
+            StorageError: ``data_dir`` holds a shard's data or cannot be created.
+        """
+        for marker in _PRIMARY_MARKERS:
+            if (self.data_dir / marker).exists():
+                raise StorageError(
+                    f"{self.data_dir} holds a shard's data ({marker}); give the follower a "
+                    f"directory of its own"
+                )
+        try:
+            self.data_dir.mkdir(parents=True, exist_ok=True)
+            for stale in self.data_dir.glob("replica-*"):
+                shutil.rmtree(stale)
+        except OSError as exc:
+            raise StorageError(f"cannot use follower directory {self.data_dir}: {exc}") from exc
+        self._on_ready = on_ready
+        opts = self.options
+        if opts.credentials is not None:
+            self._channel = grpc.secure_channel(
+                opts.primary, opts.credentials, options=opts.channel_options
+            )
+        else:
+            self._channel = grpc.insecure_channel(opts.primary, options=opts.channel_options)
+        self._stub = pb_grpc.EmbeddingStoreStub(self._channel)  # type: ignore[no-untyped-call]
+        self._threads = [
+            threading.Thread(target=self._run, name="embeddb-follower", daemon=True),
+            threading.Thread(target=self._watch, name="embeddb-follower-watch", daemon=True),
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Stop following, close the shard and delete the replica. Idempotent.
+
+        Stop serving it first (the server's ``stop``): calls still using the shard are waited
+        for.
+        """
+        self._stop.set()
+        with self._lock:
+            call = self._call
+        if call is not None:
+            call.cancel()
+        for thread in self._threads:
+            thread.join(timeout)
+        if self._channel is not None:
+            self._channel.close()
+            self._channel = None
+        old = self.slot.swap(None)
+        if old is not None:
+            self._discard(old)
+
+    # ------------------------------------------------------------------ the loop
+    def _run(self) -> None:
+        delay = self.options.backoff
+        bootstrap, take_new = True, False
+        failures = 0  # in a row, without progress: only some are logged as warnings
+        try:
+            while not self._stop.is_set():
+                self._progress = False
+                try:
+                    if bootstrap:
+                        try:
+                            self._bootstrap(take_new)
+                        except CorruptDataError:
+                            take_new = True  # the primary's newest snapshot did not verify
+                            raise
+                        bootstrap = take_new = False
+                    self._follow()
+                except OutOfRangeError as exc:
+                    log.warning("%s; bootstrapping again from a snapshot", exc)
+                    bootstrap = True
+                except CorruptDataError as exc:
+                    log.error("following %s: %s; bootstrapping again", self.options.primary, exc)
+                    bootstrap = True
+                except EmbeddbError as exc:
+                    if self._stop.is_set():
+                        break
+                    failures = 0 if self._progress else failures + 1
+                    level = logging.WARNING if failures % 50 <= 1 else logging.DEBUG
+                    log.log(level, "feed from %s broken: %s", self.options.primary, exc)
+                if self._stop.is_set():
+                    break
+                if self._progress:
+                    delay = self.options.backoff
+                self.reconnects += 1
+                self._stop.wait(delay * (0.5 + 0.5 * random.random()))
+                delay = min(self.options.max_backoff, delay * 2)
+        except _Fatal as exc:
+            self.error = exc.error
+            log.error("follower of %s stopped: %s", self.options.primary, exc.error)
+        except Exception:
+            log.exception("follower of %s failed", self.options.primary)
+            self.error = UnavailableError("the follower failed unexpectedly; see its log")
+        finally:
+            self.done.set()
+
+    def _follow(self) -> None:
+        """Apply the primary's records from the current shard's seq on, until the stream ends."""
+        shard = self.slot.current  # only this thread swaps the slot
+        assert shard is not None
+        request = pb.SubscribeRequest(from_seq=shard.seq)
+        call = self._stub.Subscribe(request, metadata=self.options.metadata)
+        self._started(call, watched=True)
+        try:
+            for message in call:
+                self._last_message = time.monotonic()
+                self._primary_seq = message.primary_seq
+                if message.seq == 0:
+                    continue  # a heartbeat
+                if shard.apply_record(message.seq, message.payload):
+                    self.applied_records += 1
+                    self._progress = True
+                    if message.appended_at:
+                        self._applied_at = message.appended_at
+        except grpc.RpcError as exc:
+            raise self._translate(exc, "Subscribe") from exc
+        finally:
+            self._started(None)
+        raise UnavailableError(f"primary {self.options.primary} ended the feed")
+
+    def _bootstrap(self, take_new: bool) -> None:
+        """Fetch a snapshot into a fresh replica directory, open it, swap it in."""
+        self._replica += 1
+        directory = self.data_dir / f"replica-{self._replica}"
+        shutil.rmtree(directory, ignore_errors=True)
+        receiver: SnapshotReceiver | None = None
+        began = time.perf_counter()
+        try:
+            call = self._stub.FetchSnapshot(
+                pb.FetchSnapshotRequest(take_new=take_new), metadata=self.options.metadata
+            )
+            self._started(call, watched=False)
+            try:
+                for chunk in call:
+                    if receiver is None:
+                        receiver = SnapshotReceiver(directory / "snapshots", chunk.snapshot_id)
+                    receiver.write(Chunk(chunk.path, chunk.offset, chunk.data))
+            except grpc.RpcError as exc:
+                raise self._translate(exc, "FetchSnapshot") from exc
+            finally:
+                self._started(None)
+            if receiver is None:
+                raise CorruptDataError(f"primary {self.options.primary} sent an empty snapshot")
+            info = receiver.commit()  # verified against its manifest before anything uses it
+            receiver = None
+            manifest = read_manifest(info.path)
+            where = (manifest.get("shard_index", 0), manifest.get("num_shards", 1))
+            if where != (self.shard_index, self.num_shards):
+                raise _Fatal(
+                    ConfigError(
+                        "shard_index",
+                        f"primary {self.options.primary} serves shard {where[0]} of {where[1]}; "
+                        f"this follower was started as shard {self.shard_index} of "
+                        f"{self.num_shards}",
+                    )
+                )
+            try:
+                shard = Shard(
+                    self.config,
+                    directory,
+                    restore=info.snapshot_id,
+                    follower=True,
+                    shard_index=self.shard_index,
+                    num_shards=self.num_shards,
+                )
+            except CorruptDataError as exc:  # verified, so it contradicts our config
+                raise _Fatal(exc) from exc
+            shutil.rmtree(info.path, ignore_errors=True)  # rows loaded, SST files linked
+        except BaseException:
+            if receiver is not None:
+                receiver.abort()
+            shutil.rmtree(directory, ignore_errors=True)
+            raise
+        old = self.slot.swap(shard)
+        if old is not None:
+            self._discard(old)
+        self._primary_seq = max(self._primary_seq, shard.seq)
+        self._applied_at = info.created
+        self.bootstraps += 1
+        self._progress = True
+        log.info(
+            "follower bootstrapped from snapshot %s of %s (seq %d, %d bytes, %.2fs)",
+            info.snapshot_id,
+            self.options.primary,
+            shard.seq,
+            info.bytes,
+            time.perf_counter() - began,
+        )
+        if not self._ready.is_set():
+            self._ready.set()
+            if self._on_ready is not None:
+                self._on_ready()
+
+    # ------------------------------------------------------------------ helpers
+    def _started(self, call: Any, watched: bool = False) -> None:
+        """Record the call in progress (None: none), so that stop and the watchdog can cancel
+        it; ``watched`` calls are cancelled after ``dead_after`` seconds of silence."""
+        with self._lock:
+            self._call, self._watched = call, watched
+            self._last_message = time.monotonic()
+        if call is not None and self._stop.is_set():
+            call.cancel()
+
+    def _watch(self) -> None:
+        limit = self.options.dead_after
+        while not self._stop.wait(min(0.25, limit / 4)):
+            with self._lock:
+                call, watched = self._call, self._watched
+                silent = time.monotonic() - self._last_message
+            if call is not None and watched and silent > limit:
+                log.warning(
+                    "no message from %s for %.1fs; reconnecting", self.options.primary, silent
+                )
+                call.cancel()
+
+    def _translate(self, exc: grpc.RpcError, method: str) -> EmbeddbError:
+        code = exc.code()
+        status = getattr(code, "name", str(code))
+        message = f"primary {self.options.primary} {method}: {status}: {exc.details()}"
+        return ERROR_BY_STATUS.get(status, UnavailableError)(message)
+
+    @staticmethod
+    def _discard(shard: Shard) -> None:
+        try:
+            shard.close()
+        finally:
+            shutil.rmtree(shard.data_dir, ignore_errors=True)

@@ -1,0 +1,234 @@
+"""``embeddb serve`` as real processes: --restore, --fallback-snapshot, and --follow (a follower
+process of a primary process, with tokens and metrics; the primary's shutdown with the
+follower's feed open)."""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from prometheus_client.parser import text_string_to_metric_families
+
+from embeddb.client import Client
+from embeddb.config import EmbeddingConfig
+from embeddb.errors import FailedPreconditionError
+from embeddb.shard import Shard
+
+DIM = 4
+START_TIMEOUT_S = 30.0
+CONFIG = """
+slots_config:
+  t: {dim: 4}
+defaults:
+  optimizer: {type: sgd, lr: 0.5}
+  capacity: 1000
+"""
+IDS = np.arange(1, 21, dtype=np.uint64)
+
+
+@dataclass
+class Served:
+    process: subprocess.Popen[bytes]
+    port: int
+    log: Path
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def output(self) -> str:
+        return self.log.read_text()
+
+    def stop(self, timeout: float = 15.0) -> int:
+        self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(timeout=timeout)
+
+
+@pytest.fixture
+def config_file(tmp_path: Path) -> Path:
+    path = tmp_path / "config.yaml"
+    path.write_text(CONFIG)
+    return path
+
+
+@pytest.fixture
+def serve(tmp_path: Path, config_file: Path) -> Iterator[Callable[..., Served]]:
+    """Start ``embeddb serve --port 0 --config CONFIG ...``; killed at teardown if still up."""
+    started: list[subprocess.Popen[bytes]] = []
+
+    def start(*args: str, expect_exit: bool = False) -> Served:
+        n = len(started)
+        port_file, log = tmp_path / f"port-{n}", tmp_path / f"serve-{n}.log"
+        cmd = [sys.executable, "-m", "embeddb.cli", "serve", "--port", "0", "--config",
+               str(config_file), "--port-file", str(port_file), *args]  # fmt: skip
+        with log.open("wb") as out:
+            process = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+        started.append(process)
+        if expect_exit:
+            process.wait(timeout=START_TIMEOUT_S)
+            return Served(process, 0, log)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not port_file.exists():
+            if process.poll() is not None:
+                pytest.fail(f"serve exited with {process.returncode}:\n{log.read_text()}")
+            if time.monotonic() > deadline:
+                pytest.fail(f"serve did not write its port file:\n{log.read_text()}")
+            time.sleep(0.05)
+        return Served(process, int(port_file.read_text()), log)
+
+    yield start
+    for process in started:
+        if process.poll() is None:
+            process.kill()
+        process.wait(timeout=10)
+
+
+def vectors(value: float, n: int = IDS.size) -> np.ndarray:
+    return np.full((n, DIM), value, np.float32)
+
+
+def test_serve_restore_starts_at_that_snapshot(serve, tmp_path, config_file) -> None:
+    data = tmp_path / "shard"
+    with Shard(EmbeddingConfig.from_yaml(config_file), data) as shard:
+        shard.assign("t", IDS, vectors(1.0))
+        shard.snapshot("s1")
+        shard.assign("t", IDS, vectors(2.0))  # after s1: set aside by the restore
+    served = serve("--data-dir", str(data), "--restore", "s1")
+    with Client([served.address]) as client:
+        np.testing.assert_array_equal(client.lookup("t", IDS, train=False), vectors(1.0))
+    assert served.stop() == 0, served.output()
+    assert "opened from snapshot s1 at seq 1" in served.output()
+    assert list(data.glob("log.before-restore-*")), "the old log is kept aside"
+    missing = serve("--data-dir", str(data), "--restore", "nope", expect_exit=True)
+    assert missing.process.returncode == 1
+    assert "no complete snapshot 'nope'" in missing.output()
+    assert "Traceback" not in missing.output()
+
+
+def test_serve_fallback_snapshot_recovers_past_a_corrupt_snapshot(
+    serve, tmp_path, config_file
+) -> None:
+    data = tmp_path / "shard"
+    shard = Shard(EmbeddingConfig.from_yaml(config_file), data)
+    shard.assign("t", IDS, vectors(1.0))
+    shard.snapshot("a")
+    shard.assign("t", IDS, vectors(2.0))
+    shard.snapshot("b")
+    shard.assign("t", IDS, vectors(3.0))  # only in the update log
+    shard.discard()  # a crash: no clean-shutdown record, recovery starts from a snapshot
+    rows = data / "snapshots" / "b" / "ram" / "t.rows"  # never a file under disk/: hard links
+    raw = bytearray(rows.read_bytes())
+    raw[5] ^= 0x5A
+    rows.write_bytes(bytes(raw))
+
+    refused = serve("--data-dir", str(data), expect_exit=True)
+    assert refused.process.returncode == 1, refused.output()
+    assert "fails its CRC32 checksum" in refused.output()
+    assert "--fallback-snapshot" in refused.output() and "Traceback" not in refused.output()
+
+    served = serve("--data-dir", str(data), "--fallback-snapshot")
+    with Client([served.address]) as client:  # snapshot a + the log after it
+        np.testing.assert_array_equal(client.lookup("t", IDS, train=False), vectors(3.0))
+    assert served.stop() == 0, served.output()
+    assert "falling back to an older one" in served.output()
+    assert "opened from snapshot a" in served.output()
+
+
+def health(address: str) -> int:
+    with grpc.insecure_channel(address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        return stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=5).status
+
+
+def scrape(url: str) -> dict[str, float]:
+    with urllib.request.urlopen(url, timeout=10) as reply:
+        text = reply.read().decode()
+    return {
+        s.name: s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if not s.labels
+    }
+
+
+def test_serve_follow_replicates_a_primary_process(serve, tmp_path) -> None:
+    rw, ro = "rw-token-" + "r" * 20, "ro-token-" + "o" * 20
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"rw {rw}\nro {ro}\n")
+    ro_file = tmp_path / "ro-token"
+    ro_file.write_text(f"{ro}\n")
+    primary = serve("--data-dir", str(tmp_path / "primary"), "--tokens-file", str(tokens),
+                    "--grace", "20")  # fmt: skip
+    follower = serve("--follow", primary.address, "--primary-token-file", str(ro_file),
+                     "--data-dir", str(tmp_path / "follower"), "--tokens-file", str(tokens),
+                     "--metrics-port", "0")  # fmt: skip
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while health(follower.address) != health_pb2.HealthCheckResponse.SERVING:
+        assert time.monotonic() < deadline, follower.output()
+        time.sleep(0.05)
+    with (
+        Client([primary.address], token=rw) as writer,
+        Client([follower.address], token=rw) as reader,
+    ):
+        writer.assign("t", IDS, vectors(1.0))
+        writer.delete("t", IDS[:5])
+        expected = writer.lookup("t", IDS, train=False)
+        deadline = time.monotonic() + 10
+        while not np.array_equal(reader.lookup("t", IDS, train=False), expected):
+            assert time.monotonic() < deadline, follower.output()
+            time.sleep(0.02)
+        assert not expected[:5].any()  # the delete reached the follower too
+        with pytest.raises(FailedPreconditionError, match="read-only follower"):
+            reader.assign("t", IDS, vectors(2.0))
+    url = re.search(r"metrics on (http://\S+/metrics)", follower.output())
+    assert url, follower.output()
+    metrics = scrape(url.group(1))
+    assert metrics["embeddb_follower_bootstrapped"] == 1
+    assert metrics["embeddb_follower_applied_seq"] == metrics["embeddb_follower_primary_seq"] > 0
+    assert metrics["embeddb_follower_lag_seq"] == 0
+
+    began = time.monotonic()  # the follower's feed is open: the primary must not wait for it
+    assert primary.stop() == 0, primary.output()
+    took = time.monotonic() - began
+    print(f"primary shutdown with an open follower feed: {took:.2f} s")
+    assert took < 10, "the primary's shutdown waited for the open feed"
+    assert "stopped cleanly" in primary.output()
+    assert follower.stop() == 0, follower.output()
+    out = follower.output()
+    assert "follower bootstrapped from snapshot" in out and "stopped cleanly" in out
+    assert ro not in out and rw not in out and "Traceback" not in out
+
+
+def test_durability_options_that_exclude_each_other_are_usage_errors(tmp_path) -> None:
+    from click.testing import CliRunner
+
+    from embeddb.cli import _read_token, main
+
+    cases = [
+        (["--follow", "127.0.0.1:1", "--restore", "x"], "--follow excludes --restore"),
+        (["--follow", "127.0.0.1:1", "--fallback-snapshot"], "--follow excludes"),
+        (["--primary-tls-server-name", "x"], "the --primary-* options need --follow"),
+        (["--ephemeral", "--restore", "x"], "--restore needs a data directory"),
+    ]
+    for args, message in cases:
+        result = CliRunner().invoke(main, ["serve", *args])
+        assert result.exit_code == 2 and message in result.output, result.output
+    tokens = tmp_path / "tokens"
+    tokens.write_text("# a server's tokens file\nrw first-token-0123456789\nro other\n")
+    assert _read_token(tokens) == "first-token-0123456789"
+    tokens.write_text("  only-a-token-0123456789  # comment\n")
+    assert _read_token(tokens) == "only-a-token-0123456789"
+    tokens.write_text("three words here\n")
+    with pytest.raises(Exception, match="line is not shown"):
+        _read_token(tokens)
