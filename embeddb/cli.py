@@ -737,5 +737,61 @@ def reshard(source: Path, target: Path, num_shards: int, snapshot_id: str, chunk
     click.echo(f"written to {target}/shard-<j>/snapshots/{snapshot_id}")
 
 
+@main.command()
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Embedding config YAML the shard serves (default: the packaged presets/default.yaml).",
+)
+@click.option(
+    "--data-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    required=True,
+    help="The shard's data directory (it holds snapshots/<SNAPSHOT>).",
+)
+@click.option("--snapshot", "snapshot_id", default=None, help="Snapshot id (default: list them).")
+@click.option("--shard-index", type=click.IntRange(min=0), default=0, show_default=True)
+@click.option("--num-shards", type=click.IntRange(min=1), default=1, show_default=True)
+def restore(
+    config_path: Path | None,
+    data_dir: Path,
+    snapshot_id: str | None,
+    shard_index: int,
+    num_shards: int,
+) -> None:
+    """Roll a stopped shard's directory back to snapshot SNAPSHOT, offline.
+
+    The snapshot is verified file by file, becomes the shard's state (RAM tier and disk tier),
+    and the shard is closed cleanly, so the next `embeddb serve` starts from it. The update log
+    after the snapshot is kept aside in log.before-restore-<time>, not deleted. Without
+    --snapshot, lists the directory's snapshots.
+    """
+    from embeddb.durability import snapshot as snapshots
+    from embeddb.shard import Shard
+
+    if snapshot_id is None:
+        listed = snapshots.list_snapshots(data_dir / "snapshots")
+        if not listed:
+            raise click.ClickException(f"no snapshots in {data_dir / 'snapshots'}")
+        for s in listed:
+            state = "unreadable manifest" if s.seq < 0 else f"seq {s.seq}, {s.bytes:,} bytes"
+            click.echo(f"{s.snapshot_id}\t{state}")
+        return
+    try:
+        shard = Shard(
+            _load_config(config_path),
+            data_dir,
+            shard_index=shard_index,
+            num_shards=num_shards,
+            restore=snapshot_id,
+        )
+        seq = shard.seq
+        shard.close()
+    except (EmbeddbError, OSError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(f"{data_dir} restored to snapshot {snapshot_id!r} (seq {seq}); closed cleanly")
+
+
 if __name__ == "__main__":
     main(prog_name="embeddb")

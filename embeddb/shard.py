@@ -596,17 +596,31 @@ class Shard:
                 )
             writer = snapshot.SnapshotWriter(self.data_dir / "snapshots", name)
             try:
+                assert self._disk is not None
+                # Deleted rows must leave the files the checkpoint hard-links, not only be
+                # masked by tombstones: compact their key ranges (again under the locks, for
+                # deletes that arrive meanwhile; usually nothing then).
+                self._disk.purge_deleted()
+                buffers = {n: t.capture_buffers() for n, t in self._tables.items()}
                 with ExitStack() as locked:
                     paused = time.perf_counter()
                     for table in self._tables.values():
                         for stripe in table.stripes:
                             locked.enter_context(stripe.lock)
                     seq = self.seq
-                    captured = {n: t.capture_ram() for n, t in self._tables.items()}
+                    # one item per stripe, so that the pool threads copy them in parallel
+                    work = [
+                        (t, k, buf)
+                        for n, t in self._tables.items()
+                        for k, buf in enumerate(buffers[n])
+                    ]
+                    self._pool.map(lambda w: w[0].capture_into([w[2]], w[1]), work, 1 << 62)
                     disk_rows = {n: t.stats_unlocked_disk_rows() for n, t in self._tables.items()}
-                    assert self._disk is not None
+                    self._disk.purge_deleted()
                     self._disk.checkpoint(writer.disk_dir)
                     pause = time.perf_counter() - paused
+                captured = {n: TieredTable.captured(b) for n, b in buffers.items()}
+                del buffers
                 for n, (ids, rows, flags) in captured.items():
                     writer.write_table(n, ids, rows, flags)
                 del captured

@@ -4,6 +4,7 @@ self-checking, recovery picks the newest complete state and replays the rest of 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -362,3 +363,84 @@ def test_a_full_disk_makes_the_shard_read_only_and_loses_nothing(tmp_path: Path)
         assert recovered.recovery.source == "log"
         found, rows = recovered.peek("t", np.arange(8, dtype=np.uint64))
         assert found.all() and (rows[:, :4] == 1).all()  # what was acknowledged survived
+
+
+# ------------------------------------------------------------------------------ deletion
+def _holds(path: Path, pattern: bytes) -> list[str]:
+    return [
+        str(f.relative_to(path))
+        for f in path.rglob("*")
+        if f.is_file() and pattern in f.read_bytes()
+    ]
+
+
+def test_a_deleted_row_is_physically_absent_from_later_snapshots(tmp_path: Path) -> None:
+    """Not only masked by a RocksDB tombstone: the value bytes are gone from every file."""
+    cfg = config(log_lz4_min_bytes=0)
+    shard = Shard(cfg, tmp_path / "s")
+    victim = np.array([4242], dtype=np.uint64)
+    marker = np.array([[1234.5678, -8765.4321, 3.14159e-7, 2.71828e9]], dtype=np.float32)
+    shard.assign("t", victim, marker)
+    shard.close()  # the row is written to the disk tier (RocksDB SST files)
+    shard = Shard(cfg, tmp_path / "s")
+    try:
+        pattern = marker.tobytes()
+        before = shard.snapshot("before").info.path
+        assert any(p.startswith("disk/") for p in _holds(before, pattern))  # the control
+        assert shard.delete("t", victim) == 1
+        shard.lookup("t", UNIVERSE[:100])  # unrelated activity
+        after = shard.snapshot("after").info.path
+        assert _holds(after, pattern) == []
+        assert not shard.peek("t", victim)[0].any()
+    finally:
+        shard.close()
+    with Shard(cfg, tmp_path / "s", restore="after") as restored:
+        assert not restored.peek("t", victim)[0].any()
+
+
+def test_embeddb_restore_rolls_a_stopped_shard_back(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from embeddb.cli import main
+
+    preset = EmbeddingConfig.from_yaml(
+        Path(__file__).resolve().parents[1] / "embeddb" / "presets" / "default.yaml"
+    )
+    shard = Shard(preset, tmp_path / "s")
+    ids = np.arange(50, dtype=np.uint64)
+    shard.lookup("item_id", ids)
+    shard.snapshot("good")
+    at_good = shard.peek("item_id", ids)
+    shard.assign("item_id", ids, np.ones((50, 16), np.float32))  # the mistake to undo
+    shard.close()
+    runner = CliRunner()
+    listed = runner.invoke(main, ["restore", "--data-dir", str(tmp_path / "s")])
+    assert listed.exit_code == 0 and listed.output.startswith("good\tseq ")
+    done = runner.invoke(main, ["restore", "--data-dir", str(tmp_path / "s"), "--snapshot", "good"])
+    assert done.exit_code == 0, done.output
+    with Shard(preset, tmp_path / "s") as reopened:
+        assert reopened.recovery.source == "clean"
+        assert_same_state(reopened.peek("item_id", ids), at_good)
+    missing = runner.invoke(
+        main, ["restore", "--data-dir", str(tmp_path / "s"), "--snapshot", "nope"]
+    )
+    assert missing.exit_code == 1 and "no complete snapshot" in missing.output
+
+
+def test_random_byte_flips_anywhere_in_a_snapshot_are_detected(tmp_path: Path) -> None:
+    with Shard(config(), tmp_path / "s") as shard:
+        churn(shard, np.random.default_rng(9), steps=2)
+        shard.close()  # rows on disk: the checkpoint holds real SST files
+    with Shard(config(), tmp_path / "s") as shard:
+        source = shard.snapshot("x").info.path
+    rng = np.random.default_rng(10)
+    for k in range(25):
+        # a private copy: the snapshot's SST files are hard links shared with the live shard
+        copy = tmp_path / f"copy{k}"
+        shutil.copytree(source, copy)
+        files = sorted(p for p in copy.rglob("*") if p.is_file() and p.stat().st_size)
+        victim = files[rng.integers(len(files))]
+        _flip(victim, int(rng.integers(victim.stat().st_size)))
+        with pytest.raises(CorruptDataError):
+            snapshot.verify(copy)
+        shutil.rmtree(copy)

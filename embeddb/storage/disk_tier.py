@@ -25,6 +25,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -105,6 +106,8 @@ class DiskTier:
         self._write_opts = rocksdict.WriteOptions()
         self._write_opts.disable_wal = True  # type: ignore[method-assign,assignment]  # stub is wrong: a property
         self._shadow: Path | None = None
+        self._deleted: dict[str, tuple[int, int]] = {}  # table -> id range holding deletes
+        self._deleted_lock = threading.Lock()
         self._views: dict[str, rocksdict.Rdict] = {}
         self._cfs: dict[str, rocksdict.ColumnFamily] = {}
         try:
@@ -198,6 +201,36 @@ class DiskTier:
         for key in _keys(ids):
             batch.delete(key, cf)
         self._write(batch, table)
+        lo, hi = int(ids.min()), int(ids.max())
+        with self._deleted_lock:
+            old = self._deleted.get(table)
+            self._deleted[table] = (lo, hi) if old is None else (min(lo, old[0]), max(hi, old[1]))
+
+    def purge_deleted(self) -> int:
+        """Compact the key ranges where rows were deleted since the last purge, so that their
+        old values leave the SST files instead of lingering under tombstones (user-data
+        removal; a snapshot checkpoint hard-links those files). Returns the tables compacted.
+
+        Raises:
+            StorageError: RocksDB failed.
+        """
+        with self._deleted_lock:
+            pending, self._deleted = self._deleted, {}
+        for table, (lo, hi) in pending.items():
+            keys = _keys(np.array([lo, hi], dtype=np.uint64))
+            try:
+                self._views[table].flush()  # the tombstones must reach the SST files first
+                opts = rocksdict.CompactOptions()
+                # Rewrite the bottommost level too: that is where the old values sit.
+                opts.set_bottommost_level_compaction(rocksdict.BottommostLevelCompaction.force())
+                self._views[table].compact_range(keys[0], keys[1], opts)
+            except Exception as exc:
+                with self._deleted_lock:  # still to do
+                    self._deleted.setdefault(table, (lo, hi))
+                raise _storage_error(
+                    f"disk tier compaction failed for table {table!r}", exc
+                ) from exc
+        return len(pending)
 
     def _write(self, batch: rocksdict.WriteBatch, table: str) -> None:
         if self.read_only:

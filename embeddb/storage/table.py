@@ -317,13 +317,45 @@ class TieredTable:
                 else:
                     self._remove_stripe(stripe, sub)
 
+    def capture_buffers(self) -> list[tuple[F32, npt.NDArray[np.uint8], U64]]:
+        """Buffers for :meth:`capture_into`, allocated and touched now — before the caller
+        takes the stripe locks — so that the copy under the locks is a plain memcpy."""
+        bufs = []
+        for stripe in self.stripes:
+            rows = np.zeros_like(stripe.rows)  # zeros: the pages are faulted in here
+            flags = np.zeros_like(stripe.flags)
+            ids = np.zeros_like(stripe.ids)
+            bufs.append((rows, flags, ids))
+        return bufs
+
+    def capture_into(
+        self, bufs: list[tuple[F32, npt.NDArray[np.uint8], U64]], first: int = 0
+    ) -> None:
+        """Copy the slots of stripes ``first, first + 1, ...`` into ``bufs`` (one per stripe);
+        the caller holds their locks."""
+        for stripe, (rows, flags, ids) in zip(self.stripes[first:], bufs, strict=False):
+            np.copyto(rows, stripe.rows)
+            np.copyto(flags, stripe.flags)
+            np.copyto(ids, stripe.ids)
+
+    @staticmethod
+    def captured(
+        bufs: list[tuple[F32, npt.NDArray[np.uint8], U64]],
+    ) -> tuple[U64, F32, npt.NDArray[np.uint8]]:
+        """``(ids, rows, flags)`` of the resident rows in captured buffers: a slot is occupied
+        exactly when its flags are non-zero (every resident row is DIRTY or ON_DISK; a freed
+        slot's flags are zeroed)."""
+        masks = [flags != 0 for _, flags, _ in bufs]
+        ids = np.concatenate([i[m] for (_, _, i), m in zip(bufs, masks, strict=True)])
+        rows = np.concatenate([r[m] for (r, _, _), m in zip(bufs, masks, strict=True)])
+        flags = np.concatenate([f[m] for (_, f, _), m in zip(bufs, masks, strict=True)])
+        return ids, rows, flags
+
     def capture_ram(self) -> tuple[U64, F32, npt.NDArray[np.uint8]]:
         """``(ids, rows, flags)`` of every resident row. The caller holds every stripe lock."""
-        parts = [s.resident() for s in self.stripes]
-        ids = np.concatenate([p[0] for p in parts])
-        rows = np.concatenate([s.rows[p[1]] for s, p in zip(self.stripes, parts, strict=True)])
-        flags = np.concatenate([s.flags[p[1]] for s, p in zip(self.stripes, parts, strict=True)])
-        return ids, rows, flags
+        bufs = self.capture_buffers()
+        self.capture_into(bufs)
+        return self.captured(bufs)
 
     def load_ram(self, ids: U64, rows: F32, flags: npt.NDArray[np.uint8]) -> None:
         """Make captured rows resident again (into an empty table), keeping which have a disk
@@ -456,7 +488,7 @@ class TieredTable:
         c.updated_rows += applied
         c.nan_skipped += skipped
         c.missing_updates += missing
-        if k:  # skipped rows are logged unchanged: a PUT of the current row is harmless
+        if k and self.journal is not None:  # skipped rows are logged unchanged: harmless
             changes.append(Change(Op.PUT, self.name, stripe.ids[touched], stripe.rows[touched]))
         self._journal(changes)
         return applied, skipped, missing
