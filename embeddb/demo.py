@@ -26,6 +26,7 @@ import numpy.typing as npt
 from embeddb.config import EmbeddingConfig, FeatureConfig
 from embeddb.datasets.adult import AdultTable, load_adult
 from embeddb.shard import Shard
+from embeddb.trainer.metrics import auc  # re-exported: embeddb.demo.auc is public
 
 __all__ = ["DemoResult", "auc", "feature_ids", "run_demo"]
 
@@ -41,20 +42,6 @@ class DemoResult:
     epochs: int
     losses: list[float] = field(default_factory=list)
     predictions: list[tuple[str, float, int]] = field(default_factory=list)
-
-
-def auc(scores: npt.NDArray[np.floating], labels: npt.NDArray[np.floating]) -> float:
-    """Area under the ROC curve (Mann-Whitney U with average ranks for ties)."""
-    positive = np.asarray(labels) > 0.5
-    n_pos = int(positive.sum())
-    n_neg = positive.size - n_pos
-    if n_pos == 0 or n_neg == 0:
-        raise ValueError("AUC needs both positive and negative labels")
-    _, inverse, counts = np.unique(scores, return_inverse=True, return_counts=True)
-    upper = np.cumsum(counts)
-    avg_rank = upper - (counts - 1) / 2.0  # 1-based average rank of each distinct score
-    rank_sum = float(avg_rank[inverse][positive].sum())
-    return (rank_sum - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg)
 
 
 def _raw_columns(data: AdultTable) -> dict[str, npt.NDArray[np.str_]]:

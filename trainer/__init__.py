@@ -1,6 +1,73 @@
-"""embeddb hybrid trainer, installed as ``embeddb.trainer``.
+"""embeddb hybrid trainer, installed as ``embeddb.trainer``: PERSIA-style hybrid training.
 
-The only part of embeddb that imports torch; it arrives with the training milestone.
+Embeddings live in embeddb shards and are updated asynchronously by the shards' optimizers; the
+dense model trains synchronously with torch DDP. The only part of embeddb that imports torch.
+
+Modules: :mod:`.batch` (the batch data model), :mod:`.pooling` (pooling and its adjoint),
+:mod:`.embedding_worker` (the embedding worker's transport-free core),
+:mod:`.worker_process` (that worker in its own process, and the NN worker's handle on it),
+:mod:`.protocol` (their messages), :mod:`.worker_metrics` (its Prometheus metrics),
+:mod:`.config` (:class:`TrainerConfig`, :class:`Mode`), :mod:`.dist` (torchrun's environment,
+the process group), :mod:`.dense` (synchronous and delayed dense updates), :mod:`.ctx`
+(:class:`TrainCtx`, :class:`EvalCtx`), :mod:`.errors`.
+
+Names that need torch (the contexts, ``DistEnv``) are imported on first use, so the embedding
+worker process, which imports this package, never loads torch.
 """
 
-__all__: list[str] = []
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__all__ = [
+    "Batch",
+    "DistEnv",
+    "EmbeddingWorkerConfig",
+    "EmbeddingWorkerError",
+    "EvalCtx",
+    "GradientPushFailedError",
+    "IDTypeFeature",
+    "IDTypeFeatureWithSingleID",
+    "Label",
+    "LookupFailedError",
+    "Mode",
+    "NonIDTypeFeature",
+    "PersiaBatch",
+    "Pooling",
+    "PreparedBatch",
+    "TrainCtx",
+    "TrainerConfig",
+    "TrainerError",
+]
+
+_LAZY = {
+    "Batch": ".batch",
+    "IDTypeFeature": ".batch",
+    "IDTypeFeatureWithSingleID": ".batch",
+    "Label": ".batch",
+    "NonIDTypeFeature": ".batch",
+    "PersiaBatch": ".batch",
+    "Pooling": ".pooling",
+    "EmbeddingWorkerConfig": ".embedding_worker",
+    "Mode": ".config",
+    "TrainerConfig": ".config",
+    "EmbeddingWorkerError": ".errors",
+    "GradientPushFailedError": ".errors",
+    "LookupFailedError": ".errors",
+    "TrainerError": ".errors",
+    "DistEnv": ".dist",
+    "EvalCtx": ".ctx",
+    "PreparedBatch": ".ctx",
+    "TrainCtx": ".ctx",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -192,11 +192,12 @@ class Batch:
         names = [f.name for f in ids]
         if len(set(names)) != len(names):
             raise InvalidArgumentError(f"duplicate ID feature names: {names}")
-        sizes = {f"id feature {f.name!r}": f.batch_size for f in ids}
-        sizes |= {f"non-ID feature {f.name or i}": f.data.shape[0] for i, f in enumerate(dense)}
-        sizes |= {f"label {lb.name or i}": lb.data.shape[0] for i, lb in enumerate(labels)}
-        if len(set(sizes.values())) > 1:
-            detail = ", ".join(f"{k}: {v}" for k, v in sizes.items())
+        # A list, not a dict: two labels (or non-ID features) of one name must not hide a size.
+        sizes = [(f"id feature {f.name!r}", f.batch_size) for f in ids]
+        sizes += [(f"non-ID feature {f.name or i}", f.data.shape[0]) for i, f in enumerate(dense)]
+        sizes += [(f"label {lb.name or i}", lb.data.shape[0]) for i, lb in enumerate(labels)]
+        if len({size for _, size in sizes}) > 1:
+            detail = ", ".join(f"{k}: {v}" for k, v in sizes)
             raise InvalidArgumentError(f"batch sizes disagree ({detail})")
         if self.requires_grad and not labels:
             raise InvalidArgumentError("a batch with requires_grad=True needs at least one label")

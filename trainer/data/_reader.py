@@ -1,0 +1,241 @@
+"""The reader base class and the spec-driven conversion of a chunk of rows into a block.
+
+Every reader is an iterable of :class:`~embeddb.trainer.batch.Batch`; each ``iter()`` reads its
+source again from the start (one epoch). A reader parses its source a chunk at a time into a
+:class:`Chunk` (text fields, or native Arrow columns), :func:`build_block` turns the chunk into
+columns as a :class:`ColumnSpec` says, and the blocks are cut into batches.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable, Iterator, Sequence
+from typing import TypeVar
+
+import numpy as np
+import numpy.typing as npt
+
+from embeddb.errors import CorruptDataError, InvalidArgumentError
+
+from ..batch import Batch
+from ._block import Block, Ids, rebatch
+from ._fields import Fields, ParseError
+from .hashing import hash_fields, hash_strings, namespace_seed
+from .spec import ColumnSpec, IDColumn, IdKind, LabelColumn, NumericColumn
+
+U64 = npt.NDArray[np.uint64]
+I64 = npt.NDArray[np.int64]
+F64 = npt.NDArray[np.float64]
+F32 = npt.NDArray[np.float32]
+Bool = npt.NDArray[np.bool_]
+_T = TypeVar("_T")
+
+
+class Reader(abc.ABC):
+    """An iterable of batches of ``batch_size`` samples (the last one may be shorter).
+
+    Args:
+        batch_size: samples per batch, >= 1.
+        requires_grad: mark batches as training batches (they then need labels).
+        drop_last: drop a last batch shorter than ``batch_size``.
+
+    Raises:
+        InvalidArgumentError: ``batch_size`` below 1.
+    """
+
+    def __init__(self, batch_size: int, *, requires_grad: bool = True, drop_last: bool = False):
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise InvalidArgumentError(f"batch_size must be an int >= 1, got {batch_size!r}")
+        self.batch_size = batch_size
+        self.requires_grad = requires_grad
+        self.drop_last = drop_last
+
+    def __iter__(self) -> Iterator[Batch]:
+        for block in rebatch(self._blocks(), self.batch_size, self.drop_last):
+            yield block.to_batch(self.requires_grad)
+
+    @abc.abstractmethod
+    def _blocks(self) -> Iterator[Block]:
+        """The source as a stream of blocks (any sizes)."""
+
+    def _check_labels(self, has_labels: bool) -> None:
+        if self.requires_grad and not has_labels:
+            raise InvalidArgumentError(
+                f"{type(self).__name__}: requires_grad=True needs labels; this source has none "
+                "(pass requires_grad=False to read it for inference)"
+            )
+
+
+class Chunk(abc.ABC):
+    """Rows of a source; subclasses give text fields and, optionally, native columns."""
+
+    size: int
+
+    @abc.abstractmethod
+    def text(self, columns: Sequence[str]) -> Fields:
+        """Text fields of ``columns``, shape ``(size, len(columns))``."""
+
+    @abc.abstractmethod
+    def where(self, row: int) -> str:
+        """Where row ``row`` is, for error messages (``path:line``)."""
+
+    def native_floats(self, column: str) -> tuple[F64, Bool] | None:
+        """``(values, present)`` of a natively numeric column, else None."""
+        return None
+
+    def native_uints(self, column: str) -> tuple[U64, Bool] | None:
+        """``(ids, present)`` of a natively integer column, else None."""
+        return None
+
+    def native_lists(self, spec: IDColumn, seed: np.uint64) -> tuple[U64, I64] | None:
+        """``(ids, offsets)`` of a natively list-valued column, else None."""
+        return None
+
+    # ---------------------------------------------------------------------------------------
+
+    def checked(self, fields: Fields, columns: Sequence[str], parse: Callable[[Fields], _T]) -> _T:
+        """``parse(fields)``, with a parse error reported at its row and column."""
+        try:
+            return parse(fields)
+        except ParseError as exc:
+            flat = int(exc.rows[0])
+            row, col = divmod(flat, len(columns))
+            raise CorruptDataError(
+                f"{self.where(row)}: column {columns[col]!r}: {fields.text(flat)!r} is not "
+                f"{exc.what}"
+            ) from None
+
+    def floats(self, columns: Sequence[str]) -> tuple[F64, Bool]:
+        values = np.empty((self.size, len(columns)))
+        present = np.empty((self.size, len(columns)), dtype=bool)
+        natives = [self.native_floats(c) for c in columns]
+        text_at = [i for i, n in enumerate(natives) if n is None]
+        if text_at:
+            cols = [columns[i] for i in text_at]
+            v, p = self.checked(self.text(cols), cols, Fields.parse_float)
+            shape = (self.size, len(cols))
+            values[:, text_at], present[:, text_at] = v.reshape(shape), p.reshape(shape)
+        for i, native in enumerate(natives):
+            if native is not None:
+                values[:, i], present[:, i] = native
+        return values, present
+
+    def ids(self, column: str, kind: IdKind, seed: np.uint64) -> tuple[U64, Bool]:
+        if kind is IdKind.INT:
+            native = self.native_uints(column)
+            if native is not None:
+                return native
+        fields = self.text([column])
+        return self.parse_ids(fields, [column], kind, seed)
+
+    def parse_ids(
+        self, fields: Fields, columns: Sequence[str], kind: IdKind, seed: np.uint64
+    ) -> tuple[U64, Bool]:
+        if kind is IdKind.STRING:
+            return hash_fields(fields, seed).ravel(), fields.present().ravel()
+        parse = Fields.parse_uint if kind is IdKind.INT else Fields.parse_hex
+        values, present = self.checked(fields, columns, parse)
+        return values.ravel(), present.ravel()
+
+
+def build_block(chunk: Chunk, spec: ColumnSpec, *, strip: bool = False) -> Block:
+    """The features and labels of ``spec`` over the rows of ``chunk``."""
+    ids = {c.feature: _id_column(chunk, c, strip) for c in spec.ids}
+    dense = {n.name: _numeric(chunk, n) for n in spec.numeric}
+    labels = {lb.label: _label(chunk, lb) for lb in spec.labels}
+    return Block(chunk.size, ids, dense, labels)
+
+
+def _id_column(chunk: Chunk, spec: IDColumn, strip: bool) -> Ids:
+    seed = namespace_seed(spec.hash_namespace)
+    if spec.separator is None:
+        native = chunk.native_lists(spec, seed)
+        if native is None:
+            values, present = chunk.ids(spec.column, spec.kind, seed)
+            if spec.missing_id is not None:
+                values[~present] = np.uint64(spec.missing_id)
+                present[:] = True
+            return Ids.from_present(values, present)
+        values, offsets = native
+    else:
+        fields = chunk.text([spec.column]).flat()
+        tokens, offsets = fields.split(ord(spec.separator))
+        if strip:
+            tokens, offsets = _drop_empty(tokens.strip(), offsets)
+        values, _ = _token_ids(chunk, spec, tokens, offsets, seed)
+    if spec.missing_id is not None:
+        values, offsets = _fill_empty(values, offsets, np.uint64(spec.missing_id))
+    return Ids(values, offsets, False)
+
+
+def _token_ids(
+    chunk: Chunk, spec: IDColumn, tokens: Fields, offsets: I64, seed: np.uint64
+) -> tuple[U64, Bool]:
+    try:
+        return chunk.parse_ids(tokens, [spec.column], spec.kind, seed)
+    except CorruptDataError:
+        # Report the row that holds the bad token, not the token's index.
+        if spec.kind is IdKind.INT:
+            parse: Callable[[Fields], tuple[U64, Bool]] = Fields.parse_uint
+        else:
+            parse = Fields.parse_hex
+        try:
+            parse(tokens)
+        except ParseError as exc:
+            tok = int(exc.rows[0])
+            row = int(np.searchsorted(offsets, tok, side="right") - 1)
+            raise CorruptDataError(
+                f"{chunk.where(row)}: column {spec.column!r}: token {tokens.text(tok)!r} is not "
+                f"{exc.what}"
+            ) from None
+        raise
+
+
+def _drop_empty(tokens: Fields, offsets: I64) -> tuple[Fields, I64]:
+    keep = tokens.ends > tokens.starts
+    if keep.all():
+        return tokens, offsets
+    kept = np.zeros(keep.size + 1, dtype=np.int64)
+    np.cumsum(keep, out=kept[1:])
+    return Fields(tokens.buf, tokens.starts[keep], tokens.ends[keep]), kept[offsets]
+
+
+def _fill_empty(values: U64, offsets: I64, missing: np.uint64) -> tuple[U64, I64]:
+    counts = np.diff(offsets)
+    empty = counts == 0
+    if not empty.any():
+        return values, offsets
+    counts = np.maximum(counts, 1)
+    new_offsets = np.zeros(counts.size + 1, dtype=np.int64)
+    np.cumsum(counts, out=new_offsets[1:])
+    out = np.full(int(new_offsets[-1]), missing, dtype=np.uint64)
+    out[~np.repeat(empty, counts)] = values
+    return out, new_offsets
+
+
+def _numeric(chunk: Chunk, spec: NumericColumn) -> F32:
+    values, present = chunk.floats(spec.columns)
+    values[~present] = spec.fill
+    if spec.log1p:
+        np.maximum(values, 0.0, out=values)
+        np.log1p(values, out=values)
+    return values.astype(np.float32)
+
+
+def _label(chunk: Chunk, spec: LabelColumn) -> F32:
+    if spec.positive:
+        fields = chunk.text([spec.column])
+        present = fields.present().ravel()
+        wanted = hash_strings(list(spec.positive))
+        label: npt.NDArray[np.generic] = np.isin(
+            hash_fields(fields, namespace_seed("")).ravel(), wanted
+        )
+    else:
+        values, present2 = chunk.floats([spec.column])
+        present = present2.ravel()
+        label = values.ravel() >= spec.threshold if spec.threshold is not None else values.ravel()
+    if not present.all():
+        row = int(np.argmin(present))
+        raise CorruptDataError(f"{chunk.where(row)}: label column {spec.column!r} is empty")
+    out: F32 = np.asarray(label, dtype=np.float32).reshape(-1, 1)
+    return out

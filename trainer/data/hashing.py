@@ -1,0 +1,102 @@
+"""Deterministic 64-bit ids of strings, vectorised over arrays (never Python's ``hash()``).
+
+Ids are stored in embeddb's tables, so the hash is part of the data format: the same bytes give
+the same id in every process, run, machine and version. It chains embeddb's SplitMix64
+finaliser (:func:`embeddb.routing.mix64`, a bijection) over the bytes taken 8 at a time::
+
+    h = seed(namespace)
+    for each 8-byte word w of the UTF-8 bytes (little-endian; the last word zero-padded):
+        h = mix64(h ^ w)
+    id = mix64(h ^ number_of_bytes)
+
+    b"abc"  ->  one word 0x0000000000636261, length 3
+
+A namespace (by default the feature's name) seeds the chain, so equal strings of different
+features get different ids unless they share a namespace on purpose. The seed of a namespace is
+the hash of its name under the root seed 0. Any byte string hashes the same whether it comes
+from a text file, an Arrow column or :func:`hash_strings`. (A numpy ``bytes_`` array drops
+trailing NUL bytes, so strings ending in ``\\x00`` should be hashed from a list.)
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable
+
+import numpy as np
+import numpy.typing as npt
+
+from embeddb.routing import mix64
+
+from ._fields import BYTE_MASKS, Fields, u64_at
+
+__all__ = ["hash_fields", "hash_strings", "namespace_seed"]
+
+U64 = npt.NDArray[np.uint64]
+_ROOT_SEED = np.uint64(0)
+
+
+def hash_fields(fields: Fields, seed: np.uint64) -> U64:
+    """Ids of byte-range fields (see the module docstring); empty fields hash too."""
+    starts = fields.starts.ravel()
+    lengths = fields.lengths.ravel()
+    h = np.full(starts.size, seed, dtype=np.uint64)
+    n_words = (lengths + 7) // 8
+    for k in range(int(n_words.max()) if n_words.size else 0):
+        rows = np.flatnonzero(n_words > k)
+        word_len = np.minimum(lengths[rows] - 8 * k, 8)
+        words = u64_at(fields.buf, starts[rows] + 8 * k) & BYTE_MASKS[word_len]
+        h[rows] = mix64(h[rows] ^ words)
+    out: U64 = mix64(h ^ lengths.astype(np.uint64)).reshape(fields.shape)
+    return out
+
+
+@functools.lru_cache(maxsize=1024)
+def namespace_seed(namespace: str) -> np.uint64:
+    """The chain seed of a namespace: the hash of its UTF-8 name under the root seed."""
+    seed: np.uint64 = _hash_bytes_list([namespace.encode("utf-8")], _ROOT_SEED)[0]
+    return seed
+
+
+def hash_strings(values: Iterable[str | bytes] | npt.ArrayLike, namespace: str = "") -> U64:
+    """Ids of strings (UTF-8 encoded) or byte strings in ``namespace``.
+
+    Args:
+        values: a sequence or numpy array (``str_`` or ``bytes_``) of strings.
+        namespace: the id space; readers use the feature's name unless told otherwise.
+
+    Returns:
+        ``uint64`` ids, one per value, in the shape of ``values``.
+
+    Example:
+        >>> int(hash_strings(["abc"], "x")[0]) == int(hash_strings(np.array([b"abc"]), "x")[0])
+        True
+    """
+    seed = namespace_seed(namespace)
+    arr = np.asarray(values if not isinstance(values, (str, bytes)) else [values])
+    if arr.dtype.kind == "U":
+        try:
+            arr = arr.astype(np.bytes_)  # ASCII: a C loop
+        except UnicodeEncodeError:
+            arr = np.strings.encode(arr, "utf-8")
+    if arr.dtype.kind != "S":
+        return _hash_bytes_list(
+            [v.encode("utf-8") if isinstance(v, str) else bytes(v) for v in arr.ravel()], seed
+        ).reshape(arr.shape)
+    return _hash_bytes_array(arr, seed)
+
+
+def _hash_bytes_array(arr: npt.NDArray[np.bytes_], seed: np.uint64) -> U64:
+    flat = np.ascontiguousarray(arr.ravel())
+    width = flat.dtype.itemsize
+    buf = flat.view(np.uint8) if width else np.zeros(0, np.uint8)
+    starts = np.arange(flat.size, dtype=np.int64) * width
+    ends = starts + np.strings.str_len(flat).astype(np.int64)
+    return hash_fields(Fields(buf, starts, ends), seed).reshape(arr.shape)
+
+
+def _hash_bytes_list(items: list[bytes], seed: np.uint64) -> U64:
+    lengths = np.fromiter((len(b) for b in items), dtype=np.int64, count=len(items))
+    ends = np.cumsum(lengths)
+    buf = np.frombuffer(b"".join(items), dtype=np.uint8)
+    return hash_fields(Fields(buf, ends - lengths, ends), seed)

@@ -1,0 +1,482 @@
+"""The embedding worker in its own process, and the NN worker's handle on it.
+
+Processes and threads (one embedding worker per NN worker rank)::
+
+    NN worker process                                 embedding worker process (spawned)
+    ─────────────────                                 ──────────────────────────────────
+    training thread ── LOOKUP / GRADIENTS / ... ──▶  reader thread ─▶ asyncio loop:
+      (EmbeddingWorkerProcess.lookup, push, ...)          EmbeddingWorker (lookups, pooling,
+    receiver thread ◀── POOLED / FAILURE / REPLY ──       pushes, expiry) + AsyncClient ─▶ shards
+      (resolves futures; EOF = the worker died)      writer thread ◀─ answers of the loop
+
+The transport is one duplex :func:`multiprocessing.Pipe` carrying pickled tuples
+(:mod:`embeddb.trainer.protocol`). Shared memory is not needed: the payloads are small (an
+Adult batch of 256 samples and 11 features: 23 kB of ids out, 91 kB of pooled float32 back,
+91 kB of gradients out) and a message costs about 0.5-1 ms of pickling, pipe and thread
+hand-off, most of it the wake-ups that shared memory would still need; the lookup it waits for
+takes 7-8 ms of gRPC (9 tables, one shard), and in ``hybrid`` mode both overlap training. The
+process is started with ``spawn`` (no fork of a process holding CUDA or gRPC state) and never
+imports torch.
+
+Failures are never silent: the receiver thread sees EOF as soon as the worker process exits and
+fails every pending call with :class:`EmbeddingWorkerError` (naming its exit code); the worker
+sees EOF as soon as the NN process exits, drains its pending pushes and exits. Waiting calls
+are bounded by timeouts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import faulthandler
+import itertools
+import logging
+import multiprocessing
+import multiprocessing.connection
+import os
+import queue
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any
+
+from embeddb.client import AsyncClient
+from embeddb.config import EmbeddingConfig
+from embeddb.errors import EmbeddbError
+
+from . import protocol as msg
+from .embedding_worker import EmbeddingWorker, EmbeddingWorkerConfig, IdFeature
+from .errors import EmbeddingWorkerError, TrainerError
+from .pooling import Pooled
+from .worker_metrics import WorkerMetrics
+
+__all__ = ["EmbeddingWorkerProcess", "serve"]
+
+log = logging.getLogger(__name__)
+
+_JOIN_S = 10.0
+_EXIT_WATCHDOG_S = 5.0
+
+
+class EmbeddingWorkerProcess:
+    """Start an embedding worker process and talk to it (the NN worker's side).
+
+    Thread-safe. Returns once the worker has checked the cluster (every table served with its
+    ``dim``, the shards in address order).
+
+    Args:
+        embedding_config: tables and features.
+        addresses: ``host:port`` of every shard, in shard order.
+        config: the worker's settings.
+        start_timeout: seconds to wait for the worker to be ready.
+
+    Raises:
+        ConfigError: the cluster does not serve the config's tables.
+        EmbeddingWorkerError: the process could not start or reach the shards in time.
+    """
+
+    def __init__(
+        self,
+        embedding_config: EmbeddingConfig,
+        addresses: Sequence[str],
+        config: EmbeddingWorkerConfig,
+        *,
+        start_timeout: float = 120.0,
+    ) -> None:
+        self.config = config
+        ctx = multiprocessing.get_context("spawn")
+        self._conn, child = ctx.Pipe(duplex=True)
+        self._process = ctx.Process(
+            target=serve,
+            args=(child, embedding_config, tuple(addresses), config),
+            name="embeddb-embedding-worker",
+            daemon=True,
+        )
+        self._process.start()
+        child.close()
+        self._send_lock = threading.Lock()
+        self._join_lock = threading.Lock()  # one reaper at a time (waitpid races otherwise)
+        self._lock = threading.Lock()  # guards the maps below and _dead
+        self._lookups: dict[int, Future[list[Pooled]]] = {}
+        self._requests: dict[int, Future[Any]] = {}
+        self._refs = itertools.count()
+        self._request_ids = itertools.count()
+        self._failures: list[EmbeddbError] = []
+        self._dead: EmbeddingWorkerError | None = None
+        self._closing = False
+        try:
+            self.pid = self._await_ready(start_timeout)
+        except BaseException:
+            self._kill()
+            raise
+        self._receiver = threading.Thread(
+            target=self._receive, name="embeddb-embedding-worker-receiver", daemon=True
+        )
+        self._receiver.start()
+
+    def _await_ready(self, timeout: float) -> int:
+        deadline = time.monotonic() + timeout
+        while not self._conn.poll(0.05):
+            if self._exited(0):
+                raise EmbeddingWorkerError(
+                    f"the embedding worker exited with code {self._process.exitcode} "
+                    "before it was ready (see its log above)"
+                )
+            if time.monotonic() > deadline:
+                raise EmbeddingWorkerError(
+                    f"the embedding worker was not ready within {timeout:.0f} s"
+                )
+        try:
+            answer = self._conn.recv()
+        except (EOFError, OSError) as exc:
+            raise EmbeddingWorkerError("the embedding worker exited while starting") from exc
+        if answer[0] == msg.START_FAILED:
+            raise msg.error_from(answer[1], f"the embedding worker could not start: {answer[2]}")
+        return int(answer[1])
+
+    # ------------------------------------------------------------------ calls
+    def lookup(
+        self, features: Sequence[IdFeature], train: bool
+    ) -> tuple[int, Future[list[Pooled]]]:
+        """Ask for a batch's pooled embeddings; returns its ``batch_ref`` and a future.
+
+        Raises:
+            EmbeddingWorkerError: the worker is gone.
+        """
+        batch_ref = next(self._refs)
+        future: Future[list[Pooled]] = Future()
+        with self._lock:
+            self._check_alive()
+            self._lookups[batch_ref] = future
+        self._send((msg.LOOKUP, batch_ref, train, tuple(features)))
+        return batch_ref, future
+
+    def push_gradients(self, batch_ref: int, grads: Sequence[Any], nonfinite: int = 0) -> None:
+        """Send a batch's embedding gradients (one float32 array or ``None`` per feature)."""
+        self._send((msg.GRADIENTS, batch_ref, tuple(grads), int(nonfinite)))
+
+    def discard(self, batch_ref: int) -> None:
+        """Tell the worker no gradients will come for ``batch_ref``."""
+        self._send((msg.DISCARD, batch_ref))
+
+    def flush(self, timeout: float) -> None:
+        """Wait until every gradient push sent so far has been answered by the shards."""
+        self._request(msg.FLUSH, timeout)
+
+    def stats(self, timeout: float = 30.0) -> dict[str, float]:
+        """The worker's metrics (see :mod:`embeddb.trainer.worker_metrics`)."""
+        result: dict[str, float] = self._request(msg.STATS, timeout)
+        return result
+
+    def raise_failure(self) -> None:
+        """Raise the first asynchronous failure reported since the last call, if any.
+
+        Raises:
+            GradientPushFailedError: a push failed after its retries.
+            EmbeddingWorkerError: the worker process is gone.
+        """
+        with self._lock:
+            if self._failures:
+                first = self._failures[0]
+                self._failures.clear()
+                raise first
+            self._check_alive()
+
+    def close(self, timeout: float = 60.0) -> dict[str, float] | None:
+        """Drain pending pushes, stop the worker, wait for its exit; returns its final metrics
+        (``None`` if it was already gone). Idempotent."""
+        with self._lock:
+            if self._closing:
+                return None
+            self._closing = True
+            dead = self._dead is not None
+        final: dict[str, float] | None = None
+        if not dead:
+            try:
+                final = self._request(msg.CLOSE, timeout)
+            except EmbeddbError as exc:
+                log.warning("the embedding worker did not close cleanly: %s", exc)
+        if not self._exited(_JOIN_S):
+            log.warning("the embedding worker (pid %d) did not exit; terminating it", self.pid)
+            self._kill()
+        self._conn.close()
+        return final
+
+    @property
+    def alive(self) -> bool:
+        return self._dead is None and not self._exited(0)
+
+    def _exited(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` s for the process to exit; whether it has. Joins (reaps)
+        happen under one lock: two threads reaping at once can see a dead child as alive."""
+        with self._join_lock:
+            self._process.join(timeout)
+            return self._process.exitcode is not None
+
+    # ------------------------------------------------------------------ plumbing
+    def _request(self, kind: str, timeout: float) -> Any:
+        request = next(self._request_ids)
+        future: Future[Any] = Future()
+        with self._lock:
+            self._check_alive()
+            self._requests[request] = future
+        self._send((kind, request))
+        try:
+            return future.result(timeout)
+        except FutureTimeout:
+            raise EmbeddingWorkerError(
+                f"the embedding worker did not answer {kind} within {timeout:.0f} s"
+            ) from None
+
+    def _send(self, message: tuple[Any, ...]) -> None:
+        try:
+            with self._send_lock:
+                self._conn.send(message)
+        except (OSError, ValueError) as exc:  # broken pipe, or closed connection
+            self._mark_dead()
+            raise self._dead or EmbeddingWorkerError("the embedding worker is gone") from exc
+
+    def _check_alive(self) -> None:
+        if self._dead is not None:
+            raise self._dead
+
+    def _receive(self) -> None:
+        try:
+            while True:
+                self._dispatch(self._conn.recv())
+        except (EOFError, OSError):
+            pass
+        except Exception:  # a bug in dispatch: never die silently
+            log.exception("the embedding worker receiver failed")
+        self._mark_dead()
+
+    def _dispatch(self, message: tuple[Any, ...]) -> None:
+        kind = message[0]
+        if kind == msg.POOLED:
+            with self._lock:
+                future = self._lookups.pop(message[1], None)
+            if future is not None:
+                future.set_result(message[2])
+        elif kind == msg.LOOKUP_FAILED:
+            with self._lock:
+                future = self._lookups.pop(message[1], None)
+            if future is not None:
+                future.set_exception(msg.error_from(message[2], message[3], message[4]))
+        elif kind == msg.REPLY:
+            with self._lock:
+                request = self._requests.pop(message[1], None)
+            if request is not None:
+                request.set_result(message[2])
+        elif kind == msg.FAILURE:
+            error = msg.error_from(message[1], message[2], message[3])
+            with self._lock:
+                self._failures.append(error)
+        else:
+            log.error("unexpected message from the embedding worker: %r", kind)
+
+    def _mark_dead(self) -> None:
+        self._exited(1.0 if self._closing else 5.0)
+        code = self._process.exitcode
+        with self._lock:
+            if self._dead is None:
+                how = "exited" if code is not None else "stopped answering"
+                self._dead = EmbeddingWorkerError(
+                    f"the embedding worker (pid {self._process.pid}) {how}"
+                    + (f" with code {code}" if code is not None else "")
+                )
+                if not self._closing:
+                    log.error("%s", self._dead)
+            pending = [*self._lookups.values(), *self._requests.values()]
+            self._lookups.clear()
+            self._requests.clear()
+            dead = self._dead
+        for future in pending:
+            if not future.done():
+                future.set_exception(dead)
+
+    def _kill(self) -> None:
+        if not self._exited(0):
+            self._process.kill()
+            self._exited(_JOIN_S)
+
+
+# ---------------------------------------------------------------------- the worker process
+def serve(
+    conn: multiprocessing.connection.Connection,
+    embedding_config: EmbeddingConfig,
+    addresses: tuple[str, ...],
+    config: EmbeddingWorkerConfig,
+) -> None:
+    """The embedding worker process's main: serve the NN worker over ``conn`` until it closes
+    the worker or goes away."""
+    _configure_logging(config.log_level)
+    try:
+        asyncio.run(_Server(conn, embedding_config, addresses, config).run())
+        log.debug("the event loop is closed")
+    finally:
+        conn.close()
+        # Served and drained: should the interpreter's exit hang (a library thread), print
+        # every thread's stack and exit anyway rather than linger.
+        faulthandler.dump_traceback_later(_EXIT_WATCHDOG_S, exit=True)
+
+
+def _configure_logging(level: str) -> None:
+    root = logging.getLogger()
+    if not root.handlers:
+        logging.basicConfig(
+            format=f"[embedding worker {os.getpid()}] %(levelname)s %(name)s: %(message)s"
+        )
+    logging.getLogger("embeddb").setLevel(level.upper())
+
+
+class _Server:
+    """Pipe facade of :class:`EmbeddingWorker`: a reader and a writer thread around its loop."""
+
+    def __init__(
+        self,
+        conn: multiprocessing.connection.Connection,
+        embedding_config: EmbeddingConfig,
+        addresses: tuple[str, ...],
+        config: EmbeddingWorkerConfig,
+    ) -> None:
+        self._conn = conn
+        self._embedding_config = embedding_config
+        self._addresses = addresses
+        self._config = config
+        self._outbox: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        inbox: asyncio.Queue[tuple[Any, ...] | None] = asyncio.Queue()
+        writer = threading.Thread(target=self._write, name="embeddb-worker-writer", daemon=True)
+        writer.start()
+        threading.Thread(
+            target=self._read, args=(loop, inbox), name="embeddb-worker-reader", daemon=True
+        ).start()
+        cfg = self._config
+        client = AsyncClient(
+            self._addresses, timeout=cfg.shard_timeout, retries=cfg.retries, fp16=cfg.fp16
+        )
+        metrics = WorkerMetrics(cfg.max_staleness)
+        worker = EmbeddingWorker(
+            client, self._embedding_config, cfg, metrics=metrics, on_failure=self._report
+        )
+        try:
+            await worker.start()
+            if cfg.metrics_port is not None:
+                _serve_metrics(metrics, cfg.metrics_port)
+        except Exception as exc:
+            log.error("cannot start: %s: %s", type(exc).__name__, exc)
+            self._outbox.put((msg.START_FAILED, type(exc).__name__, str(exc)))
+            await client.close()
+            self._stop_writer(writer)
+            return
+        self._outbox.put((msg.READY, os.getpid()))
+        expiry = loop.create_task(worker.run_expiry())
+        close_request = await self._dispatch(worker, inbox)
+        log.debug("closing: draining pushes")
+        await worker.close()
+        log.debug("closing: waiting for %d lookups", len(self._tasks))
+        if self._tasks:
+            await asyncio.wait(set(self._tasks))
+        expiry.cancel()
+        if close_request is not None:
+            self._outbox.put((msg.REPLY, close_request, worker.stats()))
+        log.debug("closing: stopping the writer")
+        self._stop_writer(writer)
+        log.debug("closed")
+
+    async def _dispatch(
+        self, worker: EmbeddingWorker, inbox: asyncio.Queue[tuple[Any, ...] | None]
+    ) -> int | None:
+        """Serve messages until CLOSE (returns its request id) or EOF (returns None)."""
+        loop = asyncio.get_running_loop()
+        while True:
+            message = await inbox.get()
+            if message is None:
+                log.warning("the NN worker went away; draining pending pushes and exiting")
+                return None
+            kind = message[0]
+            if kind == msg.LOOKUP:
+                self._spawn(loop, self._lookup(worker, *message[1:]))
+            elif kind == msg.GRADIENTS:
+                worker.push_gradients(message[1], message[2], message[3])
+            elif kind == msg.DISCARD:
+                worker.discard(message[1])
+            elif kind == msg.FLUSH:
+                self._spawn(loop, self._flush(worker, message[1]))
+            elif kind == msg.STATS:
+                self._outbox.put((msg.REPLY, message[1], worker.stats()))
+            elif kind == msg.CLOSE:
+                return int(message[1])
+            else:
+                log.error("unexpected message from the NN worker: %r", kind)
+
+    def _spawn(self, loop: asyncio.AbstractEventLoop, coro: Any) -> None:
+        task = loop.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _lookup(
+        self, worker: EmbeddingWorker, batch_ref: int, train: bool, features: Sequence[IdFeature]
+    ) -> None:
+        try:
+            pooled = await worker.lookup(batch_ref, features, train)
+        except TrainerError as exc:
+            self._outbox.put(
+                (msg.LOOKUP_FAILED, batch_ref, type(exc).__name__, str(exc), exc.cause)
+            )
+        except Exception as exc:  # a bug: report it rather than leave the NN worker waiting
+            log.exception("lookup of batch %d failed", batch_ref)
+            self._outbox.put(
+                (msg.LOOKUP_FAILED, batch_ref, "LookupFailedError", str(exc), type(exc).__name__)
+            )
+        else:
+            self._outbox.put((msg.POOLED, batch_ref, pooled))
+
+    async def _flush(self, worker: EmbeddingWorker, request: int) -> None:
+        await worker.flush()
+        self._outbox.put((msg.REPLY, request, None))
+
+    def _report(self, error: TrainerError) -> None:
+        self._outbox.put((msg.FAILURE, type(error).__name__, str(error), error.cause))
+
+    def _read(
+        self, loop: asyncio.AbstractEventLoop, inbox: asyncio.Queue[tuple[Any, ...] | None]
+    ) -> None:
+        message: tuple[Any, ...] | None
+        while True:
+            try:
+                message = self._conn.recv()
+            except (EOFError, OSError):
+                message = None
+            try:
+                loop.call_soon_threadsafe(inbox.put_nowait, message)
+            except RuntimeError:  # the loop is closed: the worker is exiting
+                return
+            if message is None or message[0] == msg.CLOSE:
+                return
+
+    def _write(self) -> None:
+        while True:
+            message = self._outbox.get()
+            if message is None:
+                return
+            try:
+                self._conn.send(message)
+            except (OSError, ValueError):
+                log.warning("the NN worker went away; dropping answers")
+                return
+
+    def _stop_writer(self, writer: threading.Thread) -> None:
+        self._outbox.put(None)
+        writer.join(_JOIN_S)
+
+
+def _serve_metrics(metrics: WorkerMetrics, port: int) -> None:
+    from prometheus_client import start_http_server
+
+    start_http_server(port, registry=metrics.registry)
+    log.info("metrics on port %d", port)
