@@ -108,12 +108,8 @@ class SnapshotWriter:
     def __init__(self, root: Path, snapshot_id: str) -> None:
         self.root = root
         self.snapshot_id = check_id(snapshot_id)
-        self.final = root / snapshot_id
-        if self.final.exists():
-            raise InvalidArgumentError(f"snapshot {snapshot_id!r} already exists in {root}")
+        self.final, self.tmp = _temporary_dir(root, snapshot_id, "create")
         try:
-            root.mkdir(parents=True, exist_ok=True)
-            self.tmp = Path(tempfile.mkdtemp(prefix=f"{_TMP_PREFIX}{snapshot_id}-", dir=root))
             (self.tmp / "ram").mkdir()
         except OSError as exc:
             raise StorageError(f"cannot create a snapshot in {root}: {exc}") from exc
@@ -267,14 +263,7 @@ class SnapshotReceiver:
     def __init__(self, root: Path, snapshot_id: str) -> None:
         self.root = root
         self.snapshot_id = check_id(snapshot_id)
-        self.final = root / snapshot_id
-        if self.final.exists():
-            raise InvalidArgumentError(f"snapshot {snapshot_id!r} already exists in {root}")
-        try:
-            root.mkdir(parents=True, exist_ok=True)
-            self.tmp = Path(tempfile.mkdtemp(prefix=f"{_TMP_PREFIX}{snapshot_id}-", dir=root))
-        except OSError as exc:
-            raise StorageError(f"cannot receive a snapshot in {root}: {exc}") from exc
+        self.final, self.tmp = _temporary_dir(root, snapshot_id, "receive")
         self._open: dict[str, tuple[BinaryIO, int]] = {}  # path -> (file, bytes written)
         self.bytes = 0
 
@@ -495,6 +484,23 @@ def copy_disk(snapshot: Path, target: Path) -> None:
 
 
 # ----------------------------------------------------------------------------------- helpers
+def _temporary_dir(root: Path, snapshot_id: str, verb: str) -> tuple[Path, Path]:
+    """``(final path, new temporary directory)`` for snapshot ``snapshot_id`` under ``root``.
+
+    Raises:
+        InvalidArgumentError: the snapshot exists. StorageError: ``root`` is unusable.
+    """
+    final = root / snapshot_id
+    if final.exists():
+        raise InvalidArgumentError(f"snapshot {snapshot_id!r} already exists in {root}")
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f"{_TMP_PREFIX}{snapshot_id}-", dir=root))
+    except OSError as exc:
+        raise StorageError(f"cannot {verb} a snapshot in {root}: {exc}") from exc
+    return final, tmp
+
+
 def _manifest_crc(manifest: dict[str, Any]) -> int:
     """CRC32 of the manifest's canonical JSON without its own ``checksum`` field."""
     body = {k: v for k, v in manifest.items() if k != "checksum"}
