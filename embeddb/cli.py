@@ -2,6 +2,7 @@
 
 Commands:
     embeddb demo      train a factorization machine on UCI Adult with its embeddings in a shard
+    embeddb train     run a training job (YAML): local shards, NN workers under torchrun
     embeddb serve     serve one shard over gRPC until SIGTERM/SIGINT (then shut down cleanly)
     embeddb cluster   run N ``serve`` processes locally, health-checked and supervised
     embeddb snapshot  take a job checkpoint: every shard of a running cluster snapshots under one id
@@ -181,6 +182,32 @@ def demo(
                 )
     except EmbeddbError as exc:
         raise click.ClickException(str(exc)) from exc
+
+
+# --------------------------------------------------------------------------------------- train
+@main.command()
+@click.argument("job", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option(
+    "--predict",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="After training, answer this many online predictions (the first test rows).",
+)
+def train(job: Path, predict: int) -> None:
+    """Train the job in JOB (YAML; schema in embeddb/trainer/job.py): start local shards
+    (unless the job lists addresses), the NN workers under torchrun, show progress, evaluate.
+    Needs the trainer extra (torch)."""
+    try:
+        from embeddb.trainer.launch import launch
+    except ImportError as exc:  # pragma: no cover - the launcher itself needs no torch
+        raise click.ClickException(f"embeddb train needs the trainer extra: {exc}") from exc
+    try:
+        code = launch(job, predict=predict, echo=click.echo)
+    except EmbeddbError as exc:
+        raise click.ClickException(str(exc)) from exc
+    if code:
+        raise SystemExit(code)
 
 
 # --------------------------------------------------------------------------------------- serve

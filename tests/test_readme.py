@@ -22,5 +22,8 @@ def test_quickstart_has_two_commands_and_ci_runs_the_test_one() -> None:
     block = re.search(r"```bash\n(.*?)```", quickstart, flags=re.S).group(1)
     commands = [line.split("#")[0].strip() for line in block.splitlines() if line.strip()]
     assert len(commands) == 2
-    assert "embeddb demo" in commands[0]
+    assert commands[0].startswith('pip install -e ".[trainer]" && embeddb train ')
+    job = commands[0].split("embeddb train ", 1)[1].split()[0]
+    assert (ROOT / job).is_file(), f"the quickstart's job file {job} is missing"
+    assert commands[1] == 'pip install -e ".[dev,trainer]" && python -m pytest'
     assert commands[1] in (ROOT / ".ci" / "run").read_text()

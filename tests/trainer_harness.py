@@ -36,13 +36,16 @@ class Shards:
 
 
 @contextmanager
-def serve_shards(config: EmbeddingConfig, data_dir: Path | None, n: int = 1) -> Iterator[Shards]:
-    """Serve ``n`` shards of ``config``; ``data_dir=None`` keeps rows in temporary dirs."""
+def serve_shards(
+    config: EmbeddingConfig, data_dir: Path | None, n: int = 1, *, restore: str | None = None
+) -> Iterator[Shards]:
+    """Serve ``n`` shards of ``config``; ``data_dir=None`` keeps rows in temporary dirs;
+    ``restore``: start every shard from that snapshot."""
     out = Shards()
     try:
         for k in range(n):
             path = None if data_dir is None else data_dir / f"shard-{k}"
-            shard = Shard(config, path, shard_index=k, num_shards=n)
+            shard = Shard(config, path, shard_index=k, num_shards=n, restore=restore)
             out.shards.append(shard)
             server = build_server(shard, ServerConfig(port=0, shard_index=k, num_shards=n))
             out.servers.append(server)

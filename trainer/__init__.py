@@ -9,7 +9,9 @@ Modules: :mod:`.batch` (the batch data model), :mod:`.pooling` (pooling and its 
 :mod:`.protocol` (their messages), :mod:`.worker_metrics` (its Prometheus metrics),
 :mod:`.config` (:class:`TrainerConfig`, :class:`Mode`), :mod:`.dist` (torchrun's environment,
 the process group), :mod:`.dense` (synchronous and delayed dense updates), :mod:`.ctx`
-(:class:`TrainCtx`, :class:`EvalCtx`), :mod:`.errors`.
+(:class:`TrainCtx`, :class:`EvalCtx`), :mod:`.checkpoint` (job checkpoints: dense file +
+one snapshot per shard), :mod:`.job` (the training job YAML), :mod:`.launch` (``embeddb
+train``: local shards + torchrun), :mod:`.run` (the NN worker's torchrun entry), :mod:`.errors`.
 
 Names that need torch (the contexts, ``DistEnv``) are imported on first use, so the embedding
 worker process, which imports this package, never loads torch.
@@ -22,6 +24,7 @@ from typing import Any
 
 __all__ = [
     "Batch",
+    "CheckpointInfo",
     "DistEnv",
     "EmbeddingWorkerConfig",
     "EmbeddingWorkerError",
@@ -43,6 +46,7 @@ __all__ = [
 
 _LAZY = {
     "Batch": ".batch",
+    "CheckpointInfo": ".checkpoint",
     "IDTypeFeature": ".batch",
     "IDTypeFeatureWithSingleID": ".batch",
     "Label": ".batch",

@@ -35,10 +35,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import threading
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
+from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
@@ -49,10 +51,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from embeddb.client import Client
 from embeddb.client.options import check_addresses, read_address_file
 from embeddb.config import EmbeddingConfig
-from embeddb.errors import ConfigError, InvalidArgumentError
+from embeddb.errors import ConfigError, InvalidArgumentError, NotFoundError
 
+from . import checkpoint as ckpt
 from .batch import Batch
 from .config import Mode, TrainerConfig
 from .dense import DelayedDense, DenseUpdater, SyncDense
@@ -91,6 +95,7 @@ class PreparedBatch:
 class _Forwarded:
     batch_ref: int
     leaves: list[torch.Tensor]
+    samples: int
 
 
 class _EmbeddingCtx:
@@ -113,6 +118,8 @@ class _EmbeddingCtx:
         self._yielded: deque[PreparedBatch] = deque()
         self._closed = False
         self._amp = config.mixed_precision
+        self._in_flight: set[Future[list[Pooled]]] = set()  # lookups not answered yet
+        self._in_flight_lock = threading.Lock()
 
     # ------------------------------------------------------------------ prefetching
     def _prefetch(
@@ -153,7 +160,24 @@ class _EmbeddingCtx:
         train = train and batch.requires_grad
         self._worker.raise_failure()
         batch_ref, future = self._worker.lookup(features, train)
+        with self._in_flight_lock:
+            self._in_flight.add(future)
+        future.add_done_callback(self._landed)
         return PreparedBatch(batch, batch_ref, train, future)
+
+    def _landed(self, future: Future[list[Pooled]]) -> None:
+        with self._in_flight_lock:
+            self._in_flight.discard(future)
+
+    def _await_lookups(self, timeout: float) -> None:
+        """Wait until every lookup sent so far is answered (rows they create are in place)."""
+        with self._in_flight_lock:
+            pending = set(self._in_flight)
+        _, not_done = wait_futures(pending, timeout)
+        if not_done:
+            raise EmbeddingWorkerError(
+                f"{len(not_done)} lookups were not answered within {timeout:.0f} s"
+            )
 
     def _discard(self, prepared: PreparedBatch) -> None:
         if prepared.train and not prepared.forwarded:
@@ -277,6 +301,10 @@ class TrainCtx(_EmbeddingCtx):
         env = dist_env if dist_env is not None else DistEnv.from_environ(os.environ)
         device = _device(cfg, env.local_rank)
         self.dist_env = env
+        self.addresses = addresses
+        self.optimizer = optimizer
+        self.step = 0  # backward() calls of this rank (restored by load_checkpoint)
+        self.samples = 0  # training samples of this rank
         self.model = model.to(device)
         self._owns_group = env.init_process_group(device)
         try:
@@ -339,7 +367,7 @@ class TrainCtx(_EmbeddingCtx):
         if self._amp and isinstance(output, torch.Tensor):
             output = output.float()
         if prepared.train:
-            self._awaiting = _Forwarded(prepared.batch_ref, leaves)
+            self._awaiting = _Forwarded(prepared.batch_ref, leaves, prepared.batch.batch_size)
         return output, labels
 
     def backward(self, loss: torch.Tensor) -> None:
@@ -360,6 +388,8 @@ class TrainCtx(_EmbeddingCtx):
         grads, nonfinite = _embedding_gradients(forwarded.leaves, self.dense.loss_scale())
         self._worker.push_gradients(forwarded.batch_ref, grads, nonfinite)
         self.dense.step()
+        self.step += 1
+        self.samples += forwarded.samples
 
     def flush(self) -> None:
         """Wait until every embedding gradient sent so far is applied by the shards.
@@ -370,6 +400,111 @@ class TrainCtx(_EmbeddingCtx):
         self._check_open()
         self._worker.flush(self.config.close_timeout)
         self._worker.raise_failure()
+
+    def save_checkpoint(
+        self, directory: str | os.PathLike[str], checkpoint_id: str | None = None
+    ) -> ckpt.CheckpointInfo:
+        """Checkpoint the job: dense parameters, optimizer state and counters in
+        ``directory/ID/dense.pt``, and a snapshot of every shard under ``ID``
+        (:mod:`embeddb.trainer.checkpoint`). Every rank must call it at the same step.
+
+        Before the snapshot every rank applies its pending dense updates (``async`` mode),
+        waits until its embedding gradients are applied and its lookups answered, and meets
+        the others at a barrier: no push or lookup of this job is in flight while the shards
+        snapshot, so the checkpoint is consistent across shards and with the dense side.
+        (Batches already looked up ahead keep their embeddings: in ``hybrid`` mode a resumed
+        run looks them up again, fresher.) Rank 0 takes the snapshot and writes the files;
+        all ranks meet at a second barrier.
+
+        Args:
+            directory: the checkpoint directory (shared by the ranks).
+            checkpoint_id: default ``ckpt-<step, 9 digits>``.
+
+        Returns:
+            The checkpoint's manifest.
+
+        Raises:
+            InvalidArgumentError: a bad id, or one already taken (in ``directory`` or by a
+                shard). FailedPreconditionError: a shard keeps no snapshots (no data
+                directory). EmbeddingWorkerError, GradientPushFailedError: see :meth:`forward`.
+        """
+        self._check_open()
+        name = ckpt.check_id(checkpoint_id or ckpt.checkpoint_id_for(self.step))
+        self.dense.flush()
+        self.flush()
+        self._await_lookups(self.config.lookup_timeout)
+        self.flush()  # a lookup answered after the first flush pushes nothing, but be sure
+        distributed = self.dist_env.distributed and dist.is_initialized()
+        if distributed:
+            dist.barrier()
+        info: ckpt.CheckpointInfo | None = None
+        failure: BaseException | None = None
+        if self.dist_env.rank == 0:
+            try:
+                with Client(self.addresses) as client:
+                    client.snapshot(name)
+                dense = {
+                    "model": self.model.state_dict(),
+                    "optimizer": self.optimizer.state_dict(),
+                    "scaler": None if self.dense.scaler is None else self.dense.scaler.state_dict(),
+                }
+                info = ckpt.write_checkpoint(
+                    directory,
+                    name,
+                    dense,
+                    step=self.step,
+                    samples=self.samples,
+                    num_shards=len(self.addresses),
+                )
+            except BaseException as exc:  # still meet the others at the barrier
+                failure = exc
+        if distributed:
+            dist.barrier()
+        if failure is not None:
+            raise failure
+        if info is None:
+            info = ckpt.read_checkpoint(directory, name)
+        log.info("checkpoint %s at step %d", name, self.step)
+        return info
+
+    def load_checkpoint(
+        self, directory: str | os.PathLike[str], checkpoint_id: str | None = None
+    ) -> ckpt.CheckpointInfo:
+        """Restore the dense side of a checkpoint (parameters, optimizer state, counters).
+
+        The embedding side is the shards' business: start them from the snapshot
+        (``embeddb serve --restore ID``, :func:`~embeddb.trainer.checkpoint.restore_local_shards`)
+        for an exact resume; shards left as they are keep their newer embeddings.
+
+        Args:
+            directory: the checkpoint directory.
+            checkpoint_id: default: the latest complete checkpoint.
+
+        Raises:
+            NotFoundError: no such checkpoint (or none at all).
+            ConfigError: the checkpoint was taken with a different number of shards.
+        """
+        self._check_open()
+        info = (
+            ckpt.read_checkpoint(directory, checkpoint_id)
+            if checkpoint_id is not None
+            else ckpt.latest_checkpoint(directory)
+        )
+        if info is None:
+            raise NotFoundError(f"no checkpoint in {directory}")
+        if info.num_shards != len(self.addresses):
+            raise ConfigError(
+                "shards",
+                f"checkpoint {info.checkpoint_id} has {info.num_shards} shards, the job "
+                f"{len(self.addresses)}",
+            )
+        state = torch.load(info.dense_path, map_location=self.device, weights_only=True)
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.dense.scaler is not None and state.get("scaler") is not None:
+            self.dense.scaler.load_state_dict(state["scaler"])
+        self.step, self.samples = info.step, info.samples
+        return info
 
     def eval_ctx(self) -> EvalCtx:
         """An evaluation context on the same model and embedding worker (flushed first: it

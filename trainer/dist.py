@@ -33,6 +33,9 @@ class DistEnv:
         world_size: number of NN workers.
         local_rank: rank on this machine (picks the GPU).
         master_addr, master_port: rank 0's rendezvous address (needed when ``world_size > 1``).
+        attempt: under torchrun's agent store (``TORCHELASTIC_USE_AGENT_STORE``), its restart
+            count: the process group's keys are prefixed with it, so workers restarted after a
+            failure never read the addresses their dead predecessors left in the store.
     """
 
     rank: int = 0
@@ -40,6 +43,7 @@ class DistEnv:
     local_rank: int = 0
     master_addr: str | None = None
     master_port: int | None = None
+    attempt: int | None = None
 
     def __post_init__(self) -> None:
         if self.world_size < 1:
@@ -82,6 +86,11 @@ class DistEnv:
             local_rank=integer("LOCAL_RANK", 0),
             master_addr=environ.get("MASTER_ADDR"),
             master_port=integer("MASTER_PORT") if port is not None else None,
+            attempt=(
+                integer("TORCHELASTIC_RESTART_COUNT", 0)
+                if environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+                else None
+            ),
         )
 
     @property
@@ -107,12 +116,27 @@ class DistEnv:
                     f"the environment says {self.rank} of {self.world_size}",
                 )
             return False
+        timeout = datetime.timedelta(seconds=timeout_s)
+        if self.attempt is not None and self.master_addr and self.master_port:
+            agent_store = dist.TCPStore(  # type: ignore[attr-defined]
+                self.master_addr, self.master_port, self.world_size, False, timeout
+            )
+            dist.init_process_group(
+                backend=backend_for(device),
+                store=dist.PrefixStore(  # type: ignore[attr-defined]
+                    f"embeddb/attempt_{self.attempt}", agent_store
+                ),
+                rank=self.rank,
+                world_size=self.world_size,
+                timeout=timeout,
+            )
+            return True
         dist.init_process_group(
             backend=backend_for(device),
             init_method=f"tcp://{self.master_addr}:{self.master_port}",
             rank=self.rank,
             world_size=self.world_size,
-            timeout=datetime.timedelta(seconds=timeout_s),
+            timeout=timeout,
         )
         return True
 

@@ -1,0 +1,229 @@
+"""``embeddb train``: the job file, the launcher end to end (local shards, torchrun, Adult),
+clean stops on Ctrl-C/SIGTERM, and the restart of every NN worker after one dies."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from embeddb.errors import ConfigError
+from embeddb.trainer.checkpoint import latest_checkpoint
+from embeddb.trainer.job import JobConfig
+from embeddb.trainer.launch import torchrun_command
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL = ROOT / "examples" / "adult" / "model.py"
+
+
+def write_job(tmp_path: Path, **settings: object) -> Path:
+    job = {"model": f"{MODEL}:AdultModel", "epochs": 1, "batch_size": 256, **settings}
+    path = tmp_path / "job.yaml"
+    path.write_text("".join(f"{k}: {v}\n" for k, v in job.items()))
+    return path
+
+
+def test_the_job_file_is_validated_with_clear_errors(tmp_path: Path) -> None:
+    job = JobConfig.from_yaml(write_job(tmp_path, checkpoint_dir="ckpt", workers=2))
+    assert (
+        job.checkpoint_dir == tmp_path / "ckpt" and job.shard_data_dir() == tmp_path / "ckpt/shards"
+    )
+    assert job.embedding_config_path().name == "adult.yaml"
+    command = torchrun_command(tmp_path / "job.yaml", job, tmp_path / "a.txt", predict=5)
+    assert command[1:4] == ["-m", "torch.distributed.run", "--standalone"]
+    assert "--nproc_per_node=2" in command and "--max-restarts=3" in command
+    assert command[-2:] == ["--predict", "5"]
+    for bad, match in [
+        ("epochs: 0\n", "epochs"),
+        ("mode: fast\n", "mode"),
+        ("colour: red\n", "colour"),
+        ("optimizer: {type: lbfgs}\n", "optimizer"),
+        ("embedding_config: nowhere.yaml\n", None),
+    ]:
+        path = tmp_path / "bad.yaml"
+        path.write_text(f"model: m.py:M\n{bad}")
+        if match is None:
+            with pytest.raises(ConfigError, match="embedding_config"):
+                JobConfig.from_yaml(path).embedding_config_path()
+        else:
+            with pytest.raises(ConfigError, match=match):
+                JobConfig.from_yaml(path)
+    with pytest.raises(ConfigError, match="no such"):
+        JobConfig.from_yaml(tmp_path / "missing.yaml")
+
+
+# ---------------------------------------------------------------------- processes
+def _children() -> dict[int, list[int]]:
+    tree: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        tree.setdefault(ppid, []).append(int(entry))
+    return tree
+
+
+def descendants(pid: int) -> set[int]:
+    tree, found, todo = _children(), set(), [pid]
+    while todo:
+        for child in tree.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def rank_pid(launcher: int, local_rank: int) -> int | None:
+    for pid in descendants(launcher):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"embeddb.trainer.run" in cmdline and f"LOCAL_RANK={local_rank}".encode() in environ:
+            return pid
+    return None
+
+
+def start(job: Path, *args: str) -> subprocess.Popen[str]:
+    """``embeddb train JOB``, its output in ``JOB.out`` (a pipe nobody reads would fill)."""
+    with open(job.with_suffix(".out"), "w") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "embeddb.cli", "train", str(job), *args],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            text=True,
+            cwd=ROOT,
+        )
+
+
+def finish(proc: subprocess.Popen[str], job: Path) -> str:
+    proc.wait(timeout=60)
+    return job.with_suffix(".out").read_text()
+
+
+def watch(proc: subprocess.Popen[str], until: float, seen: set[int]) -> None:
+    """Record ``proc``'s descendants until it exits or ``until``."""
+    while proc.poll() is None and time.monotonic() < until:
+        seen |= descendants(proc.pid)
+        time.sleep(0.1)
+
+
+def assert_all_gone(pids: set[int]) -> None:
+    deadline = time.monotonic() + 10
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [p for p in pids if alive(p)]
+
+
+@pytest.mark.slow
+def test_a_job_trains_adult_predicts_and_leaves_no_process(tmp_path: Path) -> None:
+    job = write_job(tmp_path, workers=2, metrics_file="metrics.jsonl")
+    proc = start(job, "--predict", "3")
+    seen: set[int] = set()
+    watch(proc, time.monotonic() + 120, seen)
+    out = finish(proc, job)
+    assert proc.returncode == 0, out
+    assert "torchrun --standalone --nproc_per_node=2" in out
+    assert "samples/s" in out and "AUC" in out
+    assert out.count("prediction ") == 3
+    auc = float(out.split("test AUC ")[1].split()[0])
+    assert auc > 0.85
+    assert '"test_auc"' in (tmp_path / "metrics.jsonl").read_text()
+    assert len(seen) >= 4  # shard, torchrun, 2 ranks (and their embedding workers)
+    assert_all_gone(seen)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_or_sigterm_stops_every_process(tmp_path: Path, signum: int) -> None:
+    job = write_job(tmp_path, epochs=50, batch_size=64)
+    proc = start(job)
+    seen: set[int] = set()
+    deadline = time.monotonic() + 90
+    while rank_pid(proc.pid, 0) is None and time.monotonic() < deadline:
+        watch(proc, time.monotonic() + 0.5, seen)
+    time.sleep(3)  # training
+    seen |= descendants(proc.pid)
+    proc.send_signal(signum)
+    out = finish(proc, job)
+    assert proc.returncode == 130, out
+    assert "interrupted" in out
+    assert_all_gone(seen)
+
+
+@pytest.mark.slow
+def test_a_dead_nn_worker_restarts_every_worker_from_the_last_checkpoint(tmp_path: Path) -> None:
+    job = write_job(
+        tmp_path, workers=2, epochs=2, batch_size=256, checkpoint_dir="ckpt", checkpoint_every=10
+    )
+    proc = start(job)
+    seen: set[int] = set()
+    deadline = time.monotonic() + 120
+    while latest_checkpoint(tmp_path / "ckpt") is None and time.monotonic() < deadline:
+        watch(proc, time.monotonic() + 0.2, seen)
+    victim = rank_pid(proc.pid, 1)
+    assert victim is not None and proc.poll() is None
+    os.kill(victim, signal.SIGKILL)
+    watch(proc, time.monotonic() + 180, seen)
+    out = finish(proc, job)
+    assert proc.returncode == 0, out
+    assert "resumed from checkpoint ckpt-" in out
+    assert "test AUC" in out
+    last = latest_checkpoint(tmp_path / "ckpt")
+    assert last is not None and last.step == 2 * ((32561 + 255) // 256 // 2)
+    assert_all_gone(seen)
+
+
+@pytest.mark.slow
+def test_the_quickstart_adult_example_reaches_auc_090(tmp_path: Path) -> None:
+    """The README's first command, minus the install."""
+    job = ROOT / "examples" / "adult" / "train.yaml"
+    result = subprocess.run(
+        [sys.executable, "-m", "embeddb.cli", "train", str(job), "--predict", "5"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    assert float(out.split("test AUC ")[1].split()[0]) >= 0.90
+    assert out.count("prediction ") == 5
+
+
+def test_train_reports_a_bad_job_file_cleanly(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from embeddb.cli import main
+
+    bad = tmp_path / "job.yaml"
+    bad.write_text("model: m.py:M\nepochs: -1\n")
+    result = CliRunner().invoke(main, ["train", str(bad)])
+    assert result.exit_code == 1 and "epochs" in result.output
+
+
+def test_restarted_workers_key_their_process_group_by_attempt() -> None:
+    from embeddb.trainer import DistEnv
+
+    env = {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "1"}
+    assert DistEnv.from_environ(env).attempt is None  # not under torchrun's agent store
+    agent = {**env, "TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_RESTART_COUNT": "2"}
+    assert DistEnv.from_environ(agent).attempt == 2
