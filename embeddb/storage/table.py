@@ -443,7 +443,7 @@ class TieredTable:
         c.rejected += int(new.sum()) - int(admitted.sum())
         keep = absent & (found | admitted)
         self._store(stripe, uniq[keep], values[keep], found[keep], m.tick, dirty=False)
-        if admitted.any():
+        if admitted.any() and self.journal is not None:
             self._journal([Change(Op.PUT, self.name, uniq[admitted], values[admitted])])
         return values
 
