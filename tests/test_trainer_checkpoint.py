@@ -125,3 +125,25 @@ def test_missing_checkpoints_are_clear_errors(tmp_path: Path) -> None:
         read_checkpoint(tmp_path, "ckpt-000000001")
     with pytest.raises(InvalidArgumentError, match="id"):
         read_checkpoint(tmp_path, "../x")
+
+
+def test_a_default_checkpoint_id_left_taken_by_a_killed_run_is_not_reused(tmp_path: Path) -> None:
+    """A run killed between its shards' snapshot and the manifest leaves ``ckpt-<step>``
+    taken on the shards (and maybe a folder without a manifest); reaching that step again
+    takes the next free id instead of failing on the collision."""
+    batches = list(adult("train").batches(BATCH))[:1]
+    checkpoints = tmp_path / "checkpoints"
+    with (
+        serve_shards(adult_config(), tmp_path / "data", 2) as shards,
+        new_ctx(shards.addresses, seed=0) as ctx,
+    ):
+        train(ctx, batches, [])
+        with Client(shards.addresses) as client:
+            client.snapshot("ckpt-000000001")  # the killed run's snapshot
+        (checkpoints / "ckpt-000000001.1").mkdir(parents=True)  # and a folder, no manifest
+        info = ctx.save_checkpoint(checkpoints)
+        with Client(shards.addresses) as client:
+            ids = [{s.snapshot_id for s in shard} for shard in client.list_snapshots()]
+    assert info.checkpoint_id == info.snapshot_id == "ckpt-000000001.2" and info.step == 1
+    assert all("ckpt-000000001.2" in shard for shard in ids)
+    assert latest_checkpoint(checkpoints) == info

@@ -3,6 +3,7 @@ synthetic generator and the AUC. Real data comes from ../shared/data when it is 
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import math
 import random
@@ -29,6 +30,7 @@ from embeddb.trainer.data import (
     MovieLensReader,
     NumericColumn,
     ParquetReader,
+    RowRange,
     SyntheticCriteo,
     SyntheticCriteoConfig,
     ZipfSampler,
@@ -285,6 +287,25 @@ def test_adult_reader_rows_labels_and_splits() -> None:
         )
     with pytest.raises(InvalidArgumentError):
         AdultReader(8, "validation")
+
+
+@pytest.mark.parametrize(("start", "stop"), [(0, 1000), (1000, None), (999, 30_001), (0, 0)])
+def test_row_range_is_exactly_those_rows_of_the_source(start: int, stop: int | None) -> None:
+    """A positional train/test split: rows start:stop of the source, in any batch size, with
+    block boundaries (64 KiB chunks of text here, ~60 blocks) anywhere inside the range."""
+    full = next(iter(AdultReader(50_000)))
+    small = AdultReader(7)
+    small.dialect = dataclasses.replace(small.dialect, chunk_bytes=1 << 16)
+    assert len(list(small._blocks())) > 50
+    part = list(RowRange(small, start, stop, batch_size=300))
+    want = full.feature("education").values[start:stop]
+    got = np.concatenate([b.feature("education").values for b in part] or [np.empty(0, "u8")])
+    assert got.tolist() == want.tolist()
+    labels = np.concatenate([b.labels[0].data for b in part] or [np.empty((0, 1), "f4")])
+    assert labels.ravel().tolist() == full.labels[0].data[start:stop].ravel().tolist()
+    assert all(b.batch_size == 300 for b in part[:-1])
+    with pytest.raises(InvalidArgumentError, match="row range"):
+        RowRange(AdultReader(8), 10, 5)
 
 
 # ------------------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from embeddb.errors import ConfigError
 from embeddb.trainer.checkpoint import latest_checkpoint
 from embeddb.trainer.job import JobConfig
 from embeddb.trainer.launch import torchrun_command
+from tests.conftest import SHARED_DATA
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = ROOT / "examples" / "adult" / "model.py"
@@ -227,3 +228,84 @@ def test_restarted_workers_key_their_process_group_by_attempt() -> None:
     assert DistEnv.from_environ(env).attempt is None  # not under torchrun's agent store
     agent = {**env, "TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_RESTART_COUNT": "2"}
     assert DistEnv.from_environ(agent).attempt == 2
+
+
+# ------------------------------------------------------------- Criteo and MovieLens examples
+EXAMPLES = {
+    # example: (its data folder in ../shared/data, lowest acceptable test AUC)
+    "criteo": ("criteo", 0.66),
+    "movielens": ("movielens-100k", 0.75),
+}
+
+
+def test_jobs_on_criteo_and_movielens_are_validated(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    cases: list[tuple[str, str]] = [
+        ("dataset: criteo\ntrain_rows: 10\n", "data_dir.*required"),
+        ("dataset: criteo\ndata_dir: data\n", "train_rows.*required"),
+        ("dataset: criteo\ndata_dir: data\ntrain_rows: 0\n", "train_rows"),
+        ("dataset: movielens\ndata_dir: data\nsplit: u9\n", "split"),
+        ("dataset: movielens\ndata_dir: data\ntrain_rows: 5\n", "criteo only"),
+        ("dataset: adult\nsplit: u1\n", "movielens only"),
+        ("dataset: imagenet\n", "dataset"),
+        ("skip_missing_data: maybe\n", "skip_missing_data"),
+    ]
+    for text, match in cases:
+        path = tmp_path / "bad.yaml"
+        path.write_text(f"model: m.py:M\n{text}")
+        with pytest.raises(ConfigError, match=match):
+            JobConfig.from_yaml(path)
+    path = tmp_path / "ml.yaml"
+    path.write_text("model: m.py:M\ndataset: movielens\ndata_dir: data\nsplit: u3\n")
+    job = JobConfig.from_yaml(path)
+    assert [p.name for p in job.data_files()][:2] == ["u3.base", "u3.test"]
+    assert "u3.base" in (job.missing_data() or "")
+    for name in ("u3.base", "u3.test", "u.user", "u.item"):
+        (data / name).write_text("")
+    (data / "u.genre.gz").write_bytes(b"")  # the gzipped name counts too
+    assert job.missing_data() is None
+
+
+@pytest.mark.parametrize("example", sorted(EXAMPLES))
+def test_an_example_without_its_data_skips_or_fails_clearly(tmp_path: Path, example: str) -> None:
+    """A checkout without ../shared (a user's fresh clone): the example says why and exits 0;
+    the same job without ``skip_missing_data`` fails, naming the missing directory."""
+    from click.testing import CliRunner
+
+    from embeddb.cli import main
+
+    job = tmp_path / "a" / "b" / example / "train.yaml"  # its data_dir resolves inside tmp_path
+    job.parent.mkdir(parents=True)
+    source = ROOT / "examples" / example
+    for name in ("train.yaml", "model.py", "embedding.yaml"):
+        (job.parent / name).write_text((source / name).read_text())
+    result = CliRunner().invoke(main, ["train", str(job)])
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith(f"skipped {job}") and "does not exist" in result.output
+    job.write_text(job.read_text().replace("skip_missing_data: true", "skip_missing_data: false"))
+    result = CliRunner().invoke(main, ["train", str(job)])
+    assert result.exit_code == 1 and "data_dir" in result.output
+    assert str(tmp_path / "shared" / "data") in result.output
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("example", sorted(EXAMPLES))
+def test_the_criteo_and_movielens_examples_train_and_predict(example: str) -> None:
+    folder, min_auc = EXAMPLES[example]
+    if not (SHARED_DATA / folder).is_dir():
+        pytest.skip(f"{SHARED_DATA / folder} is absent (not redistributable; dev checkouts only)")
+    job = ROOT / "examples" / example / "train.yaml"
+    result = subprocess.run(
+        [sys.executable, "-m", "embeddb.cli", "train", str(job), "--predict", "3"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    assert "skipped" not in out
+    assert float(out.split("test AUC ")[1].split()[0]) >= min_auc
+    assert float(out.split("|  ")[1].split()[0].replace(",", "")) > 0  # samples/s printed
+    assert out.count("prediction ") == 3

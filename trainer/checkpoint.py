@@ -29,6 +29,7 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,7 @@ __all__ = [
     "MANIFEST",
     "CheckpointInfo",
     "checkpoint_id_for",
+    "free_checkpoint_id",
     "latest_checkpoint",
     "read_checkpoint",
     "restore_local_shards",
@@ -86,6 +88,26 @@ class CheckpointInfo:
 def checkpoint_id_for(step: int) -> str:
     """The default id of a checkpoint taken after ``step`` steps (sorts by step)."""
     return f"ckpt-{step:09d}"
+
+
+def free_checkpoint_id(
+    base: str, directory: str | os.PathLike[str], shard_snapshots: Sequence[Sequence[Any]]
+) -> str:
+    """``base``, or ``base.1``, ``base.2``, ... : the first id that names no folder in
+    ``directory`` and no snapshot of any shard (``shard_snapshots``: per shard, objects with a
+    ``snapshot_id``, as :meth:`~embeddb.client.Client.list_snapshots` returns).
+
+    A run killed after its shards snapshotted ``base`` but before the manifest was written
+    leaves that id taken; after resuming from an earlier checkpoint the job reaches the same
+    step again and must not collide with the orphan (which the shards' retention drops later).
+    """
+    taken = {info.snapshot_id for infos in shard_snapshots for info in infos}
+    root = Path(directory)
+    candidate, k = base, 0
+    while candidate in taken or (root / candidate).exists():
+        k += 1
+        candidate = f"{base}.{k}"
+    return check_id(candidate)
 
 
 def check_id(checkpoint_id: str) -> str:

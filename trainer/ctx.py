@@ -418,7 +418,9 @@ class TrainCtx(_EmbeddingCtx):
 
         Args:
             directory: the checkpoint directory (shared by the ranks).
-            checkpoint_id: default ``ckpt-<step, 9 digits>``.
+            checkpoint_id: default ``ckpt-<step, 9 digits>``, or ``ckpt-<step>.<k>`` (the
+                first ``k`` free) when a run killed between its snapshot and its manifest
+                left that id taken on a shard, and the job has come back to the same step.
 
         Returns:
             The checkpoint's manifest.
@@ -430,6 +432,7 @@ class TrainCtx(_EmbeddingCtx):
         """
         self._check_open()
         name = ckpt.check_id(checkpoint_id or ckpt.checkpoint_id_for(self.step))
+        pick_free_id = checkpoint_id is None
         self.dense.flush()
         self.flush()
         self._await_lookups(self.config.lookup_timeout)
@@ -442,6 +445,8 @@ class TrainCtx(_EmbeddingCtx):
         if self.dist_env.rank == 0:
             try:
                 with Client(self.addresses) as client:
+                    if pick_free_id:
+                        name = ckpt.free_checkpoint_id(name, directory, client.list_snapshots())
                     client.snapshot(name)
                 dense = {
                     "model": self.model.state_dict(),
@@ -460,6 +465,9 @@ class TrainCtx(_EmbeddingCtx):
                 failure = exc
         if distributed:
             dist.barrier()
+            chosen: list[str | None] = [name]  # rank 0 may have picked a free id
+            dist.broadcast_object_list(chosen, src=0)
+            name = str(chosen[0])
         if failure is not None:
             raise failure
         if info is None:

@@ -2,8 +2,11 @@
 
 Schema (every key optional except ``model``; relative paths are relative to the YAML file)::
 
-    dataset: adult                 # adult: UCI Adult (the packaged copy unless data_dir is set)
-    data_dir: null                 # a directory holding adult.data / adult.test (gzip or plain)
+    dataset: adult                 # adult | criteo | movielens (see "Datasets" below)
+    data_dir: null                 # where the dataset's files are (adult: the packaged copy)
+    split: null                    # movielens: u1 .. u5, ua, ub (default u1)
+    train_rows: null               # criteo: rows 0 .. train_rows-1 train, the rest test
+    skip_missing_data: false       # true: a job whose data is absent prints why and exits 0
     model: model.py:AdultModel     # FILE.py:NAME or package.module:NAME; called with model_args,
     model_args: {}                 #   forward(non_id_tensors, embedding_tensors) -> logits (B, 1)
     embedding_config: preset:adult # preset:NAME (embeddb/presets/NAME.yaml) or a YAML path
@@ -23,6 +26,20 @@ Schema (every key optional except ``model``; relative paths are relative to the 
     checkpoint_every: 0            # steps between checkpoints; 0: at the end of every epoch
     metrics_file: null             # a JSON line of the final metrics is appended here
 
+Datasets (train / test splits; each file plain or ``.gz``):
+
+* ``adult``: ``adult.data`` / ``adult.test`` in ``data_dir``, default the copy shipped in the
+  package (:class:`~embeddb.trainer.data.AdultReader`).
+* ``criteo``: the first of ``train.txt``, ``sample.train.txt``, ``sample.train`` in
+  ``data_dir`` (Criteo's labelled TSV; :class:`~embeddb.trainer.data.CriteoReader`). The logs
+  are in time order, so the first ``train_rows`` rows train and the later ones test.
+* ``movielens``: the ``ml-100k`` folder; ratings ``{split}.base`` train and ``{split}.test``
+  test (:class:`~embeddb.trainer.data.MovieLensReader`; rating >= 4 is a positive).
+
+Criteo and MovieLens may not be redistributed, so no copy ships with embeddb: their examples
+read ``../shared/data`` of a development checkout, and set ``skip_missing_data`` so that a
+machine without it says so and skips rather than fails.
+
 Validated once, here (:meth:`JobConfig.from_yaml`), with :class:`~embeddb.errors.ConfigError`
 naming the key. numpy and PyYAML only: the launcher imports it without torch.
 """
@@ -39,9 +56,14 @@ import yaml
 
 from embeddb.errors import ConfigError
 
+from .data import AdultReader, CriteoReader, MovieLensReader, Reader, RowRange
+
 __all__ = ["DATASETS", "JobConfig"]
 
-DATASETS = ("adult",)
+DATASETS = ("adult", "criteo", "movielens")
+_CRITEO_FILES = ("train.txt", "sample.train.txt", "sample.train")
+_MOVIELENS_SPLITS = ("u1", "u2", "u3", "u4", "u5", "ua", "ub")
+_MOVIELENS_TABLES = ("u.user", "u.item", "u.genre")
 _OPTIMIZERS = ("adam", "adagrad", "sgd")
 _MODES = ("hybrid", "sync", "async")
 
@@ -53,6 +75,9 @@ class JobConfig:
     model: str
     dataset: str = "adult"
     data_dir: Path | None = None
+    split: str | None = None
+    train_rows: int | None = None
+    skip_missing_data: bool = False
     model_args: dict[str, Any] = field(default_factory=dict)
     embedding_config: str = "preset:adult"
     mode: str = "hybrid"
@@ -75,6 +100,7 @@ class JobConfig:
     def __post_init__(self) -> None:
         if self.dataset not in DATASETS:
             raise ConfigError("dataset", f"must be one of {', '.join(DATASETS)}: {self.dataset!r}")
+        self._check_dataset()
         if self.mode not in _MODES:
             raise ConfigError("mode", f"must be one of {', '.join(_MODES)}, got {self.mode!r}")
         if not isinstance(self.model, str) or ":" not in self.model:
@@ -129,6 +155,74 @@ class JobConfig:
                 raise ConfigError("addresses", "must be a list of host:port")
             values["addresses"] = tuple(values["addresses"])
         return cls(**values, base_dir=base)
+
+    def _check_dataset(self) -> None:
+        if self.dataset in ("criteo", "movielens") and self.data_dir is None:
+            raise ConfigError(
+                "data_dir", f"is required for {self.dataset} (no copy ships with embeddb)"
+            )
+        if self.dataset == "movielens":
+            if self.split is not None and self.split not in _MOVIELENS_SPLITS:
+                raise ConfigError(
+                    "split", f"must be one of {', '.join(_MOVIELENS_SPLITS)}, got {self.split!r}"
+                )
+        elif self.split is not None:
+            raise ConfigError("split", f"applies to movielens only, not {self.dataset}")
+        if self.dataset == "criteo":
+            if self.train_rows is None:
+                raise ConfigError("train_rows", "is required for criteo (the rest is the test)")
+            _positive("train_rows", self.train_rows)
+        elif self.train_rows is not None:
+            raise ConfigError("train_rows", f"applies to criteo only, not {self.dataset}")
+        if not isinstance(self.skip_missing_data, bool):
+            raise ConfigError(
+                "skip_missing_data", f"must be true or false, got {self.skip_missing_data!r}"
+            )
+
+    def data_files(self) -> list[Path]:
+        """The files the job reads (each may also be the ``.gz`` of the name given)."""
+        if self.dataset == "adult":
+            return [] if self.data_dir is None else [self.data_dir / "adult.data"]
+        assert self.data_dir is not None
+        if self.dataset == "criteo":
+            return [self._criteo_file()]
+        split = self.split or "u1"
+        names = (f"{split}.base", f"{split}.test", *_MOVIELENS_TABLES)
+        return [self.data_dir / name for name in names]
+
+    def missing_data(self) -> str | None:
+        """Why the job's data cannot be read (a missing directory or file), else ``None``."""
+        if self.data_dir is not None and not self.data_dir.is_dir():
+            return f"{self.dataset} data directory {self.data_dir} does not exist"
+        for path in self.data_files():
+            if not path.is_file() and not path.with_name(path.name + ".gz").is_file():
+                return f"{path} (or {path.name}.gz) does not exist"
+        return None
+
+    def _criteo_file(self) -> Path:
+        assert self.data_dir is not None
+        for name in _CRITEO_FILES:
+            path = self.data_dir / name
+            if path.is_file() or path.with_name(name + ".gz").is_file():
+                return path
+        return self.data_dir / _CRITEO_FILES[0]
+
+    def reader(self, split: str, batch_size: int, *, train: bool) -> Reader:
+        """A reader of the ``"train"`` or ``"test"`` split in batches of ``batch_size``
+        (``train``: training batches, which need labels)."""
+        if self.dataset == "adult":
+            return AdultReader(batch_size, split, self.data_dir, requires_grad=train)
+        assert self.data_dir is not None
+        if self.dataset == "criteo":
+            path = self._criteo_file()
+            path = path if path.is_file() else path.with_name(path.name + ".gz")
+            rows = CriteoReader(path, batch_size, requires_grad=train)
+            assert self.train_rows is not None
+            if split == "train":
+                return RowRange(rows, 0, self.train_rows)
+            return RowRange(rows, self.train_rows)
+        name = f"{self.split or 'u1'}.{'base' if split == 'train' else 'test'}"
+        return MovieLensReader(self.data_dir, batch_size, name, requires_grad=train)
 
     def embedding_config_path(self) -> Path:
         """The embedding config's YAML file (a packaged preset or a path).

@@ -41,7 +41,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
 
-from embeddb.errors import UnavailableError
+from embeddb.errors import ConfigError, UnavailableError
 
 from .checkpoint import latest_checkpoint, restore_local_shards
 from .job import JobConfig
@@ -86,11 +86,21 @@ def launch(
     interrupted (SIGINT/SIGTERM).
 
     Raises:
-        ConfigError: an invalid job file.
+        ConfigError: an invalid job file, or its data is missing (and the job does not set
+            ``skip_missing_data``, which prints why and returns 0 instead).
         UnavailableError: the local shards did not become healthy.
     """
     path = Path(job_path).resolve()
     job = JobConfig.from_yaml(path)
+    missing = job.missing_data()
+    if missing is not None:
+        if not job.skip_missing_data:
+            raise ConfigError("data_dir", missing)
+        echo(
+            f"skipped {path}: {missing}. The {job.dataset} data may not be redistributed, "
+            "so embeddb ships no copy: set data_dir in the job file to a copy of it."
+        )
+        return 0
     with tempfile.TemporaryDirectory(prefix="embeddb-train-") as run_dir:
         address_file = Path(run_dir) / "shards.txt"
         with _signals_as_interrupt(), _shards(job, address_file, echo):

@@ -33,7 +33,7 @@ from .batch import Batch
 from .checkpoint import latest_checkpoint
 from .config import TrainerConfig
 from .ctx import TrainCtx
-from .data import AdultReader
+from .data import Reader
 from .job import JobConfig
 from .metrics import auc
 
@@ -67,8 +67,11 @@ def _optimizer(job: JobConfig, model: nn.Module) -> torch.optim.Optimizer:
     return optimizer
 
 
-def _reader(job: JobConfig, split: str, batch_size: int, train: bool) -> AdultReader:
-    return AdultReader(batch_size, split, job.data_dir, requires_grad=train)
+_POSITIVE = {"adult": "income >50K", "criteo": "click", "movielens": "rating >= 4"}
+
+
+def _reader(job: JobConfig, split: str, batch_size: int, train: bool) -> Reader:
+    return job.reader(split, batch_size, train=train)
 
 
 def _rank_batches(
@@ -190,7 +193,7 @@ def _predict(ev: Any, job: JobConfig, count: int) -> None:
         output, labels = ev.forward(prepared)
         probs = torch.sigmoid(output).numpy().ravel()
         for i, (p, y) in enumerate(zip(probs, labels[0].numpy().ravel(), strict=True)):
-            print(f"prediction {i}: P(income >50K) = {p:.3f}  (label {int(y)})")
+            print(f"prediction {i}: P({_POSITIVE[job.dataset]}) = {p:.3f}  (label {int(y)})")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,6 +12,7 @@ Readers (each an iterable of batches; every ``iter()`` is one pass over the data
 * :class:`CsvReader` / :class:`ParquetReader`: any table, driven by a :class:`ColumnSpec`
   (Parquet needs the ``parquet`` extra: pyarrow).
 * :class:`SyntheticCriteo`: ``.batches(n, batch_size, split)`` and ``.best_auc()``.
+* :class:`RowRange`: rows ``start:stop`` of another reader (a positional train/test split).
 
 Text is parsed a chunk at a time with whole-array operations (8 bytes per ``uint64``
 operation for hex and decimal fields); no Python code runs per row. Strings become ids
@@ -21,7 +22,7 @@ the same in every process and run.
 
 from __future__ import annotations
 
-from ._reader import Reader
+from ._reader import Reader, RowRange
 from .adult import AdultReader
 from .criteo import CriteoConfig, CriteoReader, criteo_spec
 from .delimited import CsvReader
@@ -58,6 +59,7 @@ __all__ = [
     "NumericColumn",
     "ParquetReader",
     "Reader",
+    "RowRange",
     "SyntheticCriteo",
     "SyntheticCriteoConfig",
     "SyntheticSamples",

@@ -66,6 +66,51 @@ class Reader(abc.ABC):
             )
 
 
+class RowRange(Reader):
+    """Rows ``start`` (inclusive) to ``stop`` (exclusive; ``None``: the end) of another
+    reader's source, in batches of ``batch_size``: a train/test split of one file by position
+    (Criteo's logs are in time order, so the last rows make the honest test set).
+
+    The rows before ``start`` are still parsed (a text file cannot be entered mid-way), a
+    block at a time, and dropped; reading stops at ``stop``.
+
+    Raises:
+        InvalidArgumentError: a negative ``start`` or ``stop`` below ``start``.
+    """
+
+    def __init__(
+        self,
+        source: Reader,
+        start: int,
+        stop: int | None = None,
+        *,
+        batch_size: int | None = None,
+        requires_grad: bool | None = None,
+        drop_last: bool | None = None,
+    ) -> None:
+        super().__init__(
+            source.batch_size if batch_size is None else batch_size,
+            requires_grad=source.requires_grad if requires_grad is None else requires_grad,
+            drop_last=source.drop_last if drop_last is None else drop_last,
+        )
+        if start < 0 or (stop is not None and stop < start):
+            raise InvalidArgumentError(f"bad row range [{start}, {stop})")
+        self.source = source
+        self.start = start
+        self.stop = stop
+
+    def _blocks(self) -> Iterator[Block]:
+        row = 0
+        for block in self.source._blocks():
+            first, row = row, row + block.size
+            lo = max(self.start - first, 0)
+            hi = block.size if self.stop is None else min(self.stop - first, block.size)
+            if lo < hi:
+                yield block if (lo, hi) == (0, block.size) else block.slice(lo, hi)
+            if self.stop is not None and row >= self.stop:
+                return
+
+
 class Chunk(abc.ABC):
     """Rows of a source; subclasses give text fields and, optionally, native columns."""
 
