@@ -26,9 +26,9 @@ Runs, one after the other in one process (the NN side), each on fresh shards:
   ``--async-staleness`` (high, so that its accuracy loss can show).
 
 Embedding layouts (``--layout``): ``shared`` puts the 26 features in one feature group, so they
-read one table and the embedding worker sends one Lookup and one ApplyGradients per shard per
-batch; ``per-feature`` gives each feature its own table (26 calls of each kind per shard per
-batch). ``--compare-layouts`` also runs hybrid in the other layout.
+read one table; ``per-feature`` gives each feature its own table. Either way the embedding
+worker sends one LookupMany and one ApplyGradientsMany per shard per batch (with 26 parts in
+the per-feature layout). ``--compare-layouts`` also runs hybrid in the other layout.
 
 Timing: each run trains in ``--evals`` equal segments; after each segment the embedding updates
 are flushed and the model scored on the test set. Only training is timed

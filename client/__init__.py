@@ -14,6 +14,8 @@ name the shard. Usage::
         grads = np.ones_like(vectors)
         result = client.apply_gradients("user", ids, grads)  # id 7 gets one summed gradient
         print(result.applied, client.stats()[0]["tables"]["user"]["rows"])
+        # Several tables in one call per shard (a training batch over many tables):
+        both = client.lookup_many({"user": ids, "item": np.array([3], dtype=np.uint64)})
 
 :class:`AsyncClient` offers the same methods as coroutines (``await client.lookup(...)``).
 ``client.snapshot()`` takes a job checkpoint: one snapshot id on every shard.

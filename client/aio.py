@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
@@ -140,6 +140,23 @@ class AsyncClient:
         plan = plans.apply_gradients(table, batch, grads, self.options, self.num_shards)
         return await self._run(plan)
 
+    async def lookup_many(
+        self, requests: Mapping[str, object], train: bool = True
+    ) -> dict[str, npt.NDArray[np.float32]]:
+        """See :meth:`Client.lookup_many` (one call per shard for every table)."""
+        batches = {table: IdBatch.of(ids) for table, ids in requests.items()}
+        dims = await self._dims_of(list(batches))
+        plan = plans.lookup_many(batches, dims, train, self.options, self.num_shards)
+        return await self._run(plan)
+
+    async def apply_gradients_many(
+        self, updates: Mapping[str, tuple[object, object]]
+    ) -> dict[str, UpdateResult]:
+        """See :meth:`Client.apply_gradients_many`. Never retried."""
+        dims = await self._dims_of(list(updates))
+        checked = plans.gradient_batches(updates, dims)
+        return await self._run(plans.apply_gradients_many(checked, self.options, self.num_shards))
+
     async def assign(self, table: str, ids: object, vectors: object) -> int:
         """See :meth:`Client.assign`."""
         batch = IdBatch.of(ids)
@@ -160,7 +177,9 @@ class AsyncClient:
     # ------------------------------------------------------------------ metadata
     async def list_tables(self) -> list[TableInfo]:
         """See :meth:`Client.list_tables`."""
-        return await self._run(plans.list_tables())
+        tables = await self._run(plans.list_tables())
+        self._dims.update({t.name: t.dim for t in tables})
+        return tables
 
     async def describe_table(self, table: str) -> TableInfo:
         """See :meth:`Client.describe_table`."""
@@ -201,6 +220,13 @@ class AsyncClient:
     async def _dim(self, table: str) -> int:
         dim = self._dims.get(table)
         return dim if dim is not None else (await self.describe_table(table)).dim
+
+    async def _dims_of(self, tables: list[str]) -> dict[str, int]:
+        """The dims of ``tables``; one ``ListTables`` when any is not cached yet."""
+        known = self._dims
+        if any(t not in known for t in tables):
+            known = {t.name: t.dim for t in await self.list_tables()}
+        return plans.dims_of(tables, known)
 
     # ------------------------------------------------------------------ lifecycle
     async def close(self) -> None:

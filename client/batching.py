@@ -18,10 +18,21 @@ id 7, ``grads[0] + grads[2]``; assignments keep the last row of each id (:meth:`
 A batch without duplicates is its own ``unique`` list (same order), so its rows pass through
 unchanged; with one shard, a part covers the whole batch and its answer needs no scatter.
 Deduplication is a compiled hash pass (:mod:`._kernels`), linear in the batch size.
+
+Several tables' batches travel together (``LookupMany``, ``ApplyGradientsMany``): each shard
+gets one request with every table's part for it (:func:`split_many`), cut into several requests
+only when the parts together exceed ``max_ids``. With ``max_ids = 4``, one shard, tables ``a``
+(3 unique ids) and ``b`` (3)::
+
+    request 0   a rows [0, 1, 2] (whole), b rows [0]
+    request 1   b rows [1, 2]
+
+A table appears at most once per request (a shard refuses a request naming a table twice).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,7 +43,7 @@ from embeddb.routing import as_ids, split_by_shard
 
 from . import _kernels
 
-__all__ = ["IdBatch", "Part", "as_matrix"]
+__all__ = ["IdBatch", "Part", "as_matrix", "split_many"]
 
 Rows = npt.NDArray[np.intp]
 
@@ -135,6 +146,41 @@ class IdBatch:
             return per_unique
         expanded: npt.NDArray[np.float32] = per_unique[self.inverse]
         return expanded
+
+
+def split_many(
+    batches: Mapping[str, IdBatch], num_shards: int, max_ids: int
+) -> list[list[tuple[str, Part]]]:
+    """Requests for several tables' batches: each is ``(table, part)`` pairs for one shard, at
+    most ``max_ids`` ids in all, each table at most once (see the module docstring).
+
+    Shards come in order, and within one shard the tables in ``batches`` order; shards without
+    ids get no request, tables without ids no part.
+    """
+    by_shard: list[list[tuple[str, Part]]] = [[] for _ in range(num_shards)]
+    for table, batch in batches.items():
+        for part in batch.parts(num_shards, max(batch.unique.size, 1)):  # one part per shard
+            by_shard[part.shard].append((table, part))
+    requests: list[list[tuple[str, Part]]] = []
+    for shard, parts in enumerate(by_shard):
+        current: list[tuple[str, Part]] = []
+        room = max_ids
+        for table, part in parts:
+            n = part.rows.size
+            start = 0
+            while start < n:
+                if room == 0:
+                    requests.append(current)
+                    current, room = [], max_ids
+                take = min(room, n - start)
+                current.append(
+                    (table, part if take == n else Part(shard, part.rows[start : start + take]))
+                )
+                start += take
+                room -= take
+        if current:
+            requests.append(current)
+    return requests
 
 
 def as_matrix(values: object, rows: int, name: str) -> npt.NDArray[np.float32]:

@@ -8,7 +8,7 @@ async client build the same plans and differ only in how they execute the calls.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypedDict, TypeVar
 
@@ -16,10 +16,10 @@ import numpy as np
 import numpy.typing as npt
 
 import embeddb.wire as wire
-from embeddb.errors import ConfigError, EmbeddbError
+from embeddb.errors import ConfigError, EmbeddbError, InvalidArgumentError, TableNotFoundError
 from embeddb.v1 import embeddb_pb2 as pb
 
-from .batching import IdBatch, Part, as_matrix
+from .batching import IdBatch, Part, as_matrix, split_many
 from .options import ClientOptions
 
 __all__ = [
@@ -31,13 +31,17 @@ __all__ = [
     "TableInfo",
     "UpdateResult",
     "apply_gradients",
+    "apply_gradients_many",
     "assign",
     "check_topology",
     "delete",
     "describe_table",
+    "dims_of",
+    "gradient_batches",
     "list_snapshots",
     "list_tables",
     "lookup",
+    "lookup_many",
     "new_snapshot_id",
     "snapshot",
     "snapshot_error",
@@ -45,6 +49,7 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+F32 = npt.NDArray[np.float32]
 
 
 @dataclass(frozen=True)
@@ -229,6 +234,149 @@ def apply_gradients(
         return total
 
     return Plan(calls, merge)
+
+
+def dims_of(tables: Sequence[str], known: Mapping[str, int]) -> dict[str, int]:
+    """The dim of each table from ``known`` (what the cluster serves).
+
+    Raises:
+        TableNotFoundError: a table the cluster does not serve.
+    """
+    for table in tables:
+        if table not in known:
+            raise TableNotFoundError(table, tuple(known))
+    return {table: known[table] for table in tables}
+
+
+def gradient_batches(
+    updates: Mapping[str, tuple[object, object]], dims: Mapping[str, int]
+) -> dict[str, tuple[IdBatch, F32]]:
+    """Each table's deduplicated ids and its gradients, summed per unique id.
+
+    Raises:
+        InvalidArgumentError: ids that are not ids, or gradients that are not a float matrix of
+            one row per id and the table's dim (the message names the table).
+    """
+    out: dict[str, tuple[IdBatch, F32]] = {}
+    for table, (ids, grads) in updates.items():
+        batch = IdBatch.of(ids)
+        matrix = as_matrix(grads, batch.size, f"grads of table {table!r}")
+        if matrix.shape[1] != dims[table]:
+            raise InvalidArgumentError(
+                f"grads of table {table!r} must have shape ({batch.size}, {dims[table]}) (one "
+                f"row of dim {dims[table]} per id), got {matrix.shape}"
+            )
+        out[table] = (batch, batch.sum_rows(matrix))
+    return out
+
+
+def lookup_many(
+    batches: Mapping[str, IdBatch],
+    dims: Mapping[str, int],
+    train: bool,
+    options: ClientOptions,
+    num_shards: int,
+) -> Plan[dict[str, F32]]:
+    """One ``LookupMany`` per shard with every table's ids for it (more only past
+    ``max_ids_per_message`` ids); each table's vectors come back in the caller's order."""
+    requests = split_many(batches, num_shards, options.max_ids_per_message)
+    encoding = pb.Encoding(fp16=options.fp16, lz4_min_bytes=options.lz4_min_bytes)
+    calls = [
+        ShardCall(
+            pieces[0][1].shard,
+            "LookupMany",
+            pb.LookupManyRequest(
+                lookups=[
+                    pb.LookupRequest(
+                        table=table,
+                        ids=wire.encode_ids(_ids_of(batches[table], part), options.lz4_min_bytes),
+                        train=train,
+                        encoding=encoding,
+                    )
+                    for table, part in pieces
+                ]
+            ),
+            idempotent=not train,  # a training lookup admits rows and refreshes recency
+        )
+        for pieces in requests
+    ]
+
+    def merge(responses: list[Any]) -> dict[str, F32]:
+        unique: dict[str, F32] = {}
+        for pieces, response in zip(requests, responses, strict=True):
+            results = _results(response, pieces, "LookupMany")
+            for (table, part), result in zip(pieces, results, strict=True):
+                vectors = wire.decode_matrix(result.vectors, "vectors", part.rows.size, dims[table])
+                if part.whole:  # the table's only part, in unique order: no scatter
+                    unique[table] = vectors
+                    continue
+                if table not in unique:
+                    unique[table] = np.empty((batches[table].unique.size, dims[table]), np.float32)
+                unique[table][part.rows] = vectors
+        out: dict[str, F32] = {}
+        for table, batch in batches.items():
+            if table not in unique:  # no ids
+                out[table] = np.zeros((0, dims[table]), dtype=np.float32)
+                continue
+            rows = unique[table]
+            if not (rows.flags.writeable or batch.has_duplicates):
+                rows = rows.copy()  # float32 answers are read-only views of the message
+            out[table] = batch.expand(rows)
+        return out
+
+    return Plan(calls, merge)
+
+
+def apply_gradients_many(
+    updates: Mapping[str, tuple[IdBatch, F32]], options: ClientOptions, num_shards: int
+) -> Plan[dict[str, UpdateResult]]:
+    """One ``ApplyGradientsMany`` per shard with every table's rows for it (more only past
+    ``max_ids_per_message`` ids). ``updates`` comes from :func:`gradient_batches`."""
+    batches = {table: batch for table, (batch, _) in updates.items()}
+    requests = split_many(batches, num_shards, options.max_ids_per_message)
+    calls = [
+        ShardCall(
+            pieces[0][1].shard,
+            "ApplyGradientsMany",
+            pb.ApplyGradientsManyRequest(
+                updates=[
+                    pb.ApplyGradientsRequest(
+                        table=table,
+                        ids=wire.encode_ids(_ids_of(batches[table], part), options.lz4_min_bytes),
+                        grads=wire.encode_matrix(
+                            _rows_of(updates[table][1], part),
+                            fp16=options.fp16,
+                            lz4_min_bytes=options.lz4_min_bytes,
+                        ),
+                    )
+                    for table, part in pieces
+                ]
+            ),
+            idempotent=False,
+        )
+        for pieces in requests
+    ]
+
+    def merge(responses: list[Any]) -> dict[str, UpdateResult]:
+        totals = {table: UpdateResult() for table in updates}
+        for pieces, response in zip(requests, responses, strict=True):
+            results = _results(response, pieces, "ApplyGradientsMany")
+            for (table, _), r in zip(pieces, results, strict=True):
+                totals[table] += UpdateResult(int(r.applied), int(r.nan_skipped), int(r.missing))
+        return totals
+
+    return Plan(calls, merge)
+
+
+def _results(response: Any, pieces: list[tuple[str, Part]], method: str) -> Any:
+    """The per-part results of a ``*Many`` answer, checked to be one per part."""
+    results = response.results
+    if len(results) != len(pieces):
+        raise InvalidArgumentError(
+            f"shard {pieces[0][1].shard} answered {len(results)} results to a {method} of "
+            f"{len(pieces)} parts"
+        )
+    return results
 
 
 def assign(

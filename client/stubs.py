@@ -1,5 +1,6 @@
-"""The ``EmbeddingStore`` stub both clients use: generated, except that ``Lookup`` answers are
-parsed without copying the vectors (:func:`embeddb.wire.parse_lookup_response`)."""
+"""The ``EmbeddingStore`` stub both clients use: generated, except that ``Lookup`` and
+``LookupMany`` answers are parsed without copying the vectors
+(:func:`embeddb.wire.parse_lookup_response`, :func:`embeddb.wire.parse_lookup_many_response`)."""
 
 from __future__ import annotations
 
@@ -18,11 +19,17 @@ _SERVICE = pb.DESCRIPTOR.services_by_name["EmbeddingStore"].full_name
 
 
 def store_stub(channel: grpc.Channel | grpc.aio.Channel) -> Any:
-    """A stub of ``channel`` (sync or asyncio) with the zero-copy ``Lookup``."""
+    """A stub of ``channel`` (sync or asyncio) with the zero-copy ``Lookup`` and
+    ``LookupMany``."""
     stub = pb_grpc.EmbeddingStoreStub(channel)  # type: ignore[no-untyped-call]
     stub.Lookup = channel.unary_unary(
         f"/{_SERVICE}/Lookup",
         request_serializer=pb.LookupRequest.SerializeToString,
         response_deserializer=wire.parse_lookup_response,
+    )
+    stub.LookupMany = channel.unary_unary(
+        f"/{_SERVICE}/LookupMany",
+        request_serializer=pb.LookupManyRequest.SerializeToString,
+        response_deserializer=wire.parse_lookup_many_response,
     )
     return stub

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import wait as wait_all
 from pathlib import Path
@@ -163,6 +163,55 @@ class Client:
             return UpdateResult()
         return self._run(plans.apply_gradients(table, batch, grads, self.options, self.num_shards))
 
+    def lookup_many(
+        self, requests: Mapping[str, object], train: bool = True
+    ) -> dict[str, npt.NDArray[np.float32]]:
+        """:meth:`lookup` of several tables in one call per shard.
+
+        Each table's ids are deduplicated once; every shard with ids gets one ``LookupMany``
+        holding every table's part for it (split only past ``max_ids_per_message`` ids), the
+        shards in parallel. The answer equals calling :meth:`lookup` per table.
+
+        Args:
+            requests: table → 1-D non-negative integer ids.
+            train: as in :meth:`lookup`; training lookups are never retried, evaluation
+                lookups are.
+
+        Returns:
+            table → its ``(len(ids), dim)`` float32 vectors, in the caller's order.
+
+        Raises:
+            TableNotFoundError: a table the cluster does not serve (checked against the
+                cluster's table list, fetched once and cached, before anything is sent).
+            InvalidArgumentError, UnavailableError, DeadlineExceededError and the rest of
+            :mod:`embeddb.errors`, naming the shard that failed.
+        """
+        batches = {table: IdBatch.of(ids) for table, ids in requests.items()}
+        dims = self._dims_of(list(batches))
+        return self._run(plans.lookup_many(batches, dims, train, self.options, self.num_shards))
+
+    def apply_gradients_many(
+        self, updates: Mapping[str, tuple[object, object]]
+    ) -> dict[str, UpdateResult]:
+        """:meth:`apply_gradients` of several tables in one call per shard. Never retried.
+
+        Args:
+            updates: table → ``(ids, grads)``, grads of shape ``(len(ids), dim)``.
+
+        Returns:
+            table → its :class:`UpdateResult`, summed over shards.
+
+        Raises:
+            TableNotFoundError, InvalidArgumentError: an unknown table, or grads of the wrong
+                shape for their table; checked for every table before anything is sent, so
+                no shard applies anything. Otherwise as :meth:`lookup_many`; a shard refuses
+                its whole request if any part is bad, while the other shards' parts stay
+                applied (there is no cross-shard transaction).
+        """
+        dims = self._dims_of(list(updates))
+        checked = plans.gradient_batches(updates, dims)
+        return self._run(plans.apply_gradients_many(checked, self.options, self.num_shards))
+
     def assign(self, table: str, ids: object, vectors: object) -> int:
         """Set the vectors of ``ids`` (last duplicate wins). Returns distinct ids written."""
         batch = IdBatch.of(ids)
@@ -183,7 +232,10 @@ class Client:
     # ------------------------------------------------------------------ metadata
     def list_tables(self) -> list[TableInfo]:
         """The tables the cluster serves (as shard 0 reports them)."""
-        return self._run(plans.list_tables())
+        tables = self._run(plans.list_tables())
+        with self._lock:
+            self._dims.update({t.name: t.dim for t in tables})
+        return tables
 
     def describe_table(self, table: str) -> TableInfo:
         """One table's settings (as shard 0 reports them)."""
@@ -250,6 +302,14 @@ class Client:
         with self._lock:
             dim = self._dims.get(table)
         return dim if dim is not None else self.describe_table(table).dim
+
+    def _dims_of(self, tables: list[str]) -> dict[str, int]:
+        """The dims of ``tables``; one ``ListTables`` when any is not cached yet."""
+        with self._lock:
+            known = dict(self._dims)
+        if any(t not in known for t in tables):
+            known = {t.name: t.dim for t in self.list_tables()}
+        return plans.dims_of(tables, known)
 
     # ------------------------------------------------------------------ lifecycle
     def close(self) -> None:

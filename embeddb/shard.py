@@ -49,7 +49,7 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Generator, Iterator
+from collections.abc import Generator, Iterable, Iterator, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -880,6 +880,69 @@ class Shard:
         result = t.apply_gradients(id_arr, g)
         self._acknowledge(before)
         return result
+
+    def lookup_many(
+        self, parts: Sequence[tuple[str, object, bool]]
+    ) -> list[npt.NDArray[np.float32]]:
+        """:meth:`lookup` of several tables at once: one ``(table, ids, train)`` per part.
+
+        Every part is validated before any is looked up, so an invalid part fails the call with
+        nothing inserted or refreshed; a call with a training part waits once for durability.
+
+        Returns:
+            One ``(len(ids), dim)`` array per part, in order.
+
+        Raises:
+            TableNotFoundError, InvalidArgumentError (also: a table named by two parts),
+            FailedPreconditionError (a training part on a read-only shard), StorageError.
+        """
+        checked = [(self._table(table), as_ids(ids), bool(train)) for table, ids, train in parts]
+        self._distinct(table for table, _, _ in parts)
+        if not any(train for _, _, train in checked):
+            return [t.lookup(ids, False) for t, ids, _ in checked]
+        before = self._mutating()
+        out = [t.lookup(ids, train) for t, ids, train in checked]
+        self._acknowledge(before)
+        return out
+
+    def apply_gradients_many(
+        self, parts: Sequence[tuple[str, object, object]]
+    ) -> list[UpdateResult]:
+        """:meth:`apply_gradients` of several tables at once: one ``(table, ids, grads)`` per
+        part.
+
+        Every part is validated before any is applied, so an invalid part fails the call with
+        no row changed; NaN/Inf gradients are skipped and counted per part, as in
+        :meth:`apply_gradients`. The call waits once for durability.
+
+        Returns:
+            One result per part, in order.
+
+        Raises:
+            TableNotFoundError, InvalidArgumentError (also: a table named by two parts),
+            FailedPreconditionError, StorageError.
+        """
+        checked: list[tuple[TieredTable, npt.NDArray[np.uint64], npt.NDArray[np.float32]]] = []
+        for table, ids, grads in parts:
+            t = self._table(table)
+            id_arr = as_ids(ids)
+            checked.append((t, id_arr, self._matrix(grads, id_arr.size, t.dim, "grads")))
+        self._distinct(table for table, _, _ in parts)
+        before = self._mutating()
+        results = [t.apply_gradients(ids, g) for t, ids, g in checked]
+        self._acknowledge(before)
+        return results
+
+    @staticmethod
+    def _distinct(tables: Iterable[str]) -> None:
+        seen: set[str] = set()
+        for table in tables:
+            if table in seen:
+                raise InvalidArgumentError(
+                    f"table {table!r} is named by more than one part of the request; merge "
+                    f"its ids into one part"
+                )
+            seen.add(table)
 
     def assign(self, table: str, ids: object, vectors: object) -> int:
         """Set vectors (creating rows regardless of admission) and reset optimizer state.

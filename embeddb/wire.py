@@ -16,7 +16,7 @@ Every malformed tensor raises :class:`~embeddb.errors.InvalidArgumentError` nami
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 
 import lz4.frame
@@ -31,8 +31,10 @@ __all__ = [
     "decode_ids",
     "decode_matrix",
     "encode_ids",
+    "encode_lookup_many_response",
     "encode_lookup_response",
     "encode_matrix",
+    "parse_lookup_many_response",
     "parse_lookup_response",
 ]
 
@@ -76,6 +78,20 @@ def encode_lookup_response(
     tensor = _tensor_bytes(_matrix_fields(values, fp16, lz4_min_bytes))
     size = sum(len(p) for p in tensor)
     return Encoded([_key(1, _LEN) + _varint(size), *tensor])
+
+
+def encode_lookup_many_response(results: Sequence[Encoded]) -> Encoded:
+    """A serialized ``LookupManyResponse`` of parts made by :func:`encode_lookup_response`.
+
+    Equivalent to ``LookupManyResponse(results=[...])`` byte for byte. The parts' buffers are
+    referenced, not copied: serializing the answer copies every part's vectors once, into one
+    buffer.
+    """
+    parts: list[bytes | memoryview] = []
+    for result in results:
+        parts.append(_key(1, _LEN) + _varint(result.ByteSize()))
+        parts += result._parts
+    return Encoded(parts)
 
 
 def decode_ids(
@@ -206,9 +222,10 @@ def _payload(
 
 
 # ----------------------------------------------------------------- protobuf wire format, by hand
-# The one hot message, LookupResponse, is written and read here directly in the protobuf wire
-# format (https://protobuf.dev/programming-guides/encoding/), so its payload is copied once when
-# sent and not at all when received. Everything else goes through the generated classes.
+# The hot messages, LookupResponse and LookupManyResponse (a repeated LookupResponse), are
+# written and read here directly in the protobuf wire format
+# (https://protobuf.dev/programming-guides/encoding/), so their payload is copied once when sent
+# and not at all when received. Everything else goes through the generated classes.
 
 _VARINT, _I64, _LEN, _I32 = 0, 1, 2, 5
 
@@ -368,8 +385,36 @@ def parse_lookup_response(data: bytes) -> LookupResponseView:
     Raises:
         ValueError: malformed bytes (the gRPC client reports the call as failed).
     """
+    return _parse_lookup(memoryview(data))
+
+
+def _parse_lookup(buffer: memoryview) -> LookupResponseView:
     response = LookupResponseView()
-    for number, _, value in _Reader(memoryview(data)).fields():
+    for number, _, value in _Reader(buffer).fields():
         if number == 1 and isinstance(value, memoryview):
             _merge_tensor(response.vectors, value)
+    return response
+
+
+@dataclass
+class LookupManyResponseView:
+    """A parsed ``LookupManyResponse`` (see :func:`parse_lookup_many_response`)."""
+
+    results: list[LookupResponseView] = field(default_factory=list)
+
+
+def parse_lookup_many_response(data: bytes) -> LookupManyResponseView:
+    """Parse a serialized ``LookupManyResponse`` without copying any part's vectors.
+
+    Each occurrence of field 1 is one more result (a repeated message field), parsed as
+    :func:`parse_lookup_response` parses a whole message; unknown fields are skipped. Every
+    ``results[i].vectors.data`` is a view into ``data``.
+
+    Raises:
+        ValueError: malformed bytes (the gRPC client reports the call as failed).
+    """
+    response = LookupManyResponseView()
+    for number, _, value in _Reader(memoryview(data)).fields():
+        if number == 1 and isinstance(value, memoryview):
+            response.results.append(_parse_lookup(value))
     return response

@@ -374,6 +374,8 @@ def test_a_shard_down_fails_the_lookup_after_retries(shards: Shards) -> None:
         with pytest.raises(LookupFailedError, match="Unavailable") as info:
             await worker.lookup(1, wire(features()), True)
         assert info.value.cause == "UnavailableError"
+        # One LookupMany per shard for every table; the message names the batch's tables.
+        assert "LookupMany failed" in str(info.value) and "'person'" in str(info.value)
         assert time.monotonic() - started < 5
         assert worker.staleness == 1  # batch 1 released, batch 0 still buffered
         stats = worker.stats()
@@ -402,6 +404,7 @@ def test_a_failed_push_is_reported_and_counted(shards: Shards) -> None:
     run(main())
     assert len(failures) == 1 and isinstance(failures[0], GradientPushFailedError)
     assert "batch 0" in str(failures[0])
+    assert "ApplyGradientsMany failed" in str(failures[0]) and "'person'" in str(failures[0])
 
 
 def test_close_drains_pending_pushes(shards: Shards) -> None:

@@ -200,3 +200,103 @@ def test_malformed_responses_raise(message: bytes) -> None:
         wire.parse_lookup_response(message)
     with pytest.raises(Exception):  # noqa: B017 - protobuf rejects them too (DecodeError)
         pb.LookupResponse.FromString(message)
+
+
+# --------------------------------------------------------- hand-written LookupManyResponse codec
+@pytest.mark.parametrize(
+    "parts",
+    [[], [(0, 4, False, 0)], [(3, 2, False, 0), (0, 5, False, 0), (37, 16, True, 0)],
+     [(300, 8, False, 64), (300, 8, True, 64), (5, 3, True, 1), (1, 1, False, 0)]],
+    ids=["empty", "one-empty-part", "mixed", "compressed"],
+)  # fmt: skip
+def test_encoded_lookup_many_response_is_byte_identical_to_protobuf(
+    parts: list[tuple[int, int, bool, int]],
+) -> None:
+    rng = np.random.default_rng(len(parts))
+    values = [rng.standard_normal((rows, dim)).astype(np.float32) for rows, dim, _, _ in parts]
+    for v in values:
+        v[: v.shape[0] // 3] = 0.5  # compressible rows
+    encoded = [
+        wire.encode_lookup_response(v, fp16=fp16, lz4_min_bytes=lz4)
+        for v, (_, _, fp16, lz4) in zip(values, parts, strict=True)
+    ]
+    ours = wire.encode_lookup_many_response(encoded)
+    reference = pb.LookupManyResponse(
+        results=[
+            pb.LookupResponse(vectors=wire.encode_matrix(v, fp16=fp16, lz4_min_bytes=lz4))
+            for v, (_, _, fp16, lz4) in zip(values, parts, strict=True)
+        ]
+    ).SerializeToString()
+    assert ours.SerializeToString() == reference
+    assert ours.ByteSize() == len(reference)
+    parsed = wire.parse_lookup_many_response(reference)
+    want = pb.LookupManyResponse.FromString(reference).results
+    assert len(parsed.results) == len(want) == len(parts)
+    for got_part, want_part, (rows, dim, _, _) in zip(parsed.results, want, parts, strict=True):
+        np.testing.assert_array_equal(
+            wire.decode_matrix(got_part.vectors, "vectors", rows, dim),
+            wire.decode_matrix(want_part.vectors, "vectors", rows, dim),
+        )
+
+
+def test_parsed_many_vectors_are_views_of_the_received_bytes() -> None:
+    a = np.arange(64, dtype=np.float32).reshape(16, 4)
+    b = -np.arange(6, dtype=np.float32).reshape(2, 3)
+    parts = [wire.encode_lookup_response(a), wire.encode_lookup_response(b)]
+    data = wire.encode_lookup_many_response(parts).SerializeToString()
+    parsed = wire.parse_lookup_many_response(data)
+    for result, values in zip(parsed.results, (a, b), strict=True):
+        assert isinstance(result.vectors.data, memoryview) and result.vectors.data.obj is data
+        decoded = wire.decode_matrix(result.vectors, "vectors", *values.shape)
+        assert not decoded.flags.owndata  # no copy was made
+        np.testing.assert_array_equal(decoded, values)
+
+
+_tensors = st.builds(
+    pb.Tensor,
+    dtype=st.integers(0, 5),
+    shape=st.lists(st.integers(-(2**63), 2**63 - 1), max_size=3),
+    data=st.binary(max_size=24),
+    compression=st.integers(0, 3),
+    row_scales=st.binary(max_size=8),
+)
+
+
+@given(
+    results=st.lists(st.tuples(st.lists(_tensors, max_size=2), _unknown, _unknown), max_size=4),
+    trailer=_unknown,
+)
+def test_many_parser_agrees_with_protobuf(
+    results: list[tuple[list[pb.Tensor], bytes, bytes]], trailer: bytes
+) -> None:
+    """Each result: zero, one or two ``vectors`` occurrences (merged), unknown fields inside it
+    and between results."""
+    message = b""
+    for tensors, inside, between in results:
+        inner = b"".join(
+            b"\x0a" + wire._varint(t.ByteSize()) + t.SerializeToString() for t in tensors
+        )
+        inner += inside
+        message += b"\x0a" + wire._varint(len(inner)) + inner + between
+    message += trailer
+    want = pb.LookupManyResponse.FromString(message).results
+    got = wire.parse_lookup_many_response(message).results
+    assert len(got) == len(want) == len(results)
+    for g, w in zip(got, want, strict=True):
+        v, u = g.vectors, w.vectors
+        assert (v.dtype, v.shape, bytes(v.data)) == (u.dtype, list(u.shape), u.data)
+        assert (v.compression, bytes(v.row_scales)) == (u.compression, u.row_scales)
+
+
+@pytest.mark.parametrize(
+    "message",
+    [b"\x0a\x05\x0a\x03\x08", b"\x0a\x80", b"\x0a\x02\x0a\x09", b"\x0a\x01\x0b", b"\x00\x01",
+     b"\x0a\x04\x0a\x02\x1a\x09", b"\x0a" + b"\xff" * 11],
+    ids=["truncated-message", "truncated-length", "inner-past-end", "inner-wire-type-3",
+         "field-zero", "tensor-field-past-end", "overlong-varint"],
+)  # fmt: skip
+def test_malformed_many_responses_raise(message: bytes) -> None:
+    with pytest.raises(ValueError):
+        wire.parse_lookup_many_response(message)
+    with pytest.raises(Exception):  # noqa: B017 - protobuf rejects them too (DecodeError)
+        pb.LookupManyResponse.FromString(message)

@@ -12,16 +12,18 @@ Per batch (``batch_ref`` joins the NN worker's and the embedding worker's halves
                     deduplicated once per table (unique ids + inverse index)
       2. admit      a training batch waits while ``max_staleness`` batches are looked up with
                     gradients not yet applied (FIFO; the staleness bound)
-      3. look up    every table's unique ids, tables in parallel (retried if a shard is
-                    unavailable: a repeated training lookup is harmless)
+      3. look up    every table's unique ids in one ``lookup_many``: one call per shard for
+                    all tables, shards in parallel (retried if a shard is unavailable: a
+                    repeated training lookup is harmless)
       4. pool       per feature (:mod:`embeddb.trainer.pooling`), in the batch's feature order
       5. buffer     a training batch keeps its plan until its gradients arrive, at most
                     ``batch_timeout`` seconds; then it expires (counted and logged)
     push_gradients(batch_ref, grads)
       6. un-pool    per feature, hash-stack rounds each get their id's gradient, summed per
                     unique id per table
-      7. push       ``apply_gradients`` per table in parallel (retried when unavailable);
-                    once every table answered, the batch leaves the staleness window
+      7. push       every table's gradients in one ``apply_gradients_many`` (one call per shard;
+                    retried when unavailable); once it answered, the batch leaves the
+                    staleness window
 
 Example of step 1 for two features reading one table ``demographics`` with group prefixes::
 
@@ -37,7 +39,9 @@ batches ahead of the one training (plus the one whose gradients are in flight).
 Failures. A lookup that still fails after ``retries`` raises :class:`LookupFailedError`
 (the NN worker's ``forward`` raises it); a push that still fails is logged, counted and
 reported through ``on_failure`` (the NN worker raises :class:`GradientPushFailedError` at its
-next call). A push retried after a lost answer may apply twice (at least once delivery): for
+next call). Failures count once per operation (a batch's lookup, a batch's push) and their
+messages name the batch's tables. A push retried after a lost answer may apply twice (at least
+once delivery; a retry re-sends every table's part, also to the shards that had answered): for
 stale asynchronous gradients that is harmless, losing them silently is not.
 """
 
@@ -360,31 +364,26 @@ class EmbeddingWorker:
         return _Plan(plans, tables)
 
     async def _lookup_tables(self, batch_ref: int, plan: _Plan, train: bool) -> dict[str, F32]:
-        names = list(plan.tables)
-
-        def call(table: str) -> Callable[[], Awaitable[F32]]:
-            return lambda: self._client.lookup(table, plan.tables[table].unique, train)
-
+        requests = {table: batch.unique for table, batch in plan.tables.items()}
         # Evaluation lookups are idempotent: the client retries them itself.
         retries = self.config.retries if train else 0
-        results = await asyncio.gather(
-            *(self._retrying("lookup", call(t), retries) for t in names), return_exceptions=True
-        )
-        for table, result in zip(names, results, strict=True):
-            if isinstance(result, BaseException):
-                self.metrics.failures.labels("lookup").inc()
-                if not isinstance(result, Exception):
-                    raise result
-                log.error("lookup of batch %d failed: table %r: %s", batch_ref, table, result)
-                raise LookupFailedError(
-                    f"lookup of batch {batch_ref} failed (table {table!r}): "
-                    f"{type(result).__name__}: {result}",
-                    cause=type(result).__name__,
-                ) from result
+        try:
+            vectors: dict[str, F32] = await self._retrying(
+                "lookup", lambda: self._client.lookup_many(requests, train), retries
+            )
+        except BaseException as exc:
+            self.metrics.failures.labels("lookup").inc()
+            if not isinstance(exc, Exception):
+                raise
+            tables = ", ".join(repr(t) for t in requests)
+            log.error("lookup of batch %d failed: tables %s: %s", batch_ref, tables, exc)
+            raise LookupFailedError(
+                f"lookup of batch {batch_ref} failed (tables {tables}): "
+                f"{type(exc).__name__}: {exc}",
+                cause=type(exc).__name__,
+            ) from exc
         self.metrics.lookup_ids.inc(sum(b.unique.size for b in plan.tables.values()))
-        return {
-            t: r for t, r in zip(names, results, strict=True) if not isinstance(r, BaseException)
-        }
+        return vectors
 
     @staticmethod
     def _pool(plan: _Plan, vectors: Mapping[str, F32]) -> list[Pooled]:
@@ -420,46 +419,44 @@ class EmbeddingWorker:
 
     async def _push(self, batch_ref: int, plan: _Plan, grads: Sequence[F32 | None]) -> None:
         started = time.perf_counter()
+        tables: list[str] = []
         try:
             summed = self._unpool(plan, grads)
-            names = list(summed)
-
-            def call(table: str) -> Callable[[], Awaitable[UpdateResult]]:
-                ids = plan.tables[table].unique
-                return lambda: self._client.apply_gradients(table, ids, summed[table])
-
-            results = await asyncio.gather(
-                *(self._retrying("gradient_push", call(t), self.config.retries) for t in names),
-                return_exceptions=True,
-            )
-            total = UpdateResult()
-            failed: list[tuple[str, BaseException]] = []
-            for table, result in zip(names, results, strict=True):
-                if isinstance(result, UpdateResult):
-                    total = total + result
-                else:
-                    failed.append((table, result))
+            tables = list(summed)
+            updates = {table: (plan.tables[table].unique, summed[table]) for table in tables}
+            try:
+                results = (
+                    await self._retrying(
+                        "gradient_push",
+                        lambda: self._client.apply_gradients_many(updates),
+                        self.config.retries,
+                    )
+                    if updates
+                    else {}
+                )
+            except Exception as exc:
+                self._push_failed(batch_ref, tables, exc)
+                return
+            total = sum(results.values(), UpdateResult())
             self.metrics.nan_skipped_ids.inc(total.nan_skipped)
             self.metrics.missing_ids.inc(total.missing)
-            if failed:
-                self._push_failed(batch_ref, failed)
-            else:
-                self.metrics.gradient_pushes.inc()
-                self.metrics.gradient_push_seconds.observe(time.perf_counter() - started)
+            self.metrics.gradient_pushes.inc()
+            self.metrics.gradient_push_seconds.observe(time.perf_counter() - started)
         except Exception as exc:  # a bug: never lose it silently
             log.exception("pushing the gradients of batch %d failed", batch_ref)
-            self._push_failed(batch_ref, [("?", exc)])
+            self._push_failed(batch_ref, tables, exc)
         finally:
             self._window.release()
 
-    def _push_failed(self, batch_ref: int, failed: list[tuple[str, BaseException]]) -> None:
+    def _push_failed(self, batch_ref: int, tables: list[str], error: BaseException) -> None:
         self.metrics.failures.labels("gradient_push").inc()
-        detail = "; ".join(f"table {t!r}: {type(e).__name__}: {e}" for t, e in failed)
+        names = ", ".join(repr(t) for t in tables) or "?"
+        detail = f"tables {names}: {type(error).__name__}: {error}"
         log.error("the gradients of batch %d were not applied: %s", batch_ref, detail)
         self._on_failure(
             GradientPushFailedError(
                 f"the gradients of batch {batch_ref} were not applied: {detail}",
-                cause=type(failed[0][1]).__name__,
+                cause=type(error).__name__,
             )
         )
 

@@ -7,8 +7,9 @@ A caller sends ``authorization: Bearer <token>`` metadata (what
 role                    may call
 ======================  ==================================================================
 ``Role.READ_WRITE``     everything
-``Role.READ_ONLY``      ``Lookup`` with ``train=false``, ``ListTables``, ``DescribeTable``,
-                        ``Stats``, ``ListSnapshots``, ``Subscribe``, ``FetchSnapshot`` with
+``Role.READ_ONLY``      ``Lookup`` with ``train=false``, ``LookupMany`` whose every part has
+                        ``train=false``, ``ListTables``, ``DescribeTable``, ``Stats``,
+                        ``ListSnapshots``, ``Subscribe``, ``FetchSnapshot`` with
                         ``take_new=false``
 ======================  ==================================================================
 
@@ -64,11 +65,13 @@ _HINT = "generate one with: python -c 'import secrets; print(secrets.token_urlsa
 
 _STORE = pb.DESCRIPTOR.services_by_name["EmbeddingStore"].full_name
 _LOOKUP = f"/{_STORE}/Lookup"
+_LOOKUP_MANY = f"/{_STORE}/LookupMany"
 _FETCH_SNAPSHOT = f"/{_STORE}/FetchSnapshot"
 _READ_ONLY_METHODS = frozenset(
     f"/{_STORE}/{name}"
     for name in (
         "Lookup",
+        "LookupMany",
         "ListTables",
         "DescribeTable",
         "Stats",
@@ -273,6 +276,8 @@ class AuthInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
             return _refusing(handler, exc)
         if role is Role.READ_ONLY and method == _LOOKUP:
             return _checked(handler, _refuse_training_lookup, method)
+        if role is Role.READ_ONLY and method == _LOOKUP_MANY:
+            return _checked(handler, _refuse_training_lookups, method)
         if role is Role.READ_ONLY and method == _FETCH_SNAPSHOT:
             return _checked(handler, _refuse_new_snapshot, method)
         return handler
@@ -284,6 +289,11 @@ def _refuse_training_lookup(request: Any) -> None:
             "a read-only token may not run a training lookup (train=true creates rows and "
             "refreshes recency); send train=false or use a read-write token"
         )
+
+
+def _refuse_training_lookups(request: Any) -> None:
+    for part in request.lookups:
+        _refuse_training_lookup(part)
 
 
 def _refuse_new_snapshot(request: Any) -> None:

@@ -10,7 +10,9 @@ Request metrics (recorded by :class:`MetricsInterceptor`, ``EmbeddingStore`` met
     embeddb_request_seconds{method,status}          histogram of handling time
     embeddb_request_bytes_total{method}             serialized request size (ByteSize)
     embeddb_response_bytes_total{method}            serialized response size
-    embeddb_request_ids_total{method,table}         ids carried by successful calls
+    embeddb_request_ids_total{method,table}         ids carried by successful calls (a
+                                                    LookupMany/ApplyGradientsMany call counts
+                                                    each part under its own table)
 
 Shard metrics (read from ``Shard.stats()`` at scrape time by :class:`ShardStatsCollector`;
 label ``table``; named after the fields of ``embeddb.storage.TableStats``)::
@@ -252,12 +254,22 @@ class ShardMetrics:
         self.request_bytes.labels(method).inc(request.ByteSize())
         if response is not None:
             self.response_bytes.labels(method).inc(response.ByteSize())
-        if status == "OK" and request.DESCRIPTOR.fields_by_name.get("ids") is not None:
-            n = 1
-            for d in request.ids.shape:
-                n *= max(int(d), 0)
-            # Only successful calls: their table exists, so the label set stays bounded.
-            self.request_ids.labels(method, request.table).inc(n)
+        if status != "OK":  # only successful calls: their tables exist, the labels stay bounded
+            return
+        fields = request.DESCRIPTOR.fields_by_name
+        if fields.get("ids") is not None:
+            self.request_ids.labels(method, request.table).inc(_items(request.ids))
+        for name in ("lookups", "updates"):  # LookupMany, ApplyGradientsMany: per part's table
+            if fields.get(name) is not None:
+                for part in getattr(request, name):
+                    self.request_ids.labels(method, part.table).inc(_items(part.ids))
+
+
+def _items(tensor: Any) -> int:
+    n = 1
+    for d in tensor.shape:
+        n *= max(int(d), 0)
+    return n
 
 
 class FollowerStatus(Protocol):

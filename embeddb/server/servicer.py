@@ -88,15 +88,23 @@ class StoreServicer(pb_grpc.EmbeddingStoreServicer):
         self._stopping.set()
 
     def _ids(self, tensor: pb.Tensor, field: str = "ids") -> npt.NDArray[np.uint64]:
-        n = 1
-        for d in tensor.shape:
-            n *= max(int(d), 0)
+        n = _items(tensor)
         if n > self._limits.max_ids_per_request:
             raise ResourceExhaustedError(
                 f"{field} has {n} ids, more than max_ids_per_request "
                 f"{self._limits.max_ids_per_request}; split the request"
             )
         return wire.decode_ids(tensor, field)
+
+    def _many_ids(self, tensors: list[pb.Tensor], field: str) -> list[npt.NDArray[np.uint64]]:
+        """The ids of every part; the parts' ids together count against the limit."""
+        n = sum(_items(t) for t in tensors)
+        if n > self._limits.max_ids_per_request:
+            raise ResourceExhaustedError(
+                f"the {len(tensors)} parts of {field} have {n} ids together, more than "
+                f"max_ids_per_request {self._limits.max_ids_per_request}; split the request"
+            )
+        return [wire.decode_ids(t, f"{field}[{i}].ids") for i, t in enumerate(tensors)]
 
     @staticmethod
     def _dim(shard: Shard, table: str) -> int:
@@ -120,6 +128,50 @@ class StoreServicer(pb_grpc.EmbeddingStoreServicer):
             result = shard.apply_gradients(request.table, ids, grads)
         return pb.ApplyGradientsResponse(
             applied=result.applied, nan_skipped=result.nan_skipped, missing=result.missing
+        )
+
+    def LookupMany(
+        self, request: pb.LookupManyRequest, context: grpc.ServicerContext
+    ) -> wire.Encoded:
+        """Every part validated before any is looked up (``Shard.lookup_many``)."""
+        parts = request.lookups
+        ids = self._many_ids([p.ids for p in parts], "lookups")
+        with self._slot.use() as shard:
+            vectors = shard.lookup_many(
+                [(p.table, i, p.train) for p, i in zip(parts, ids, strict=True)]
+            )
+        return wire.encode_lookup_many_response(
+            [
+                wire.encode_lookup_response(
+                    v, fp16=p.encoding.fp16, lz4_min_bytes=p.encoding.lz4_min_bytes
+                )
+                for p, v in zip(parts, vectors, strict=True)
+            ]
+        )
+
+    def ApplyGradientsMany(
+        self, request: pb.ApplyGradientsManyRequest, context: grpc.ServicerContext
+    ) -> pb.ApplyGradientsManyResponse:
+        """Every part validated before any is applied (``Shard.apply_gradients_many``)."""
+        parts = request.updates
+        ids = self._many_ids([p.ids for p in parts], "updates")
+        with self._slot.use() as shard:
+            grads = [
+                wire.decode_matrix(
+                    p.grads, f"updates[{k}].grads", i.size, self._dim(shard, p.table)
+                )
+                for k, (p, i) in enumerate(zip(parts, ids, strict=True))
+            ]
+            results = shard.apply_gradients_many(
+                [(p.table, i, g) for p, i, g in zip(parts, ids, grads, strict=True)]
+            )
+        return pb.ApplyGradientsManyResponse(
+            results=[
+                pb.ApplyGradientsResponse(
+                    applied=r.applied, nan_skipped=r.nan_skipped, missing=r.missing
+                )
+                for r in results
+            ]
         )
 
     def Assign(self, request: pb.AssignRequest, context: grpc.ServicerContext) -> pb.AssignResponse:
@@ -299,3 +351,11 @@ def store_handler(servicer: StoreServicer) -> grpc.GenericRpcHandler:
 
 def _serialize(message: pb.LookupResponse | wire.Encoded) -> bytes:
     return message.SerializeToString()
+
+
+def _items(tensor: pb.Tensor) -> int:
+    """Items the shape of ``tensor`` claims (negative dimensions count as 0)."""
+    n = 1
+    for d in tensor.shape:
+        n *= max(int(d), 0)
+    return n

@@ -85,6 +85,30 @@ class ApplyGradientsResponse(_message.Message):
     missing: int
     def __init__(self, applied: _Optional[int] = ..., nan_skipped: _Optional[int] = ..., missing: _Optional[int] = ...) -> None: ...
 
+class LookupManyRequest(_message.Message):
+    __slots__ = ("lookups",)
+    LOOKUPS_FIELD_NUMBER: _ClassVar[int]
+    lookups: _containers.RepeatedCompositeFieldContainer[LookupRequest]
+    def __init__(self, lookups: _Optional[_Iterable[_Union[LookupRequest, _Mapping]]] = ...) -> None: ...
+
+class LookupManyResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[LookupResponse]
+    def __init__(self, results: _Optional[_Iterable[_Union[LookupResponse, _Mapping]]] = ...) -> None: ...
+
+class ApplyGradientsManyRequest(_message.Message):
+    __slots__ = ("updates",)
+    UPDATES_FIELD_NUMBER: _ClassVar[int]
+    updates: _containers.RepeatedCompositeFieldContainer[ApplyGradientsRequest]
+    def __init__(self, updates: _Optional[_Iterable[_Union[ApplyGradientsRequest, _Mapping]]] = ...) -> None: ...
+
+class ApplyGradientsManyResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[ApplyGradientsResponse]
+    def __init__(self, results: _Optional[_Iterable[_Union[ApplyGradientsResponse, _Mapping]]] = ...) -> None: ...
+
 class AssignRequest(_message.Message):
     __slots__ = ("table", "ids", "vectors")
     TABLE_FIELD_NUMBER: _ClassVar[int]

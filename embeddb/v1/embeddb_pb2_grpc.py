@@ -44,6 +44,16 @@ class EmbeddingStoreStub:
                 request_serializer=embeddb_dot_v1_dot_embeddb__pb2.ApplyGradientsRequest.SerializeToString,
                 response_deserializer=embeddb_dot_v1_dot_embeddb__pb2.ApplyGradientsResponse.FromString,
                 _registered_method=True)
+        self.LookupMany = channel.unary_unary(
+                '/embeddb.v1.EmbeddingStore/LookupMany',
+                request_serializer=embeddb_dot_v1_dot_embeddb__pb2.LookupManyRequest.SerializeToString,
+                response_deserializer=embeddb_dot_v1_dot_embeddb__pb2.LookupManyResponse.FromString,
+                _registered_method=True)
+        self.ApplyGradientsMany = channel.unary_unary(
+                '/embeddb.v1.EmbeddingStore/ApplyGradientsMany',
+                request_serializer=embeddb_dot_v1_dot_embeddb__pb2.ApplyGradientsManyRequest.SerializeToString,
+                response_deserializer=embeddb_dot_v1_dot_embeddb__pb2.ApplyGradientsManyResponse.FromString,
+                _registered_method=True)
         self.Assign = channel.unary_unary(
                 '/embeddb.v1.EmbeddingStore/Assign',
                 request_serializer=embeddb_dot_v1_dot_embeddb__pb2.AssignRequest.SerializeToString,
@@ -101,6 +111,18 @@ class EmbeddingStoreServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ApplyGradients(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def LookupMany(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ApplyGradientsMany(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -172,6 +194,16 @@ def add_EmbeddingStoreServicer_to_server(servicer, server):
                     servicer.ApplyGradients,
                     request_deserializer=embeddb_dot_v1_dot_embeddb__pb2.ApplyGradientsRequest.FromString,
                     response_serializer=embeddb_dot_v1_dot_embeddb__pb2.ApplyGradientsResponse.SerializeToString,
+            ),
+            'LookupMany': grpc.unary_unary_rpc_method_handler(
+                    servicer.LookupMany,
+                    request_deserializer=embeddb_dot_v1_dot_embeddb__pb2.LookupManyRequest.FromString,
+                    response_serializer=embeddb_dot_v1_dot_embeddb__pb2.LookupManyResponse.SerializeToString,
+            ),
+            'ApplyGradientsMany': grpc.unary_unary_rpc_method_handler(
+                    servicer.ApplyGradientsMany,
+                    request_deserializer=embeddb_dot_v1_dot_embeddb__pb2.ApplyGradientsManyRequest.FromString,
+                    response_serializer=embeddb_dot_v1_dot_embeddb__pb2.ApplyGradientsManyResponse.SerializeToString,
             ),
             'Assign': grpc.unary_unary_rpc_method_handler(
                     servicer.Assign,
@@ -273,6 +305,60 @@ class EmbeddingStore:
             '/embeddb.v1.EmbeddingStore/ApplyGradients',
             embeddb_dot_v1_dot_embeddb__pb2.ApplyGradientsRequest.SerializeToString,
             embeddb_dot_v1_dot_embeddb__pb2.ApplyGradientsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LookupMany(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/embeddb.v1.EmbeddingStore/LookupMany',
+            embeddb_dot_v1_dot_embeddb__pb2.LookupManyRequest.SerializeToString,
+            embeddb_dot_v1_dot_embeddb__pb2.LookupManyResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ApplyGradientsMany(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/embeddb.v1.EmbeddingStore/ApplyGradientsMany',
+            embeddb_dot_v1_dot_embeddb__pb2.ApplyGradientsManyRequest.SerializeToString,
+            embeddb_dot_v1_dot_embeddb__pb2.ApplyGradientsManyResponse.FromString,
             options,
             channel_credentials,
             insecure,
