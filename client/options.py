@@ -16,7 +16,7 @@ import grpc
 
 from embeddb.errors import ConfigError
 
-__all__ = ["ClientOptions", "check_addresses", "read_address_file"]
+__all__ = ["ClientOptions", "check_addresses", "read_address_file", "tls_credentials"]
 
 
 @dataclass(frozen=True)
@@ -158,3 +158,19 @@ def read_address_file(path: str | Path) -> tuple[str, ...]:
     if not addresses:
         raise ConfigError(str(p), "the shard address file lists no 'host:port' address")
     return tuple(addresses)
+
+
+def tls_credentials(ca: str | Path | None) -> grpc.ChannelCredentials | None:
+    """TLS channel credentials trusting the PEM certificate(s) in ``ca``; ``None`` for
+    plaintext (for callers such as the trainer, which never import grpc themselves).
+
+    Raises:
+        ConfigError: ``ca`` cannot be read.
+    """
+    if ca is None:
+        return None
+    try:
+        pem = Path(ca).read_bytes()
+    except OSError as exc:
+        raise ConfigError("tls_ca", f"cannot read {ca}: {exc}") from exc
+    return grpc.ssl_channel_credentials(root_certificates=pem)

@@ -4,6 +4,7 @@ Commands:
     embeddb demo      train a factorization machine on UCI Adult with its embeddings in a shard
     embeddb train     run a training job (YAML): local shards, NN workers under torchrun
     embeddb serve     serve one shard over gRPC until SIGTERM/SIGINT (then shut down cleanly)
+    embeddb serve-model  serve an exported model (gRPC + HTTP/JSON, micro-batched) until SIGTERM
     embeddb cluster   run N ``serve`` processes locally, health-checked and supervised
     embeddb snapshot  take a job checkpoint: every shard of a running cluster snapshots under one id
     embeddb reshard   rewrite a job checkpoint (one snapshot id on N shards) into M shards
@@ -229,7 +230,16 @@ def train(job: Path, predict: int) -> None:
     is_flag=True,
     help="Keep rows in a temporary directory removed at exit (nothing persists).",
 )
-@click.option("--shard-index", type=click.IntRange(min=0), default=0, show_default=True)
+@click.option(
+    "--shard-index",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    envvar="EMBEDDB_SHARD_INDEX",
+    show_envvar=True,
+    help="This shard's index; the option wins over the variable (a Kubernetes StatefulSet sets "
+    "the variable from the pod ordinal).",
+)
 @click.option("--num-shards", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
 @click.option(
@@ -424,6 +434,176 @@ def serve(
             follow=following,
         )
         code = run_daemon(config, server_config, options)
+    except (EmbeddbError, OSError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    ctx.exit(code)
+
+
+# --------------------------------------------------------------------------------- serve-model
+@main.command("serve-model")
+@click.option(
+    "--model",
+    "model_dir",
+    required=True,
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="The exported model directory (model.json, dense.pt, embedding.yaml).",
+)
+@click.option(
+    "--addresses",
+    "address_file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="File of the shards' HOST:PORT lines in shard order (followers in production).",
+)
+@click.option(
+    "--shard",
+    "shards",
+    multiple=True,
+    metavar="HOST:PORT",
+    help="A shard to read, in shard order (repeat for each); instead of --addresses.",
+)
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
+@click.option(
+    "--port", type=click.IntRange(0, 65535), default=7080, show_default=True, help="gRPC port."
+)
+@click.option(
+    "--http-port",
+    type=click.IntRange(0, 65535),
+    default=8080,
+    show_default=True,
+    help="HTTP/JSON port (POST /v1/predict, GET /healthz).",
+)
+@click.option("--no-http", is_flag=True, help="Serve gRPC only.")
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    help="Serve Prometheus metrics at http://HOST:PORT/metrics (0: any free port).",
+)
+@click.option(
+    "--port-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help='Write {"grpc": port, "http": port, "metrics": port} here once serving (removed at '
+    "shutdown).",
+)
+@click.option(
+    "--tokens-file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Require bearer tokens of callers: lines 'rw TOKEN' or 'ro TOKEN' (both may predict).",
+)
+@click.option(
+    "--tokens-from-env",
+    is_flag=True,
+    help="Require bearer tokens from EMBEDDB_RW_TOKEN / EMBEDDB_RO_TOKEN.",
+)
+@click.option(
+    "--shard-token-file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="File holding the bearer token for the shards (read-only is enough).",
+)
+@click.option(
+    "--shard-tls-ca",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="PEM certificate(s) to trust; the shards are reached over TLS.",
+)
+@click.option(
+    "--tls-cert",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="PEM certificate chain; with --tls-key the gRPC port serves TLS only.",
+)
+@click.option(
+    "--tls-key",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="PEM private key for --tls-cert.",
+)
+@click.option(
+    "--max-batch",
+    type=click.IntRange(min=1),
+    default=256,
+    show_default=True,
+    help="Most samples per micro-batch (one model call); a larger request runs alone.",
+)
+@click.option(
+    "--max-delay-ms",
+    type=click.FloatRange(min=0),
+    default=2.0,
+    show_default=True,
+    help="Longest a request waits for others to join its micro-batch.",
+)
+@click.option(
+    "--workers",
+    type=click.IntRange(min=1),
+    default=8,
+    show_default=True,
+    help="gRPC threads (also the most gRPC requests one micro-batch merges).",
+)
+@click.option("--log-level", type=_LOG_LEVELS, help="Log level (default: info).")
+@click.pass_context
+def serve_model(
+    ctx: click.Context,
+    model_dir: Path,
+    address_file: Path | None,
+    shards: tuple[str, ...],
+    host: str,
+    port: int,
+    http_port: int,
+    no_http: bool,
+    metrics_port: int | None,
+    port_file: Path | None,
+    tokens_file: Path | None,
+    tokens_from_env: bool,
+    shard_token_file: Path | None,
+    shard_tls_ca: Path | None,
+    tls_cert: Path | None,
+    tls_key: Path | None,
+    max_batch: int,
+    max_delay_ms: float,
+    workers: int,
+    log_level: str | None,
+) -> None:
+    """Serve an exported model over gRPC and HTTP/JSON until SIGTERM or SIGINT.
+
+    Embeddings are read from the shards (read-only followers in production) with evaluation
+    lookups; concurrent requests are scored together in micro-batches. Shutdown: health
+    NOT_SERVING, stop accepting calls, let in-flight ones finish, exit 0. Needs the trainer
+    extra (torch).
+    """
+    _set_log_level(ctx, log_level)
+    if (address_file is None) == (not shards):
+        raise click.UsageError("give --addresses FILE or --shard HOST:PORT (one of them)")
+    if tokens_file is not None and tokens_from_env:
+        raise click.UsageError("use --tokens-file or --tokens-from-env, not both")
+    try:
+        from embeddb.trainer.serving.daemon import ModelDaemonOptions, run_model_server
+        from embeddb.trainer.serving.server import ModelServerConfig
+    except ImportError as exc:
+        raise click.ClickException(f"embeddb serve-model needs the trainer extra: {exc}") from exc
+    try:
+        tokens = (
+            Tokens.from_file(tokens_file)
+            if tokens_file is not None
+            else Tokens.from_env()
+            if tokens_from_env
+            else None
+        )
+        config = ModelServerConfig(
+            host=host,
+            port=port,
+            http_port=None if no_http else http_port,
+            metrics_port=metrics_port,
+            max_batch=max_batch,
+            max_delay=max_delay_ms / 1e3,
+            workers=workers,
+            tokens=tokens,
+            tls_cert=_read_bytes(tls_cert),
+            tls_key=_read_bytes(tls_key),
+        )
+        options = ModelDaemonOptions(
+            model_dir=model_dir,
+            shards=address_file if address_file is not None else list(shards),
+            shard_token=_read_token(shard_token_file),
+            shard_tls_ca=shard_tls_ca,
+            port_file=port_file,
+        )
+        code = run_model_server(config, options)
     except (EmbeddbError, OSError) as exc:
         raise click.ClickException(str(exc)) from exc
     ctx.exit(code)

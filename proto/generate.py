@@ -17,8 +17,12 @@ from grpc_tools import protoc
 
 ROOT = Path(__file__).resolve().parents[1]
 PROTO_DIR = ROOT / "proto"
-SOURCES = ["embeddb/v1/embeddb.proto"]
-GENERATED = ["embeddb_pb2.py", "embeddb_pb2.pyi", "embeddb_pb2_grpc.py"]
+SOURCES = ["embeddb/v1/embeddb.proto", "embeddb/v1/model.proto"]
+GENERATED = [
+    f"{Path(source).stem}{suffix}"
+    for source in SOURCES
+    for suffix in ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py")
+]
 
 
 def generate(out: Path) -> None:

@@ -18,3 +18,4 @@ def test_generated_stubs_are_not_stale(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert (tmp_path / "embeddb" / "v1" / "embeddb_pb2.py").exists()
+    assert (tmp_path / "embeddb" / "v1" / "model_pb2_grpc.py").exists()

@@ -42,6 +42,7 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 
@@ -334,6 +335,8 @@ class TrainCtx(_EmbeddingCtx):
             raise
         super().__init__(embedding_config, cfg, device, worker, owns_worker=True)
         self._awaiting: _Forwarded | None = None
+        self._example: Batch | None = None  # the first batch forwarded: export's example
+        self._last_checkpoint: str | None = None  # saved or loaded: export's snapshot id
 
     def prepare(self, batches: Iterable[Batch]) -> Iterator[PreparedBatch]:
         """Yield ``batches`` prepared in order, their lookups sent ``max_staleness`` batches
@@ -359,6 +362,8 @@ class TrainCtx(_EmbeddingCtx):
             self._worker.discard(self._awaiting.batch_ref)
             self._awaiting = None
         self._take(prepared)
+        if self._example is None:
+            self._example = prepared.batch
         embeddings, leaves = self._embedding_tensors(prepared, prepared.train)
         non_id, labels = self._inputs(prepared.batch)
         grad = torch.enable_grad() if prepared.train else torch.no_grad()
@@ -472,6 +477,7 @@ class TrainCtx(_EmbeddingCtx):
             raise failure
         if info is None:
             info = ckpt.read_checkpoint(directory, name)
+        self._last_checkpoint = info.checkpoint_id
         log.info("checkpoint %s at step %d", name, self.step)
         return info
 
@@ -512,7 +518,54 @@ class TrainCtx(_EmbeddingCtx):
         if self.dense.scaler is not None and state.get("scaler") is not None:
             self.dense.scaler.load_state_dict(state["scaler"])
         self.step, self.samples = info.step, info.samples
+        self._last_checkpoint = info.checkpoint_id
         return info
+
+    def export_model(
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        example: Batch | None = None,
+        positive: str | None = None,
+        overwrite: bool = False,
+    ) -> Path:
+        """Export the dense model for online inference
+        (:func:`embeddb.trainer.serving.export_model`): TorchScript ``dense.pt``,
+        ``embedding.yaml`` and ``model.json``, whose ``snapshot_id`` is the last checkpoint
+        saved or loaded by this context (``None`` if none). The embeddings stay in the shards.
+
+        Exports the current parameters; in ``async`` mode the dense updates still pending are
+        not in them (every rank applies them at ``save_checkpoint`` or ``close``).
+
+        Args:
+            directory: the model directory to write.
+            example: a batch fixing the inputs' order and shapes; default: the first batch
+                this context forwarded.
+            positive: a human label of the positive class, for ``model.json``.
+            overwrite: replace an existing exported model.
+
+        Raises:
+            InvalidArgumentError: no example (nothing forwarded yet), an existing model without
+                ``overwrite``, or a model that can be neither scripted nor traced.
+        """
+        from .serving import export_model  # torch-heavy, needed by few jobs
+
+        self._check_open()
+        chosen = example if example is not None else self._example
+        if chosen is None:
+            raise InvalidArgumentError(
+                "export_model needs an example batch: pass example= or forward a batch first"
+            )
+        return export_model(
+            self.model,
+            directory,
+            embedding_config=self.embedding_config,
+            example=chosen,
+            snapshot_id=self._last_checkpoint,
+            positive=positive,
+            pooling=self.config.pooling,
+            overwrite=overwrite,
+        )
 
     def eval_ctx(self) -> EvalCtx:
         """An evaluation context on the same model and embedding worker (flushed first: it

@@ -68,7 +68,14 @@ from .pooling import Pooled, Pooling, PoolingSpec, Segments, pool, truncate, unp
 from .staleness import StalenessWindow
 from .worker_metrics import WorkerMetrics
 
-__all__ = ["EmbeddingWorker", "EmbeddingWorkerConfig", "IdFeature"]
+__all__ = [
+    "EmbeddingWorker",
+    "EmbeddingWorkerConfig",
+    "IdFeature",
+    "plan_lookup",
+    "pool_lookup",
+    "pooling_specs",
+]
 
 log = logging.getLogger(__name__)
 
@@ -160,6 +167,73 @@ class _Buffered:
     deadline: float
 
 
+def pooling_specs(
+    embedding_config: EmbeddingConfig, overrides: Mapping[str, Pooling]
+) -> dict[str, PoolingSpec]:
+    """Every feature's pooling: the config's, or the override named for it."""
+    return {
+        name: PoolingSpec.of(feature, overrides.get(name))
+        for name, feature in embedding_config.features.items()
+    }
+
+
+def plan_lookup(
+    embedding_config: EmbeddingConfig,
+    specs: Mapping[str, PoolingSpec],
+    features: Sequence[IdFeature],
+) -> _Plan:
+    """Step 1 of the module docstring: each feature's ids truncated (sequence features),
+    encoded (group prefix, hash stack), concatenated per table and deduplicated once per table.
+    Feature names are trusted (checked by the caller against the config)."""
+    parts: dict[str, list[U64]] = {}
+    sizes: dict[str, int] = {}
+    plans: list[_FeaturePlan] = []
+    for name, values, offsets in features:
+        feature = embedding_config.features[name]
+        spec = specs[name]
+        if offsets is None:
+            segments = Segments.single_ids(values.size)
+        else:
+            if spec.sequence:
+                values, offsets = truncate(values, offsets, spec.fixed_size)
+            segments = Segments.of(offsets)
+        ids = feature.encode(values).reshape(-1)
+        start = sizes.get(feature.table, 0)
+        sizes[feature.table] = start + ids.size
+        parts.setdefault(feature.table, []).append(ids)
+        rounds = max(feature.hash_stack_rounds, 1)
+        plans.append(
+            _FeaturePlan(
+                name,
+                feature.table,
+                start,
+                start + ids.size,
+                rounds,
+                feature.dim,
+                segments,
+                spec,
+            )
+        )
+    tables = {
+        table: IdBatch.of(chunks[0] if len(chunks) == 1 else np.concatenate(chunks))
+        for table, chunks in parts.items()
+    }
+    return _Plan(plans, tables)
+
+
+def pool_lookup(plan: _Plan, vectors: Mapping[str, F32]) -> list[Pooled]:
+    """Step 4: the looked-up vectors of every table's unique ids pooled per feature, in the
+    plan's feature order (hash-stack rounds summed first)."""
+    expanded = {table: plan.tables[table].expand(v) for table, v in vectors.items()}
+    out: list[Pooled] = []
+    for fp in plan.features:
+        rows = expanded[fp.table][fp.start : fp.stop]
+        if fp.rounds > 1:
+            rows = rows.reshape(-1, fp.rounds, rows.shape[1]).sum(axis=1)
+        out.append(pool(rows, fp.segments, fp.spec))
+    return out
+
+
 class EmbeddingWorker:
     """The embedding worker of one NN worker (see the module docstring).
 
@@ -189,10 +263,7 @@ class EmbeddingWorker:
         self.metrics = metrics if metrics is not None else WorkerMetrics(config.max_staleness)
         self._on_failure = on_failure if on_failure is not None else (lambda exc: None)
         self._clock = clock
-        self._specs = {
-            name: PoolingSpec.of(feature, config.pooling.get(name))
-            for name, feature in embedding_config.features.items()
-        }
+        self._specs = pooling_specs(embedding_config, config.pooling)
         self._window = StalenessWindow(config.max_staleness, self.metrics.set_staleness)
         self._buffer: dict[int, _Buffered] = {}
         self._looking_up: set[int] = set()
@@ -328,40 +399,7 @@ class EmbeddingWorker:
         return pooled
 
     def _plan(self, features: Sequence[IdFeature]) -> _Plan:
-        parts: dict[str, list[U64]] = {}
-        sizes: dict[str, int] = {}
-        plans: list[_FeaturePlan] = []
-        for name, values, offsets in features:
-            feature = self._embedding_config.features[name]
-            spec = self._specs[name]
-            if offsets is None:
-                segments = Segments.single_ids(values.size)
-            else:
-                if spec.sequence:
-                    values, offsets = truncate(values, offsets, spec.fixed_size)
-                segments = Segments.of(offsets)
-            ids = feature.encode(values).reshape(-1)
-            start = sizes.get(feature.table, 0)
-            sizes[feature.table] = start + ids.size
-            parts.setdefault(feature.table, []).append(ids)
-            rounds = max(feature.hash_stack_rounds, 1)
-            plans.append(
-                _FeaturePlan(
-                    name,
-                    feature.table,
-                    start,
-                    start + ids.size,
-                    rounds,
-                    feature.dim,
-                    segments,
-                    spec,
-                )
-            )
-        tables = {
-            table: IdBatch.of(chunks[0] if len(chunks) == 1 else np.concatenate(chunks))
-            for table, chunks in parts.items()
-        }
-        return _Plan(plans, tables)
+        return plan_lookup(self._embedding_config, self._specs, features)
 
     async def _lookup_tables(self, batch_ref: int, plan: _Plan, train: bool) -> dict[str, F32]:
         requests = {table: batch.unique for table, batch in plan.tables.items()}
@@ -387,14 +425,7 @@ class EmbeddingWorker:
 
     @staticmethod
     def _pool(plan: _Plan, vectors: Mapping[str, F32]) -> list[Pooled]:
-        expanded = {table: plan.tables[table].expand(v) for table, v in vectors.items()}
-        out: list[Pooled] = []
-        for fp in plan.features:
-            rows = expanded[fp.table][fp.start : fp.stop]
-            if fp.rounds > 1:
-                rows = rows.reshape(-1, fp.rounds, rows.shape[1]).sum(axis=1)
-            out.append(pool(rows, fp.segments, fp.spec))
-        return out
+        return pool_lookup(plan, vectors)
 
     # ------------------------------------------------------------------ backward
     def push_gradients(

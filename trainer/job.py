@@ -24,7 +24,9 @@ Schema (every key optional except ``model``; relative paths are relative to the 
     max_restarts: 3                # restarts of all NN workers after one dies (torchrun's)
     checkpoint_dir: null           # checkpoints here (and the local shards' data in /shards)
     checkpoint_every: 0            # steps between checkpoints; 0: at the end of every epoch
+    export_dir: null               # after training rank 0 exports the model here (replaced)
     metrics_file: null             # a JSON line of the final metrics is appended here
+    metrics_port: null             # embedding worker of local rank r: Prometheus on port+r
 
 Datasets (train / test splits; each file plain or ``.gz``):
 
@@ -94,7 +96,9 @@ class JobConfig:
     max_restarts: int = 3
     checkpoint_dir: Path | None = None
     checkpoint_every: int = 0
+    export_dir: Path | None = None
     metrics_file: Path | None = None
+    metrics_port: int | None = None
     base_dir: Path = Path(".")
 
     def __post_init__(self) -> None:
@@ -110,6 +114,12 @@ class JobConfig:
         for name in ("shards", "workers", "max_restarts"):
             _positive(name, getattr(self, name), minimum=0 if name == "max_restarts" else 1)
         _positive("checkpoint_every", self.checkpoint_every, minimum=0)
+        if self.metrics_port is not None:
+            _positive("metrics_port", self.metrics_port)
+            if self.metrics_port + self.workers > 65536:
+                raise ConfigError(
+                    "metrics_port", f"{self.metrics_port} + {self.workers} workers exceeds 65535"
+                )
         if not isinstance(self.optimizer, dict) or self.optimizer.get("type") not in _OPTIMIZERS:
             raise ConfigError(
                 "optimizer", f"needs a type in {', '.join(_OPTIMIZERS)}, got {self.optimizer!r}"
@@ -147,7 +157,7 @@ class JobConfig:
             raise ConfigError("model", "is required (FILE.py:NAME or module:NAME)")
         base = source.parent
         values = dict(raw)
-        for key in ("data_dir", "checkpoint_dir", "metrics_file"):
+        for key in ("data_dir", "checkpoint_dir", "export_dir", "metrics_file"):
             if values.get(key) is not None:
                 values[key] = (base / str(values[key])).resolve()
         if values.get("addresses") is not None:

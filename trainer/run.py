@@ -95,7 +95,11 @@ def train(job: JobConfig, addresses: Path, predict: int) -> dict[str, Any]:
     model = load_model(job)
     optimizer = _optimizer(job, model)
     embedding_config = EmbeddingConfig.from_yaml(job.embedding_config_path())
-    config = TrainerConfig(mode=job.mode, max_staleness=job.max_staleness)  # type: ignore[arg-type]
+    config = TrainerConfig(
+        mode=job.mode,  # type: ignore[arg-type]
+        max_staleness=job.max_staleness,
+        metrics_port=job.metrics_port,
+    )
     loss_fn = nn.BCEWithLogitsLoss()
     epoch_batches = list(_reader(job, "train", job.batch_size, True))
     with TrainCtx(model, optimizer, embedding_config, addresses, config) as ctx:
@@ -144,9 +148,16 @@ def train(job: JobConfig, addresses: Path, predict: int) -> dict[str, Any]:
             last = latest_checkpoint(job.checkpoint_dir)
             if last is None or last.step < ctx.step:
                 ctx.save_checkpoint(job.checkpoint_dir)
+        if job.export_dir is not None:
+            ctx.dense.flush()  # every rank: async mode's pending dense updates
         if not lead:
             return {}
         print(flush=True)
+        if job.export_dir is not None:
+            exported = ctx.export_model(
+                job.export_dir, positive=_POSITIVE.get(job.dataset), overwrite=True
+            )
+            print(f"exported model to {exported}", flush=True)
         with ctx.eval_ctx() as ev:
             test = _reader(job, "test", job.eval_batch_size, False)
             outputs, targets = [], []

@@ -56,7 +56,7 @@ from embeddb.errors import (
 from embeddb.server.interceptors import abort_with, rewrap
 from embeddb.v1 import embeddb_pb2 as pb
 
-__all__ = ["MIN_TOKEN_CHARS", "AuthInterceptor", "Role", "Tokens"]
+__all__ = ["MIN_TOKEN_CHARS", "AuthInterceptor", "Role", "Tokens", "authenticate"]
 
 log = logging.getLogger(__name__)
 
@@ -237,6 +237,19 @@ def _bearer(metadata: Iterable[tuple[str, str | bytes]] | None) -> str:
     return token.strip()
 
 
+def authenticate(tokens: Tokens, metadata: Iterable[tuple[str, str | bytes]] | None) -> Role:
+    """The role of the one ``authorization: Bearer <token>`` entry of ``metadata`` (gRPC
+    metadata, or HTTP headers as ``(name, value)`` pairs).
+
+    Raises:
+        UnauthenticatedError: no such entry, several, a malformed one, or an unknown token.
+    """
+    role = tokens.role_of(_bearer(metadata))
+    if role is None:
+        raise UnauthenticatedError("invalid bearer token")
+    return role
+
+
 Check = Callable[[Any], None]
 
 
@@ -246,11 +259,22 @@ class AuthInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
     Args:
         tokens: the accepted tokens.
         open_services: full service names callable without a token (health, reflection).
+        read_only_methods: full method names (``/package.Service/Method``) a read-only token
+            may call; ``None``: the ``EmbeddingStore`` reads of the module docstring. (The
+            model server passes its ``Predict``.)
     """
 
-    def __init__(self, tokens: Tokens, open_services: Iterable[str] = ()) -> None:
+    def __init__(
+        self,
+        tokens: Tokens,
+        open_services: Iterable[str] = (),
+        read_only_methods: Iterable[str] | None = None,
+    ) -> None:
         self._tokens = tokens
         self._open = frozenset(open_services)
+        self._read_only = (
+            _READ_ONLY_METHODS if read_only_methods is None else frozenset(read_only_methods)
+        )
 
     def intercept_service(
         self,
@@ -262,12 +286,8 @@ class AuthInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
         if handler is None or method.split("/")[1] in self._open:
             return handler
         try:
-            role: Role | None = self._tokens.role_of(
-                _bearer(handler_call_details.invocation_metadata)
-            )
-            if role is None:
-                raise UnauthenticatedError("invalid bearer token")
-            if role is Role.READ_ONLY and method not in _READ_ONLY_METHODS:
+            role = authenticate(self._tokens, handler_call_details.invocation_metadata)
+            if role is Role.READ_ONLY and method not in self._read_only:
                 raise PermissionDeniedError(
                     f"a read-only token may not call {method.rsplit('/', 1)[-1]}"
                 )

@@ -1,0 +1,43 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class IdFeature(_message.Message):
+    __slots__ = ("name", "ids", "offsets")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    ids: bytes
+    offsets: bytes
+    def __init__(self, name: _Optional[str] = ..., ids: _Optional[bytes] = ..., offsets: _Optional[bytes] = ...) -> None: ...
+
+class NonIdFeature(_message.Message):
+    __slots__ = ("name", "values", "shape")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    values: bytes
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, name: _Optional[str] = ..., values: _Optional[bytes] = ..., shape: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class PredictRequest(_message.Message):
+    __slots__ = ("num_records", "id_features", "non_id_features")
+    NUM_RECORDS_FIELD_NUMBER: _ClassVar[int]
+    ID_FEATURES_FIELD_NUMBER: _ClassVar[int]
+    NON_ID_FEATURES_FIELD_NUMBER: _ClassVar[int]
+    num_records: int
+    id_features: _containers.RepeatedCompositeFieldContainer[IdFeature]
+    non_id_features: _containers.RepeatedCompositeFieldContainer[NonIdFeature]
+    def __init__(self, num_records: _Optional[int] = ..., id_features: _Optional[_Iterable[_Union[IdFeature, _Mapping]]] = ..., non_id_features: _Optional[_Iterable[_Union[NonIdFeature, _Mapping]]] = ...) -> None: ...
+
+class PredictResponse(_message.Message):
+    __slots__ = ("scores",)
+    SCORES_FIELD_NUMBER: _ClassVar[int]
+    scores: bytes
+    def __init__(self, scores: _Optional[bytes] = ...) -> None: ...

@@ -1,0 +1,290 @@
+"""The documentation in docs/ against the code: generated reference, commands, paths, metrics."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import shlex
+from pathlib import Path
+from types import ModuleType
+
+import click
+import pytest
+
+from embeddb.cli import main as cli_main
+from embeddb.config import OptimizerConfig, OptimizerKind, StoreConfig
+from embeddb.config.reference import attribute_docs, render_reference
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
+PAGES = sorted(DOCS.glob("*.md"))
+# Installed names of the packages that live elsewhere in the checkout.
+_INSTALLED = {"embeddb/trainer/": "trainer/", "embeddb/client/": "client/"}
+_TOP_DIRS = ("embeddb/", "trainer/", "client/", "benchmarks/", "tests/", "examples/", "proto/",
+             "docs/", "docker/", "deploy/")  # fmt: skip
+# Commands of the model server (issue 6), documented before the subcommand exists.
+_PLANNED_COMMANDS = {"serve-model"}
+_PLANNED_METRIC_PREFIX = "embeddb_model_"
+
+
+def _generator() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("docs_generate", DOCS / "generate.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_docs_exist() -> None:
+    names = {p.name for p in PAGES}
+    assert {"operations.md", "configuration.md", "persia-migration.md"} <= names
+
+
+def test_the_configuration_reference_is_fresh() -> None:
+    expected = _generator().render()
+    current = (DOCS / "configuration.md").read_text(encoding="utf-8")
+    assert current == expected, (
+        "docs/configuration.md is stale: regenerate it with `python docs/generate.py`"
+    )
+
+
+def test_the_reference_covers_every_store_key_and_optimizer_parameter() -> None:
+    text = render_reference()
+    for name in StoreConfig.__dataclass_fields__:
+        assert f"| `{name}` |" in text
+    for name in ("lr", "initial_accumulator", "vectorwise_shared", "beta1", "beta2", "eps"):
+        assert f"| `{name}` |" in text
+    assert "`adam` 2 x dim + 1" in text  # the state layout, derived from OptimizerConfig
+    assert OptimizerConfig(kind=OptimizerKind.ADAM).state_dim(16) == 33
+
+
+def test_attribute_docs_parses_google_style_sections() -> None:
+    class Example:
+        """Summary.
+
+        Attributes:
+            alpha: first line
+                continued here.
+            beta (int): second.
+
+        Raises:
+            ValueError: not an attribute.
+        """
+
+    assert attribute_docs(Example) == {"alpha": "first line continued here.", "beta": "second."}
+
+
+def test_a_stale_reference_is_detected(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    generator = _generator()
+    stale = tmp_path / "configuration.md"
+    stale.write_text(generator.render().replace("lock stripes", "lock strips"), encoding="utf-8")
+    monkeypatch.setattr(generator, "OUTPUT", stale)
+    assert generator.main(["--check"]) == 1
+    assert generator.main([]) == 0
+    assert generator.main(["--check"]) == 0
+
+
+# ------------------------------------------------------------------------------ commands
+
+
+def _code_blocks(text: str) -> list[str]:
+    """Bodies of fenced shell blocks (```bash, ```sh, ```console or bare ```)."""
+    blocks: list[str] = []
+    body: list[str] | None = None
+    shell = False
+    for line in text.splitlines():
+        if line.startswith("```"):
+            if body is None:
+                body, shell = [], line[3:].strip() in {"", "bash", "sh", "console"}
+            else:
+                if shell:
+                    blocks.append("\n".join(body))
+                body = None
+        elif body is not None:
+            body.append(line)
+    return blocks
+
+
+def _commands(text: str) -> list[tuple[str, bool]]:
+    """Every ``embeddb ...`` command line, with whether it is complete: lines of shell blocks
+    are; inline code spans may name a command without its required options."""
+    lines: list[tuple[str, bool]] = []
+    for block in _code_blocks(text):
+        for raw in block.replace("\\\n", " ").splitlines():
+            line = raw.strip().removeprefix("$ ")
+            if line.startswith("embeddb "):
+                lines.append((line, True))
+    without_blocks = re.sub(r"```.*?```", "", text, flags=re.DOTALL)
+    lines += [(m, False) for m in re.findall(r"`(embeddb [^`]+)`", without_blocks)]
+    return lines
+
+
+def _words(line: str) -> list[str]:
+    words = shlex.split(line, comments=True)
+    for i, word in enumerate(words):  # a pipeline or a second command ends this one
+        if word in {"|", "&&", "||", ";", ">", "&"}:
+            return words[:i]
+    return words
+
+
+def _parse(words: list[str]) -> None:
+    """Parse ``embeddb ARGS`` as the CLI would, without running the command."""
+    args = words[1:]
+    with cli_main.make_context("embeddb", list(args), resilient_parsing=False) as ctx:
+        protected = getattr(ctx, "_protected_args", None)  # click >= 8.2 deprecates the property
+        rest = [*(ctx.protected_args if protected is None else protected), *ctx.args]
+        if not rest:
+            return
+        name, command, sub_args = cli_main.resolve_command(ctx, rest)
+        assert command is not None and name is not None
+        if "--help" in sub_args or "-h" in sub_args:
+            return
+        command.make_context(name, list(sub_args), parent=ctx)
+
+
+@pytest.fixture
+def paths_need_not_exist(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Docs name files of the reader's deployment; check syntax and types, not existence."""
+    convert = click.Path.convert
+
+    def lenient(self: click.Path, value: object, param: object, ctx: object) -> object:
+        exists, self.exists = self.exists, False
+        try:
+            return convert(self, value, param, ctx)  # type: ignore[arg-type]
+        finally:
+            self.exists = exists
+
+    monkeypatch.setattr(click.Path, "convert", lenient)
+
+
+def _all_commands() -> list[tuple[str, str, bool]]:
+    return [
+        (page.name, line, complete)
+        for page in PAGES
+        for line, complete in _commands(page.read_text())
+    ]
+
+
+def test_the_docs_show_commands() -> None:
+    pages = {page for page, _, complete in _all_commands() if complete}
+    assert {"operations.md", "persia-migration.md"} <= pages
+
+
+@pytest.mark.parametrize(("page", "line", "complete"), _all_commands())
+@pytest.mark.usefixtures("paths_need_not_exist")
+def test_every_command_in_the_docs_parses(page: str, line: str, complete: bool) -> None:
+    words = _words(line)
+    if len(words) > 1 and words[1] in _PLANNED_COMMANDS and words[1] not in cli_main.commands:
+        pytest.skip(f"{words[1]} is not built yet")
+    try:
+        _parse(words)
+    except click.exceptions.Exit:
+        pass
+    except click.MissingParameter:
+        if complete:
+            raise
+    except click.ClickException as exc:
+        pytest.fail(f"{page}: `{line}` does not parse: {exc.format_message()}")
+
+
+def test_the_command_check_catches_a_bad_option() -> None:
+    with pytest.raises(click.ClickException):
+        _parse(_words("embeddb serve --no-such-option 1"))
+    with pytest.raises(click.ClickException):
+        _parse(_words("embeddb reshard --from a --to b --snapshot s --num-shards zero"))
+
+
+# ------------------------------------------------------------------------------ paths
+
+
+def _paths(text: str) -> list[str]:
+    found = []
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):  # Markdown links
+        if not re.match(r"^[a-z]+:", target) and not target.startswith("#"):
+            found.append(target.split("#")[0])
+    for span in re.findall(r"`([^`\s]+)`", text):  # repository paths in code spans
+        if span.startswith(_TOP_DIRS) and "<" not in span and "{" not in span:
+            found.append(span.split(":")[0])
+    return found
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_every_path_in_the_docs_exists(page: Path) -> None:
+    missing = []
+    for path in _paths(page.read_text()):
+        candidates = [DOCS / path, ROOT / path]
+        for installed, repo in _INSTALLED.items():
+            if path.startswith(installed):
+                candidates.append(ROOT / (repo + path.removeprefix(installed)))
+        if not any(c.exists() for c in candidates):
+            missing.append(path)
+    assert not missing, f"{page.name} names paths that do not exist: {missing}"
+
+
+# ------------------------------------------------------------------------------ metrics
+
+
+class _FakeFollower:
+    applied_records = reconnects = bootstraps = 0
+    applied_seq = primary_seq = 0
+    bootstrapped = False
+
+    def lag_seconds(self) -> float:
+        return 0.0
+
+
+def _exported_metric_names() -> set[str]:
+    """Every metric name the shard server, a follower and an embedding worker export,
+    read from real registries (as a scrape sees them, ``_total`` and histogram suffixes
+    included)."""
+    from prometheus_client import CollectorRegistry
+
+    from embeddb import EmbeddingConfig, Shard
+    from embeddb.server.metrics import FollowerCollector, ShardMetrics, ShardStatsCollector
+    from embeddb.trainer.worker_metrics import WorkerMetrics
+
+    registries = [CollectorRegistry(), CollectorRegistry(), WorkerMetrics(4).registry]
+    ShardMetrics(registries[0])
+    registries[1].register(FollowerCollector(_FakeFollower()))
+    names: set[str] = set()
+    with Shard(EmbeddingConfig.single_table("t", 4, capacity=64)) as shard:
+        registries[0].register(ShardStatsCollector(shard))
+        for registry in registries:
+            for family in registry.collect():
+                names.add(family.name)
+                names.update(sample.name for sample in family.samples)
+                if family.type == "counter":
+                    names.add(f"{family.name}_total")
+                if family.type == "histogram":
+                    names.update(f"{family.name}_{s}" for s in ("bucket", "count", "sum"))
+    return names
+
+
+def _model_server_metric_names() -> set[str] | None:
+    """The model server's metric names once it exists (issue 6), else ``None``."""
+    sources = [*(ROOT / "trainer").rglob("*.py"), *(ROOT / "embeddb" / "server").rglob("*.py")]
+    text = "\n".join(f.read_text(encoding="utf-8") for f in sources)
+    names = set(re.findall(r'"(embeddb_model_[a-z0-9_]+)"', text))
+    return names | {f"{n}_total" for n in names} if names else None
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_every_metric_in_the_docs_exists(page: Path) -> None:
+    exported = _exported_metric_names()
+    model_server = _model_server_metric_names()
+    cited = set(re.findall(r"`(embeddb_[a-z0-9_]+)", page.read_text()))
+    missing = []
+    for name in sorted(cited):
+        if name.startswith(_PLANNED_METRIC_PREFIX):
+            if model_server is not None and name not in model_server:
+                missing.append(name)
+        elif name not in exported:
+            missing.append(name)
+    assert not missing, f"{page.name} cites metrics no code exports: {missing}"
+
+
+def test_the_metric_check_knows_the_exported_names() -> None:
+    exported = _exported_metric_names()
+    assert {"embeddb_rows", "embeddb_evicted_total", "embeddb_request_seconds_bucket"} <= exported
+    assert {"embeddb_follower_lag_seq", "embeddb_trainer_staleness"} <= exported
+    assert "embeddb_no_such_metric" not in exported

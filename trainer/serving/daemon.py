@@ -1,0 +1,132 @@
+"""The lifecycle of one ``embeddb serve-model`` process, like ``embeddb serve``'s
+(``embeddb.server.daemon``)::
+
+    InferCtx(model_dir, shards)   load model.json, dense.pt, embedding.yaml; reach the shards
+                                  and check they serve the model's tables
+    build_model_server            gRPC (+ HTTP, metrics); health SERVING
+    write the port file           JSON {"grpc": port, "http": port|null, "metrics": port|null}
+                                  (temp file + rename) so a supervisor finds port-0 servers
+    ... wait for SIGTERM / SIGINT (or the ``stop`` event) ...
+    health NOT_SERVING, stop accepting, in-flight calls finish (grace), queued ones scored
+    InferCtx.close(); remove the port file; return 0
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+
+from embeddb.server.daemon import write_atomically
+
+from .infer import InferCtx
+from .server import ModelServerConfig, build_model_server
+
+__all__ = ["ModelDaemonOptions", "run_model_server"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ModelDaemonOptions:
+    """Process-level settings of ``embeddb serve-model``.
+
+    Attributes:
+        model_dir: the exported model directory.
+        shards: the shards' ``host:port`` in shard order (followers in production), or the
+            path of an address file.
+        shard_token: bearer token for the shards (read-only is enough).
+        shard_tls_ca: PEM CA file; the shards are reached over TLS.
+        port_file: where to write the bound ports once serving; removed at shutdown.
+        grace: seconds in-flight calls may run after SIGTERM.
+        handle_signals: route SIGTERM/SIGINT to the shutdown (main thread only).
+    """
+
+    model_dir: Path
+    shards: Sequence[str] | Path
+    shard_token: str | None = None
+    shard_tls_ca: Path | None = None
+    port_file: Path | None = None
+    grace: float = 5.0
+    handle_signals: bool = True
+
+
+@contextmanager
+def _stop_on_signals(stop: threading.Event, enabled: bool) -> Iterator[None]:
+    if not enabled or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        log.info("%s received: shutting down", signal.Signals(signum).name)
+        stop.set()
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def run_model_server(
+    config: ModelServerConfig,
+    options: ModelDaemonOptions,
+    stop: threading.Event | None = None,
+) -> int:
+    """Serve the model until ``stop`` is set (SIGTERM/SIGINT or the caller); shut down.
+
+    Returns:
+        0 after a clean shutdown.
+
+    Raises:
+        NotFoundError, CorruptDataError: the model directory is missing or malformed.
+        ConfigError: the shards do not serve the model's tables.
+        OSError: a port cannot be bound or the port file cannot be written.
+        embeddb errors of the client: the shards cannot be reached.
+    """
+    stop = stop if stop is not None else threading.Event()
+    with _stop_on_signals(stop, options.handle_signals):
+        infer = InferCtx(
+            options.model_dir,
+            options.shards,
+            token=options.shard_token,
+            tls_ca=options.shard_tls_ca,
+        )
+        try:
+            served = build_model_server(infer, config)
+            try:
+                ports = served.ports()
+                if options.port_file is not None:
+                    write_atomically(options.port_file, json.dumps(ports) + "\n")
+                log.info(
+                    "serving model %s on %s: gRPC %d, HTTP %s, metrics %s (shards %s; "
+                    "max batch %d, max delay %g ms)",
+                    options.model_dir,
+                    config.host,
+                    ports["grpc"],
+                    ports["http"] if ports["http"] is not None else "off",
+                    ports["metrics"] if ports["metrics"] is not None else "off",
+                    ", ".join(infer.addresses),
+                    config.max_batch,
+                    config.max_delay * 1e3,
+                )
+                while not stop.wait(0.5):  # a timed wait keeps the main thread responsive
+                    pass
+                log.info("health NOT_SERVING, draining calls (grace %gs)", options.grace)
+            finally:
+                served.stop(options.grace)
+        finally:
+            try:
+                infer.close()
+            finally:
+                if options.port_file is not None:
+                    options.port_file.unlink(missing_ok=True)
+    log.info("model server stopped cleanly")
+    return 0

@@ -1,0 +1,113 @@
+"""Prometheus metrics of the model server, in a registry of its own (never the global one).
+
+::
+
+    embeddb_model_requests_total{method,status}   calls; method Predict (gRPC) or http_predict,
+                                                  status the gRPC status name (HTTP too)
+    embeddb_model_request_seconds{method}         histogram: request handling time
+    embeddb_model_batch_samples                   histogram: samples per micro-batch (one
+                                                  InferCtx.predict call)
+    embeddb_model_batch_seconds                   histogram: time of one InferCtx.predict call
+                                                  (lookups + pooling + dense)
+    embeddb_model_predictions_total               counter: samples scored
+
+Not exported although the issue-6 contract lists them: ``embeddb_model_lookup_seconds`` and
+``embeddb_model_unknown_ids_total``. ``InferCtx.predict`` runs lookup and dense in one call and
+the shards' lookup answer does not say which ids they store (see ``infer.py``), so the server
+can measure neither; a metric that always reads 0 would mislead.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from embeddb.server.interceptors import rewrap
+from embeddb.server.metrics import LATENCY_BUCKETS
+
+__all__ = ["BATCH_BUCKETS", "ModelMetrics", "ModelMetricsInterceptor"]
+
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096, 16384, 65536)
+
+
+class ModelMetrics:
+    """The model server's metrics, registered in ``registry``."""
+
+    def __init__(self, registry: CollectorRegistry, prefix: str = "embeddb_model") -> None:
+        self.registry = registry
+        self.requests = Counter(
+            f"{prefix}_requests",
+            "Predict calls by method (Predict: gRPC, http_predict: HTTP) and gRPC status name.",
+            ["method", "status"],
+            registry=registry,
+        )
+        self.latency = Histogram(
+            f"{prefix}_request_seconds",
+            "Predict call handling time (request decoded to response ready).",
+            ["method"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.batch_samples = Histogram(
+            f"{prefix}_batch_samples",
+            "Samples per micro-batch (one InferCtx.predict call).",
+            buckets=BATCH_BUCKETS,
+            registry=registry,
+        )
+        self.batch_seconds = Histogram(
+            f"{prefix}_batch_seconds",
+            "Time of one InferCtx.predict call (lookups, pooling, dense).",
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.predictions = Counter(f"{prefix}_predictions", "Samples scored.", registry=registry)
+
+    def observe(self, method: str, status: str, seconds: float) -> None:
+        """One finished call."""
+        self.requests.labels(method, status).inc()
+        self.latency.labels(method).observe(seconds)
+
+    def observe_batch(self, samples: int, seconds: float, ok: bool) -> None:
+        """One ``predict`` call of the micro-batcher (``ok``: it succeeded)."""
+        self.batch_samples.observe(samples)
+        self.batch_seconds.observe(seconds)
+        if ok:
+            self.predictions.inc(samples)
+
+
+class ModelMetricsInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
+    """Records every unary call of ``service`` (outermost, so refused calls count too)."""
+
+    def __init__(self, metrics: ModelMetrics, service: str) -> None:
+        self._metrics = metrics
+        self._service = service
+
+    def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler | None],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler | None:
+        handler = continuation(handler_call_details)
+        service, _, method = handler_call_details.method.lstrip("/").partition("/")
+        if handler is None or handler.unary_unary is None or service != self._service:
+            return handler
+        inner = handler.unary_unary
+        metrics = self._metrics
+
+        def observed(request: Any, context: grpc.ServicerContext) -> Any:
+            start = time.perf_counter()
+            finished = False
+            try:
+                response = inner(request, context)
+                finished = True
+                return response
+            finally:
+                code = context.code()
+                status = ("OK" if finished else "UNKNOWN") if code is None else code.name
+                metrics.observe(method, status, time.perf_counter() - start)
+
+        return rewrap(handler, observed)
