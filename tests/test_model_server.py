@@ -431,3 +431,38 @@ def test_serve_model_cli_needs_exactly_one_way_to_name_the_shards(
         main, ["serve-model", "--model", str(tmp_path / "none"), "--shard", "x:1"]
     )
     assert missing.exit_code == 2 and "does not exist" in missing.output
+
+
+def test_the_batcher_scores_a_lone_request_inline_and_merges_under_load() -> None:
+    """An idle batcher scores a request in the caller's thread (no hand-off); requests that
+    arrive while a batch is being scored are merged into the next one."""
+    from embeddb.trainer.serving.batcher import MicroBatcher
+
+    calls: list[tuple[str, int]] = []
+    gate = threading.Event()
+
+    def predict(batch: Batch) -> np.ndarray:
+        calls.append((threading.current_thread().name, batch.batch_size))
+        if len(calls) == 1:
+            gate.wait(5)  # hold the first batch while others queue
+        return np.arange(batch.batch_size, dtype=np.float32)
+
+    batcher = MicroBatcher(predict, max_batch=64, max_delay=0.05)
+    try:
+        first: list[np.ndarray] = []
+        lone = threading.Thread(
+            target=lambda: first.append(batcher.submit(rows(0, 2)).result()), name="caller"
+        )
+        lone.start()
+        while not calls:
+            time.sleep(0.001)
+        futures = [batcher.submit(rows(i, 1)) for i in range(5)]  # queue while busy
+        gate.set()
+        results = [f.result(5) for f in futures]
+        lone.join(5)
+    finally:
+        batcher.close()
+    assert calls[0] == ("caller", 2) and first[0].tolist() == [0.0, 1.0]
+    assert [name for name, _ in calls[1:]] == ["embeddb-batcher"] * (len(calls) - 1)
+    assert sum(n for _, n in calls[1:]) == 5 and len(calls) <= 3  # merged, not 5 calls
+    assert [r.size for r in results] == [1] * 5

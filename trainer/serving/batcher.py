@@ -6,7 +6,9 @@ One batcher thread takes requests from a queue and runs them in batches::
                      (a Future)               take the first request; then
                                               · it came after a quiet gap (no request in the
                                                 last ``max_delay``): run now with whatever is
-                                                already queued (an idle server adds no wait)
+                                                already queued (an idle server adds no wait;
+                                                when nothing is queued or being scored, the
+                                                caller's own thread scores it: no hand-off)
                                               · else wait for more until ``max_delay`` after
                                                 the first arrived, or ``max_batch`` samples
                                               merge → predict → split → set each Future
@@ -49,6 +51,7 @@ class _Pending:
     batch: Batch
     size: int
     arrived: float
+    quiet: bool  # no request arrived in the ``max_delay`` before this one
     future: Future[F32] = field(default_factory=Future)
 
 
@@ -89,6 +92,7 @@ class MicroBatcher:
         self._closed = False
         self._lock = threading.Lock()
         self._last_arrival = -float("inf")
+        self._busy = False  # a batch is being scored (by the batcher thread or inline)
         self._thread = threading.Thread(target=self._run, name="embeddb-batcher", daemon=True)
         self._thread.start()
 
@@ -98,11 +102,24 @@ class MicroBatcher:
         Raises:
             UnavailableError: the batcher is closed (the server is shutting down).
         """
-        pending = _Pending(batch, batch.batch_size, time.perf_counter())
+        now = time.perf_counter()
         with self._lock:  # no request may slip in behind the stop marker
             if self._closed:
                 raise UnavailableError("the model server is shutting down")
-            self._queue.put(pending)
+            quiet = now - self._last_arrival >= self._max_delay
+            self._last_arrival = now
+            pending = _Pending(batch, batch.batch_size, now, quiet)
+            inline = quiet and not self._busy and self._queue.empty()
+            if inline:
+                self._busy = True
+            else:
+                self._queue.put(pending)
+        if inline:  # an idle server: score in the caller's thread, no hand-off to the batcher
+            try:
+                self._score([pending], pending.size)
+            finally:
+                with self._lock:
+                    self._busy = False
         return pending.future
 
     def close(self) -> None:
@@ -123,9 +140,7 @@ class MicroBatcher:
             if not isinstance(first, _Pending):
                 return  # _STOP: every request before it has been run
             group, size = [first], first.size
-            quiet = first.arrived - self._last_arrival >= self._max_delay
-            self._last_arrival = first.arrived
-            deadline = first.arrived + (0.0 if quiet else self._max_delay)
+            deadline = first.arrived + (0.0 if first.quiet else self._max_delay)
             while size < self._max_batch:
                 try:
                     item = self._queue.get(timeout=max(0.0, deadline - time.perf_counter()))
@@ -134,13 +149,18 @@ class MicroBatcher:
                 if not isinstance(item, _Pending):
                     stopping = True
                     break
-                self._last_arrival = item.arrived
                 if size + item.size > self._max_batch:
                     held = item
                     break
                 group.append(item)
                 size += item.size
-            self._score(group, size)
+            with self._lock:
+                self._busy = True
+            try:
+                self._score(group, size)
+            finally:
+                with self._lock:
+                    self._busy = False
             if stopping:
                 if held is not None:
                     self._score([held], held.size)
