@@ -177,6 +177,10 @@ def test_grpc_and_http_answer_the_scores_of_infer_predict(served: Served, start:
     assert sample(server, "embeddb_model_predictions_total") == 16 + 1 + 16
     assert sample(server, "embeddb_model_requests_total", method="Predict", status="OK") == 2
     assert sample(server, "embeddb_model_requests_total", method="http_predict", status="OK") == 1
+    # every predict of the shared InferCtx times its lookups: the server's batches + this test's
+    batches = sample(server, "embeddb_model_batch_seconds_count")
+    assert batches >= 2 and sample(server, "embeddb_model_lookup_seconds_count") >= batches + 1
+    assert sample(server, "embeddb_model_lookup_seconds_sum") > 0
 
 
 def test_a_missing_id_feature_is_an_empty_sample(served: Served, start: Any) -> None:

@@ -29,8 +29,9 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import time
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -140,6 +141,7 @@ class InferCtx:
         threads: int | None = None,
     ) -> None:
         self.model_dir = Path(model_dir)
+        self.on_lookup: Callable[[float], None] | None = None  # seconds of each batch's lookups
         self.spec: ModelSpec = load_model_spec(self.model_dir)
         self.embedding_config = load_embedding_config(self.model_dir)
         unknown = [n for n in self.spec.id_features if n not in self.embedding_config.features]
@@ -223,7 +225,10 @@ class InferCtx:
         non_id = self._non_id_tensors(batch, n)
         plan = plan_lookup(self.embedding_config, self._specs, features)
         requests = {table: ids.unique for table, ids in plan.tables.items()}
+        started = time.perf_counter()
         vectors = self._client.lookup_many(requests, train=False) if requests else {}
+        if self.on_lookup is not None:
+            self.on_lookup(time.perf_counter() - started)
         pooled = pool_lookup(plan, vectors)
         embeddings = [torch.from_numpy(np.asarray(p)).to(self.device) for p in pooled]
         with torch.inference_mode():

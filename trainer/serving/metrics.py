@@ -9,12 +9,13 @@
                                                   InferCtx.predict call)
     embeddb_model_batch_seconds                   histogram: time of one InferCtx.predict call
                                                   (lookups + pooling + dense)
+    embeddb_model_lookup_seconds                  histogram: the embedding lookups of one
+                                                  micro-batch (InferCtx.on_lookup)
     embeddb_model_predictions_total               counter: samples scored
 
-Not exported although the issue-6 contract lists them: ``embeddb_model_lookup_seconds`` and
-``embeddb_model_unknown_ids_total``. ``InferCtx.predict`` runs lookup and dense in one call and
-the shards' lookup answer does not say which ids they store (see ``infer.py``), so the server
-can measure neither; a metric that always reads 0 would mislead.
+Not exported: a count of unknown ids. The shards' lookup answer does not say which ids they
+store (an unknown id reads as zeros, see ``infer.py``), so the server cannot count them; a
+metric that always reads 0 would mislead.
 """
 
 from __future__ import annotations
@@ -61,6 +62,12 @@ class ModelMetrics:
         self.batch_seconds = Histogram(
             f"{prefix}_batch_seconds",
             "Time of one InferCtx.predict call (lookups, pooling, dense).",
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.lookup_seconds = Histogram(
+            f"{prefix}_lookup_seconds",
+            "Time of the embedding lookups (one LookupMany per shard) of one micro-batch.",
             buckets=LATENCY_BUCKETS,
             registry=registry,
         )

@@ -243,6 +243,8 @@ def build_model_server(
     """
     cfg = config or ModelServerConfig()
     metrics = ModelMetrics(cfg.metrics_registry or CollectorRegistry())
+    if hasattr(predictor, "on_lookup"):  # InferCtx: time its lookups
+        predictor.on_lookup = metrics.lookup_seconds.observe
     batcher = MicroBatcher(
         predictor.predict,
         max_batch=cfg.max_batch,
