@@ -403,18 +403,53 @@ class LookupManyResponseView:
     results: list[LookupResponseView] = field(default_factory=list)
 
 
-def parse_lookup_many_response(data: bytes) -> LookupManyResponseView:
+def parse_lookup_many_response(
+    data: bytes, small_bytes: int | None = None
+) -> LookupManyResponseView:
     """Parse a serialized ``LookupManyResponse`` without copying any part's vectors.
 
     Each occurrence of field 1 is one more result (a repeated message field), parsed as
     :func:`parse_lookup_response` parses a whole message; unknown fields are skipped. Every
     ``results[i].vectors.data`` is a view into ``data``.
 
+    Answers of at most ``small_bytes`` (default :data:`SMALL_RESPONSE_BYTES`) are parsed by
+    protobuf instead, copying their vectors: cheaper for a few ids in many tables.
+
     Raises:
         ValueError: malformed bytes (the gRPC client reports the call as failed).
     """
+    if len(data) <= (
+        SMALL_RESPONSE_BYTES if small_bytes is None else small_bytes
+    ):  # protobuf's C parser: the copy costs less than
+        return _parse_small_lookup_many(data)  # walking many small parts in Python
     response = LookupManyResponseView()
     for number, _, value in _Reader(memoryview(data)).fields():
         if number == 1 and isinstance(value, memoryview):
             response.results.append(_parse_lookup(value))
     return response
+
+
+SMALL_RESPONSE_BYTES = 1 << 16
+"""LookupMany answers up to this size are parsed by protobuf (copying the vectors: online
+lookups of a few ids in many tables); larger ones are walked in Python without a copy."""
+
+
+def _parse_small_lookup_many(data: bytes) -> LookupManyResponseView:
+    try:
+        message = pb.LookupManyResponse.FromString(data)
+    except Exception as exc:  # google.protobuf.message.DecodeError
+        raise ValueError(f"malformed LookupManyResponse: {exc}") from exc
+    return LookupManyResponseView(
+        [
+            LookupResponseView(
+                TensorView(
+                    dtype=r.vectors.dtype,
+                    shape=list(r.vectors.shape),
+                    data=r.vectors.data,
+                    compression=r.vectors.compression,
+                    row_scales=r.vectors.row_scales,
+                )
+            )
+            for r in message.results
+        ]
+    )

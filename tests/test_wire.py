@@ -229,14 +229,15 @@ def test_encoded_lookup_many_response_is_byte_identical_to_protobuf(
     ).SerializeToString()
     assert ours.SerializeToString() == reference
     assert ours.ByteSize() == len(reference)
-    parsed = wire.parse_lookup_many_response(reference)
     want = pb.LookupManyResponse.FromString(reference).results
-    assert len(parsed.results) == len(want) == len(parts)
-    for got_part, want_part, (rows, dim, _, _) in zip(parsed.results, want, parts, strict=True):
-        np.testing.assert_array_equal(
-            wire.decode_matrix(got_part.vectors, "vectors", rows, dim),
-            wire.decode_matrix(want_part.vectors, "vectors", rows, dim),
-        )
+    for small_bytes in (0, None):  # the zero-copy walk, and protobuf's parser for small answers
+        parsed = wire.parse_lookup_many_response(reference, small_bytes)
+        assert len(parsed.results) == len(want) == len(parts)
+        for got, want_part, (rows, dim, _, _) in zip(parsed.results, want, parts, strict=True):
+            np.testing.assert_array_equal(
+                wire.decode_matrix(got.vectors, "vectors", rows, dim),
+                wire.decode_matrix(want_part.vectors, "vectors", rows, dim),
+            )
 
 
 def test_parsed_many_vectors_are_views_of_the_received_bytes() -> None:
@@ -244,7 +245,8 @@ def test_parsed_many_vectors_are_views_of_the_received_bytes() -> None:
     b = -np.arange(6, dtype=np.float32).reshape(2, 3)
     parts = [wire.encode_lookup_response(a), wire.encode_lookup_response(b)]
     data = wire.encode_lookup_many_response(parts).SerializeToString()
-    parsed = wire.parse_lookup_many_response(data)
+    parsed = wire.parse_lookup_many_response(data, small_bytes=0)
+    assert len(data) <= wire.SMALL_RESPONSE_BYTES  # by default, protobuf would copy these
     for result, values in zip(parsed.results, (a, b), strict=True):
         assert isinstance(result.vectors.data, memoryview) and result.vectors.data.obj is data
         decoded = wire.decode_matrix(result.vectors, "vectors", *values.shape)
@@ -280,12 +282,13 @@ def test_many_parser_agrees_with_protobuf(
         message += b"\x0a" + wire._varint(len(inner)) + inner + between
     message += trailer
     want = pb.LookupManyResponse.FromString(message).results
-    got = wire.parse_lookup_many_response(message).results
-    assert len(got) == len(want) == len(results)
-    for g, w in zip(got, want, strict=True):
-        v, u = g.vectors, w.vectors
-        assert (v.dtype, v.shape, bytes(v.data)) == (u.dtype, list(u.shape), u.data)
-        assert (v.compression, bytes(v.row_scales)) == (u.compression, u.row_scales)
+    for small_bytes in (0, None):
+        got = wire.parse_lookup_many_response(message, small_bytes).results
+        assert len(got) == len(want) == len(results)
+        for g, w in zip(got, want, strict=True):
+            v, u = g.vectors, w.vectors
+            assert (v.dtype, v.shape, bytes(v.data)) == (u.dtype, list(u.shape), u.data)
+            assert (v.compression, bytes(v.row_scales)) == (u.compression, u.row_scales)
 
 
 @pytest.mark.parametrize(
@@ -296,7 +299,8 @@ def test_many_parser_agrees_with_protobuf(
          "field-zero", "tensor-field-past-end", "overlong-varint"],
 )  # fmt: skip
 def test_malformed_many_responses_raise(message: bytes) -> None:
-    with pytest.raises(ValueError):
-        wire.parse_lookup_many_response(message)
+    for small_bytes in (0, None):
+        with pytest.raises(ValueError):
+            wire.parse_lookup_many_response(message, small_bytes)
     with pytest.raises(Exception):  # noqa: B017 - protobuf rejects them too (DecodeError)
         pb.LookupManyResponse.FromString(message)
