@@ -52,7 +52,7 @@ from embeddb.server.follower import Follower, FollowerOptions
 from embeddb.server.metrics import FollowerCollector
 from embeddb.shard import Shard
 
-__all__ = ["DaemonOptions", "run_daemon", "write_atomically"]
+__all__ = ["DaemonOptions", "run_daemon", "stop_on_signals", "write_atomically"]
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +109,7 @@ def write_atomically(path: Path, text: str) -> None:
 
 
 @contextmanager
-def _stop_on_signals(stop: threading.Event, enabled: bool) -> Iterator[None]:
+def stop_on_signals(stop: threading.Event, enabled: bool) -> Iterator[None]:
     """Route SIGTERM and SIGINT to ``stop`` for the duration; restore the old handlers after."""
     if not enabled or threading.current_thread() is not threading.main_thread():
         yield
@@ -160,7 +160,7 @@ def run_daemon(
         return _run_follower(config, server_config, options, options.follow, stop)
     stop = stop if stop is not None else threading.Event()
     where = f"shard {server_config.shard_index}/{server_config.num_shards}"
-    with _stop_on_signals(stop, options.handle_signals):
+    with stop_on_signals(stop, options.handle_signals):
         shard = Shard(
             config,
             options.data_dir,
@@ -232,7 +232,7 @@ def _run_follower(
         if options.data_dir is None
         else options.data_dir
     )
-    with _stop_on_signals(stop, options.handle_signals):
+    with stop_on_signals(stop, options.handle_signals):
         follower = Follower(
             config,
             data_dir,

@@ -15,15 +15,12 @@ from __future__ import annotations
 
 import json
 import logging
-import signal
 import threading
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType
 
-from embeddb.server.daemon import write_atomically
+from embeddb.server.daemon import stop_on_signals, write_atomically
 
 from .infer import InferCtx
 from .server import ModelServerConfig, build_model_server
@@ -57,24 +54,6 @@ class ModelDaemonOptions:
     handle_signals: bool = True
 
 
-@contextmanager
-def _stop_on_signals(stop: threading.Event, enabled: bool) -> Iterator[None]:
-    if not enabled or threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum: int, frame: FrameType | None) -> None:
-        log.info("%s received: shutting down", signal.Signals(signum).name)
-        stop.set()
-
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        yield
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
-
-
 def run_model_server(
     config: ModelServerConfig,
     options: ModelDaemonOptions,
@@ -92,7 +71,7 @@ def run_model_server(
         embeddb errors of the client: the shards cannot be reached.
     """
     stop = stop if stop is not None else threading.Event()
-    with _stop_on_signals(stop, options.handle_signals):
+    with stop_on_signals(stop, options.handle_signals):
         infer = InferCtx(
             options.model_dir,
             options.shards,
