@@ -329,13 +329,26 @@ def _status_name(context: grpc.ServicerContext, finished: bool) -> str:
 
 
 class MetricsInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
-    """Records every unary ``EmbeddingStore`` call in a :class:`ShardMetrics`.
+    """Records every unary call of one service: by default ``EmbeddingStore`` calls in a
+    :class:`ShardMetrics`; any other service with ``service`` and ``observe(method, status,
+    seconds, request, response)`` (the model server's).
 
     Place it first (outermost) so refused and failed calls are counted with their status.
     """
 
-    def __init__(self, metrics: ShardMetrics) -> None:
-        self._metrics = metrics
+    def __init__(
+        self,
+        metrics: ShardMetrics | None = None,
+        *,
+        service: str = _STORE,
+        observe: Callable[[str, str, float, Any, Any], None] | None = None,
+    ) -> None:
+        if observe is None:
+            if metrics is None:
+                raise TypeError("MetricsInterceptor needs metrics or observe")
+            observe = metrics.observe
+        self._observe = observe
+        self._service = service
 
     def intercept_service(
         self,
@@ -344,10 +357,10 @@ class MetricsInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
     ) -> grpc.RpcMethodHandler | None:
         handler = continuation(handler_call_details)
         service, _, method = handler_call_details.method.lstrip("/").partition("/")
-        if handler is None or handler.unary_unary is None or service != _STORE:
+        if handler is None or handler.unary_unary is None or service != self._service:
             return handler
         inner = handler.unary_unary
-        metrics = self._metrics
+        observe = self._observe
 
         def observed(request: Any, context: grpc.ServicerContext) -> Any:
             start = time.perf_counter()
@@ -359,7 +372,7 @@ class MetricsInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
                 return response
             finally:
                 status = _status_name(context, finished)
-                metrics.observe(method, status, time.perf_counter() - start, request, response)
+                observe(method, status, time.perf_counter() - start, request, response)
 
         return rewrap(handler, observed)
 

@@ -168,8 +168,9 @@ def _non_id(feature: mpb.NonIdFeature, want: list[int]) -> F32:
             f"non-ID feature {name!r}: values must be {items} float32 ({4 * items} bytes) for "
             f"shape {want}, got {len(feature.values)} bytes"
         )
-    # A copy: frombuffer's array is read-only, and torch.from_numpy warns on those.
-    values = np.frombuffer(feature.values, dtype="<f4").astype(np.float32)
+    # A read-only view of the request (InferCtx copies read-only inputs before torch sees
+    # them; merged micro-batches are concatenated anyway, so copying here would copy twice).
+    values = np.frombuffer(feature.values, dtype="<f4")
     if not np.isfinite(values).all():
         raise InvalidArgumentError(f"non-ID feature {name!r} holds NaN or Inf")
     return values.reshape(want)

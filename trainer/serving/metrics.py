@@ -20,17 +20,11 @@ metric that always reads 0 would mislead.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
-from typing import Any
-
-import grpc
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from embeddb.server.interceptors import rewrap
 from embeddb.server.metrics import LATENCY_BUCKETS
 
-__all__ = ["BATCH_BUCKETS", "ModelMetrics", "ModelMetricsInterceptor"]
+__all__ = ["BATCH_BUCKETS", "ModelMetrics"]
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096, 16384, 65536)
 
@@ -84,37 +78,3 @@ class ModelMetrics:
         self.batch_seconds.observe(seconds)
         if ok:
             self.predictions.inc(samples)
-
-
-class ModelMetricsInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
-    """Records every unary call of ``service`` (outermost, so refused calls count too)."""
-
-    def __init__(self, metrics: ModelMetrics, service: str) -> None:
-        self._metrics = metrics
-        self._service = service
-
-    def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler | None],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler | None:
-        handler = continuation(handler_call_details)
-        service, _, method = handler_call_details.method.lstrip("/").partition("/")
-        if handler is None or handler.unary_unary is None or service != self._service:
-            return handler
-        inner = handler.unary_unary
-        metrics = self._metrics
-
-        def observed(request: Any, context: grpc.ServicerContext) -> Any:
-            start = time.perf_counter()
-            finished = False
-            try:
-                response = inner(request, context)
-                finished = True
-                return response
-            finally:
-                code = context.code()
-                status = ("OK" if finished else "UNKNOWN") if code is None else code.name
-                metrics.observe(method, status, time.perf_counter() - start)
-
-        return rewrap(handler, observed)

@@ -57,14 +57,14 @@ from embeddb.errors import (
 )
 from embeddb.server.auth import AuthInterceptor, Tokens, authenticate
 from embeddb.server.interceptors import ErrorInterceptor
-from embeddb.server.metrics import MetricsEndpoint, serve_metrics
+from embeddb.server.metrics import MetricsEndpoint, MetricsInterceptor, serve_metrics
 from embeddb.trainer.batch import Batch
 from embeddb.v1 import model_pb2 as mpb
 from embeddb.v1 import model_pb2_grpc as mpb_grpc
 
 from .batcher import MicroBatcher
 from .codec import ModelInputs, batch_from_request, encode_scores
-from .metrics import ModelMetrics, ModelMetricsInterceptor
+from .metrics import ModelMetrics
 
 __all__ = [
     "HTTP_STATUS",
@@ -251,7 +251,14 @@ def build_model_server(
         max_delay=cfg.max_delay,
         on_batch=metrics.observe_batch,
     )
-    interceptors: list[grpc.ServerInterceptor] = [ModelMetricsInterceptor(metrics, MODEL_SERVICE)]
+    interceptors: list[grpc.ServerInterceptor] = [
+        MetricsInterceptor(
+            service=MODEL_SERVICE,
+            observe=lambda method, status, seconds, _req, _resp: metrics.observe(
+                method, status, seconds
+            ),
+        )
+    ]
     if cfg.tokens is not None:
         interceptors.append(AuthInterceptor(cfg.tokens, _OPEN_SERVICES, {_PREDICT}))
         if cfg.tls_cert is None and not _is_loopback(cfg.host):
