@@ -83,6 +83,7 @@ from typing import Any
 import grpc
 import numpy as np
 import numpy.typing as npt
+import ownership
 from _report import finish, fmt_rate, say, verdict
 
 from embeddb import wire
@@ -641,6 +642,8 @@ def build_result(args: argparse.Namespace, phases: dict[str, Any]) -> dict[str, 
             "numpy": np.__version__,
         },
     }
+    result["ownership_storage_ratio"] = phases["ownership"]["ownership_storage_ratio"]
+    result["ownership_rpc_ratio"] = phases["ownership"]["ownership_rpc_ratio"]
     result["targets_met"] = {
         "lookup_ratio": result["lookup_ratio"] >= TARGET_LOOKUP_RATIO,
         "p99_ms": result["p99_ms"] <= TARGET_P99_MS,
@@ -675,6 +678,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{grpc.__version__}, numpy {np.__version__}"
     )
     phases = run_all(args)
+    say("\n(ownership) the cost of the shard-ownership check (benchmarks/ownership.py)")
+    phases["ownership"] = ownership.run(args.quick, args.seed)
     result = build_result(args, phases)
     return finish(result, started, summary(result), args.json_out)
 

@@ -80,6 +80,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+import ownership
 from _report import finish, fmt_rate, say, verdict
 
 from embeddb.config import (
@@ -825,6 +826,8 @@ def build_result(args: argparse.Namespace, phases: dict[str, Any]) -> dict[str, 
             "numpy": np.__version__,
         },
     }
+    result["ownership_storage_ratio"] = phases["ownership"]["ownership_storage_ratio"]
+    result["ownership_rpc_ratio"] = phases["ownership"]["ownership_rpc_ratio"]
     result["targets_met"] = {
         "lookup_ratio": result["lookup_ratio"] >= TARGET_RATIO,
         "update_ratio": result["update_ratio"] >= TARGET_RATIO,
@@ -848,6 +851,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{'or' if args.quick else 'and'} >= {MIN_BATCHES} batches"
     )
     phases = run_all(args, Budget(quick=args.quick), data_root(args.data_dir))
+    say("\n(ownership) the cost of the shard-ownership check (benchmarks/ownership.py)")
+    phases["ownership"] = ownership.run(args.quick, args.seed)
     result = build_result(args, phases)
     return finish(result, started, summary(result), args.json_out)
 

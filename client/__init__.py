@@ -2,8 +2,10 @@
 
 A client knows every shard's address (shard ``i`` is ``addresses[i]``), routes each id with
 :func:`embeddb.routing.shard_of`, deduplicates every batch once and talks to the shards in
-parallel over one gRPC channel each. Errors come back as :mod:`embeddb.errors` exceptions that
-name the shard. Usage::
+parallel over one gRPC channel each. Before its first call it asks every shard once which shard
+of how many it is (``DescribeShard``): a wrong address list raises ``ConfigError`` before
+anything is sent, and every request is sized to fit the shards' limits. Errors come back as
+:mod:`embeddb.errors` exceptions that name the shard. Usage::
 
     import numpy as np
     from embeddb.client import Client
@@ -21,8 +23,10 @@ name the shard. Usage::
 ``client.snapshot()`` takes a job checkpoint: one snapshot id on every shard.
 
 Modules: :mod:`~embeddb.client.sync` and :mod:`~embeddb.client.aio` (the two clients, I/O only),
-:mod:`~embeddb.client.plans` (what each method sends and how answers merge),
-:mod:`~embeddb.client.batching` (dedup, split, merge; pure numpy),
+:mod:`~embeddb.client.plans` (what each method sends and how answers merge; job checkpoints
+in :mod:`~embeddb.client.snapshots`), :mod:`~embeddb.client.topology` (the ``DescribeShard``
+check and the request budgets), :mod:`~embeddb.client.batching` (dedup, split, merge; pure
+numpy), :mod:`~embeddb.client.calls` (the plan and call types both clients execute),
 :mod:`~embeddb.client.options` (settings, retry policy, address file),
 :mod:`~embeddb.client.errors` (gRPC status → embeddb exception).
 """

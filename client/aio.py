@@ -3,7 +3,9 @@
 Built for the trainer's prefetching: a lookup for batch ``t + 1`` can be awaited while batch
 ``t`` trains. Fan-out to shards uses :func:`asyncio.gather` on ``grpc.aio`` channels. The
 channels are opened on first use, inside the running event loop, and belong to that loop: use
-one client within one loop (one ``asyncio.run``).
+one client within one loop (one ``asyncio.run``). Before the first call the shards are
+described once (``DescribeShard``), however many calls start together; see
+:class:`~embeddb.client.Client`.
 """
 
 from __future__ import annotations
@@ -24,8 +26,8 @@ import numpy.typing as npt
 import embeddb.allocator as allocator
 from embeddb.errors import UnavailableError
 
-from . import plans
-from .batching import IdBatch, as_matrix
+from . import plans, topology
+from .batching import Budget, IdBatch, as_matrix
 from .errors import translate_rpc_error
 from .options import ClientOptions, check_addresses, read_address_file
 from .plans import (
@@ -70,6 +72,7 @@ class AsyncClient:
         credentials: grpc.ChannelCredentials | None = None,
         token: str | None = None,
         tune_allocator: bool = True,
+        verify_topology: bool = True,
         channel_factory: Callable[[str], grpc.aio.Channel] | None = None,
     ) -> None:
         self.addresses = check_addresses(addresses)
@@ -85,6 +88,7 @@ class AsyncClient:
             credentials=credentials,
             token=token,
             tune_allocator=tune_allocator,
+            verify_topology=verify_topology,
         )
         if self.options.tune_allocator:
             allocator.tune_allocator()
@@ -94,6 +98,8 @@ class AsyncClient:
         self._rng = random.Random()
         self._dims: dict[str, int] = {}
         self._closed = False
+        self._describe_lock = asyncio.Lock()  # one DescribeShard round at a time
+        self._budgets: tuple[Budget, ...] | None = None  # per shard, once described
 
     @classmethod
     def from_address_file(cls, path: str | Path, **kwargs: Any) -> AsyncClient:
@@ -126,9 +132,11 @@ class AsyncClient:
     async def lookup(self, table: str, ids: object, train: bool = True) -> npt.NDArray[np.float32]:
         """See :meth:`Client.lookup`."""
         batch = IdBatch.of(ids)
+        dim = await self._dim(table)
         if batch.size == 0:
-            return np.zeros((0, await self._dim(table)), dtype=np.float32)
-        return await self._run(plans.lookup(table, batch, train, self.options, self.num_shards))
+            return np.zeros((0, dim), dtype=np.float32)
+        budgets = await self._shard_budgets()
+        return await self._run(plans.lookup(table, batch, dim, train, self.options, budgets))
 
     async def apply_gradients(self, table: str, ids: object, grads: object) -> UpdateResult:
         """See :meth:`Client.apply_gradients`. Never retried."""
@@ -137,8 +145,8 @@ class AsyncClient:
             as_matrix(grads, 0, "grads")
             await self._dim(table)
             return UpdateResult()
-        plan = plans.apply_gradients(table, batch, grads, self.options, self.num_shards)
-        return await self._run(plan)
+        budgets = await self._shard_budgets()
+        return await self._run(plans.apply_gradients(table, batch, grads, self.options, budgets))
 
     async def lookup_many(
         self, requests: Mapping[str, object], train: bool = True
@@ -146,8 +154,8 @@ class AsyncClient:
         """See :meth:`Client.lookup_many` (one call per shard for every table)."""
         batches = {table: IdBatch.of(ids) for table, ids in requests.items()}
         dims = await self._dims_of(list(batches))
-        plan = plans.lookup_many(batches, dims, train, self.options, self.num_shards)
-        return await self._run(plan)
+        budgets = await self._shard_budgets()
+        return await self._run(plans.lookup_many(batches, dims, train, self.options, budgets))
 
     async def apply_gradients_many(
         self, updates: Mapping[str, tuple[object, object]]
@@ -155,7 +163,8 @@ class AsyncClient:
         """See :meth:`Client.apply_gradients_many`. Never retried."""
         dims = await self._dims_of(list(updates))
         checked = plans.gradient_batches(updates, dims)
-        return await self._run(plans.apply_gradients_many(checked, self.options, self.num_shards))
+        budgets = await self._shard_budgets()
+        return await self._run(plans.apply_gradients_many(checked, self.options, budgets))
 
     async def assign(self, table: str, ids: object, vectors: object) -> int:
         """See :meth:`Client.assign`."""
@@ -164,7 +173,8 @@ class AsyncClient:
             as_matrix(vectors, 0, "vectors")
             await self._dim(table)
             return 0
-        return await self._run(plans.assign(table, batch, vectors, self.options, self.num_shards))
+        budgets = await self._shard_budgets()
+        return await self._run(plans.assign(table, batch, vectors, self.options, budgets))
 
     async def delete(self, table: str, ids: object) -> int:
         """See :meth:`Client.delete`."""
@@ -172,7 +182,8 @@ class AsyncClient:
         if batch.size == 0:
             await self._dim(table)
             return 0
-        return await self._run(plans.delete(table, batch, self.options, self.num_shards))
+        budgets = await self._shard_budgets()
+        return await self._run(plans.delete(table, batch, self.options, budgets))
 
     # ------------------------------------------------------------------ metadata
     async def list_tables(self) -> list[TableInfo]:
@@ -193,7 +204,9 @@ class AsyncClient:
 
     async def check_topology(self) -> None:
         """See :meth:`Client.check_topology`."""
-        plans.check_topology(await self.stats())
+        async with self._describe_lock:
+            self._budgets = None
+            self._budgets = await self._describe(verify=True)
 
     # ------------------------------------------------------------------ durability
     async def snapshot(
@@ -202,11 +215,8 @@ class AsyncClient:
         """See :meth:`Client.snapshot` (the job checkpoint; never retried)."""
         name = snapshot_id if snapshot_id is not None else plans.new_snapshot_id()
         plan = plans.snapshot(name, self.addresses, timeout)
-        if self._closed:
-            raise UnavailableError("the client is closed")
-        outcomes = await asyncio.gather(
-            *(self._call(c) for c in plan.calls), return_exceptions=True
-        )
+        await self._shard_budgets()
+        outcomes = await self._outcomes(plan.calls)
         error = plans.snapshot_error(name, self.addresses, outcomes)
         if error is not None:
             first = next(o for o in outcomes if isinstance(o, BaseException))
@@ -216,6 +226,22 @@ class AsyncClient:
     async def list_snapshots(self) -> list[list[SnapshotInfo]]:
         """See :meth:`Client.list_snapshots`."""
         return await self._run(plans.list_snapshots(self.addresses))
+
+    async def _shard_budgets(self) -> tuple[Budget, ...]:
+        """See :meth:`Client._shard_budgets`: concurrent first calls wait for one
+        ``DescribeShard`` round; a failure is not remembered."""
+        budgets = self._budgets
+        if budgets is not None:
+            return budgets
+        async with self._describe_lock:
+            if self._budgets is None:
+                self._budgets = await self._describe(self.options.verify_topology)
+            return self._budgets
+
+    async def _describe(self, verify: bool) -> tuple[Budget, ...]:
+        outcomes = await self._outcomes(topology.describe_calls(self.num_shards))
+        limits = topology.shard_limits(self.addresses, outcomes, verify)
+        return tuple(topology.budget(lim, self.options) for lim in limits)
 
     async def _dim(self, table: str) -> int:
         dim = self._dims.get(table)
@@ -253,16 +279,24 @@ class AsyncClient:
 
     # ------------------------------------------------------------------ execution
     async def _run(self, plan: Plan[T]) -> T:
+        """The plan's result, once every shard has been described."""
+        await self._shard_budgets()
         if self._closed:
             raise UnavailableError("the client is closed")
         if len(plan.calls) == 1:
             return plan.merge([await self._call(plan.calls[0])])
         # Every shard answers before anything is raised, so no call is left in flight.
-        results = await asyncio.gather(*(self._call(c) for c in plan.calls), return_exceptions=True)
+        results = await self._outcomes(plan.calls)
         for r in results:
             if isinstance(r, BaseException):
                 raise r
         return plan.merge(results)
+
+    async def _outcomes(self, calls: Sequence[ShardCall]) -> list[Any]:
+        """Every call's response or exception, in order (all calls run to completion)."""
+        if self._closed:
+            raise UnavailableError("the client is closed")
+        return list(await asyncio.gather(*(self._call(c) for c in calls), return_exceptions=True))
 
     async def _call(self, call: ShardCall) -> Any:
         """One call with a deadline, retrying UNAVAILABLE for idempotent calls."""

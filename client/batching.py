@@ -19,20 +19,32 @@ A batch without duplicates is its own ``unique`` list (same order), so its rows 
 unchanged; with one shard, a part covers the whole batch and its answer needs no scatter.
 Deduplication is a compiled hash pass (:mod:`._kernels`), linear in the batch size.
 
+Every request fits a :class:`Budget`, one per shard, made from that shard's limits (see
+:mod:`.topology`): at most so many ids, and at most so many bytes, where an id of a table costs
+that table's bytes per row (``dim * 4`` for float32 rows). :meth:`IdBatch.parts` cuts one table's
+ids into chunks of the most ids that fit.
+
 Several tables' batches travel together (``LookupMany``, ``ApplyGradientsMany``): each shard
 gets one request with every table's part for it (:func:`split_many`), cut into several requests
-only when the parts together exceed ``max_ids``. With ``max_ids = 4``, one shard, tables ``a``
+only when the parts together exceed the budget. With a budget of 4 ids, one shard, tables ``a``
 (3 unique ids) and ``b`` (3)::
 
     request 0   a rows [0, 1, 2] (whole), b rows [0]
     request 1   b rows [1, 2]
 
+and with a budget of 4 ids and 64 bytes, ``a`` of 16 bytes per id and ``b`` of 32::
+
+    request 0   a rows [0, 1, 2] (whole)     3 ids, 48 bytes: b's 32 no longer fit
+    request 1   b rows [0, 1]                2 ids, 64 bytes
+    request 2   b rows [2]
+
 A table appears at most once per request (a shard refuses a request naming a table twice).
+Requests are cut in whole chunks (numpy slices), never id by id.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -43,9 +55,43 @@ from embeddb.routing import as_ids, split_by_shard
 
 from . import _kernels
 
-__all__ = ["IdBatch", "Part", "as_matrix", "split_many"]
+__all__ = ["Budget", "IdBatch", "Part", "as_matrix", "split_many"]
 
 Rows = npt.NDArray[np.intp]
+
+
+@dataclass(frozen=True)
+class Budget:
+    """What one request to one shard may carry.
+
+    At most ``ids`` ids (every part of the request together), and for each ``i`` at most
+    ``bytes[i]`` bytes, where an id of a table with per-id ``cost`` takes ``cost[i]`` of them
+    (a cost is a tuple as long as ``bytes``; see :func:`~embeddb.client.topology.budget`).
+
+    Attributes:
+        ids: ids per request.
+        bytes: byte capacities per request, one per kind of bytes counted.
+    """
+
+    ids: int
+    bytes: tuple[int, ...] = ()
+
+    def max_ids(self, cost: Sequence[int] = ()) -> int:
+        """The most ids of one table, ``cost`` bytes each, that fit in an empty request.
+
+        At least 1: an id whose row alone exceeds the budget travels alone, and the shard
+        refuses it, naming its limit.
+        """
+        return max(1, _fit(self.ids, self.bytes, cost))
+
+
+def _fit(ids: int, room: Sequence[int], cost: Sequence[int]) -> int:
+    """How many ids of per-id ``cost`` fit in ``ids`` ids and ``room`` bytes (may be 0)."""
+    n = ids
+    for capacity, c in zip(room, cost, strict=True):
+        if c > 0:
+            n = min(n, capacity // c)
+    return max(n, 0)
 
 
 @dataclass(frozen=True)
@@ -98,22 +144,24 @@ class IdBatch:
     def has_duplicates(self) -> bool:
         return bool(self.unique.size != self.inverse.size)
 
-    def parts(self, num_shards: int, max_ids: int) -> list[Part]:
-        """Split the unique ids by shard in chunks of at most ``max_ids``; idle shards get none."""
+    def parts(self, num_shards: int, max_ids: int | Sequence[int]) -> list[Part]:
+        """Split the unique ids by shard in chunks of at most ``max_ids`` (one bound for every
+        shard, or one per shard); idle shards get none."""
         n = self.unique.size
         if n == 0:
             return []
+        limit = [max_ids] * num_shards if isinstance(max_ids, int) else list(max_ids)
         if num_shards == 1:
             rows = np.arange(n, dtype=np.intp)
-            if n <= max_ids:
+            if n <= limit[0]:
                 return [Part(0, rows, whole=True)]
-            return [Part(0, rows[start : start + max_ids]) for start in range(0, n, max_ids)]
+            return [Part(0, rows[start : start + limit[0]]) for start in range(0, n, limit[0])]
         order, bounds = split_by_shard(self.unique, num_shards)
         parts: list[Part] = []
-        for shard in range(num_shards):
+        for shard, step in enumerate(limit):
             rows = order[bounds[shard] : bounds[shard + 1]].astype(np.intp, copy=False)
             parts.extend(
-                Part(shard, rows[start : start + max_ids]) for start in range(0, rows.size, max_ids)
+                Part(shard, rows[start : start + step]) for start in range(0, rows.size, step)
             )
         return parts
 
@@ -149,35 +197,49 @@ class IdBatch:
 
 
 def split_many(
-    batches: Mapping[str, IdBatch], num_shards: int, max_ids: int
+    batches: Mapping[str, IdBatch],
+    budgets: Sequence[Budget],
+    costs: Mapping[str, Sequence[int]] | None = None,
 ) -> list[list[tuple[str, Part]]]:
-    """Requests for several tables' batches: each is ``(table, part)`` pairs for one shard, at
-    most ``max_ids`` ids in all, each table at most once (see the module docstring).
+    """Requests for several tables' batches: each is ``(table, part)`` pairs for one shard that
+    fit its budget together, each table at most once (see the module docstring).
 
-    Shards come in order, and within one shard the tables in ``batches`` order; shards without
-    ids get no request, tables without ids no part.
+    Args:
+        batches: table → its ids.
+        budgets: one per shard (``len(budgets)`` is the shard count).
+        costs: table → the bytes one of its ids takes, per entry of ``Budget.bytes``; a table
+            without one costs nothing but its id count.
+
+    Returns:
+        The requests, shards in order and within one shard the tables in ``batches`` order;
+        shards without ids get no request, tables without ids no part.
     """
+    num_shards = len(budgets)
     by_shard: list[list[tuple[str, Part]]] = [[] for _ in range(num_shards)]
     for table, batch in batches.items():
         for part in batch.parts(num_shards, max(batch.unique.size, 1)):  # one part per shard
             by_shard[part.shard].append((table, part))
     requests: list[list[tuple[str, Part]]] = []
     for shard, parts in enumerate(by_shard):
+        budget = budgets[shard]
         current: list[tuple[str, Part]] = []
-        room = max_ids
+        ids, room = budget.ids, list(budget.bytes)
         for table, part in parts:
+            cost = tuple(costs[table]) if costs and table in costs else (0,) * len(room)
             n = part.rows.size
             start = 0
             while start < n:
-                if room == 0:
+                take = min(n - start, _fit(ids, room, cost))
+                if take == 0 and current:  # full: start the next request
                     requests.append(current)
-                    current, room = [], max_ids
-                take = min(room, n - start)
-                current.append(
-                    (table, part if take == n else Part(shard, part.rows[start : start + take]))
-                )
+                    current, ids, room = [], budget.ids, list(budget.bytes)
+                    continue
+                take = max(take, 1)  # one id above the whole budget travels alone
+                piece = part if take == n else Part(shard, part.rows[start : start + take])
+                current.append((table, piece))
                 start += take
-                room -= take
+                ids -= take
+                room = [r - take * c for r, c in zip(room, cost, strict=True)]
         if current:
             requests.append(current)
     return requests

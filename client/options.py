@@ -37,13 +37,22 @@ class ClientOptions:
         lz4_min_bytes: LZ4-compress payloads (both directions) at least this large; 0 (the
             default) disables. Worth it on slow links with compressible data: embedding
             vectors barely compress (ratio 1.00 in benchmarks/rpc.py), sorted ids halve.
-        max_ids_per_message: unique ids per request; larger per-shard batches are split.
+        max_ids_per_message: unique ids per request; larger per-shard batches are split. A
+            request is also kept within each shard's own limits, which the client fetches once
+            (``DescribeShard``): its ``max_ids_per_request``, and rows of at most
+            ``max_response_bytes`` (see :mod:`embeddb.client.topology`).
         max_message_bytes: the channel's send and receive limit.
         credentials: TLS (or other) channel credentials; ``None`` for a plaintext channel.
         token: sent as ``authorization: Bearer <token>`` metadata on every call.
         tune_allocator: raise glibc's mmap and trim thresholds for this process, so the
             buffers of large answers are reused instead of page-faulted in on every call (see
             :mod:`embeddb.allocator`).
+        verify_topology: before its first call of any kind, the client asks every shard (once,
+            in parallel) which shard of how many it is and how it routes ids, and raises
+            ``ConfigError`` naming the address if shard ``i`` is not ``addresses[i]`` of
+            ``len(addresses)`` or routes another way, so nothing reaches a misconfigured
+            cluster. ``False`` skips the check (the shards still refuse ids they do not own);
+            the limits are fetched all the same.
     """
 
     timeout: float = 10.0
@@ -57,6 +66,7 @@ class ClientOptions:
     credentials: grpc.ChannelCredentials | None = None
     token: str | None = None
     tune_allocator: bool = True
+    verify_topology: bool = True
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.timeout) and self.timeout > 0):

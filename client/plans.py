@@ -3,24 +3,39 @@
 A :class:`Plan` is a list of :class:`ShardCall` (a request for one shard) plus a ``merge``
 function from their responses, in the same order, to the method's result. The sync and the
 async client build the same plans and differ only in how they execute the calls.
+
+Data plans take one :class:`~embeddb.client.batching.Budget` per shard (from the shards' limits,
+:func:`embeddb.client.topology.budget`) and split their ids so that every request fits it, each
+table's ids costing its rows' bytes (:mod:`embeddb.client.topology`). Job checkpoints are
+planned in :mod:`.snapshots`, the ``DescribeShard`` check in :mod:`.topology`; their names are
+re-exported here.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, TypedDict, TypeVar
+from typing import Any, TypedDict, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
 import embeddb.wire as wire
-from embeddb.errors import ConfigError, EmbeddbError, InvalidArgumentError, TableNotFoundError
+from embeddb.errors import InvalidArgumentError, TableNotFoundError
 from embeddb.v1 import embeddb_pb2 as pb
 
-from .batching import IdBatch, Part, as_matrix, split_many
+from .batching import Budget, IdBatch, Part, as_matrix, split_many
+from .calls import Plan, ShardCall
 from .options import ClientOptions
+from .snapshots import (
+    SnapshotInfo,
+    SnapshotResult,
+    list_snapshots,
+    new_snapshot_id,
+    snapshot,
+    snapshot_error,
+)
+from .topology import ID_COST, lookup_cost, push_cost
 
 __all__ = [
     "Plan",
@@ -33,7 +48,6 @@ __all__ = [
     "apply_gradients",
     "apply_gradients_many",
     "assign",
-    "check_topology",
     "delete",
     "describe_table",
     "dims_of",
@@ -108,67 +122,18 @@ class ShardStats(TypedDict):
     tables: dict[str, dict[str, int]]
 
 
-@dataclass(frozen=True)
-class SnapshotResult:
-    """One shard's part of a job checkpoint (:meth:`Client.snapshot`).
-
-    Attributes:
-        shard, address: which shard.
-        snapshot_id: the id (the same on every shard).
-        seq: the shard's seq the snapshot holds exactly.
-        bytes: total size of its files.
-        pause_ms: how long the shard's mutations paused while it was captured.
-        seconds: the whole call on the shard.
-    """
-
-    shard: int
-    address: str
-    snapshot_id: str
-    seq: int
-    bytes: int
-    pause_ms: float
-    seconds: float
-
-
-@dataclass(frozen=True)
-class SnapshotInfo:
-    """A complete snapshot kept by a shard (:meth:`Client.list_snapshots`); ``created`` is a
-    UNIX time."""
-
-    snapshot_id: str
-    seq: int
-    bytes: int
-    created: float
-
-
-@dataclass(frozen=True)
-class ShardCall:
-    """One request for one shard. Only idempotent calls may be retried. ``timeout`` replaces
-    the client's for this call."""
-
-    shard: int
-    method: str
-    request: Any
-    idempotent: bool
-    timeout: float | None = None
-
-
-@dataclass(frozen=True)
-class Plan(Generic[T]):
-    """Calls to make (in any order, or in parallel) and how to merge their responses."""
-
-    calls: list[ShardCall]
-    merge: Callable[[list[Any]], T]
-
-
 def lookup(
-    table: str, batch: IdBatch, train: bool, options: ClientOptions, num_shards: int
+    table: str,
+    batch: IdBatch,
+    dim: int,
+    train: bool,
+    options: ClientOptions,
+    budgets: Sequence[Budget],
 ) -> Plan[npt.NDArray[np.float32]]:
-    """Each shard gets its unique ids; vectors come back in the caller's order.
-
-    ``batch`` must not be empty (the width of an empty answer comes from ``DescribeTable``).
-    """
-    parts = batch.parts(num_shards, options.max_ids_per_message)
+    """Each shard gets its unique ids, in requests whose answers fit its budget; vectors of
+    ``dim`` come back in the caller's order. ``batch`` must not be empty."""
+    cost = lookup_cost(dim, options.fp16)
+    parts = batch.parts(len(budgets), [b.max_ids(cost) for b in budgets])
     encoding = pb.Encoding(fp16=options.fp16, lz4_min_bytes=options.lz4_min_bytes)
     calls = [
         ShardCall(
@@ -187,30 +152,26 @@ def lookup(
 
     def merge(responses: list[Any]) -> npt.NDArray[np.float32]:
         if len(parts) == 1 and parts[0].whole:  # one request in unique order: no scatter
-            vectors = wire.decode_matrix(responses[0].vectors, "vectors", batch.unique.size)
+            vectors = wire.decode_matrix(responses[0].vectors, "vectors", batch.unique.size, dim)
             # float32 answers are read-only views of the message; fp16 ones are fresh arrays
             owned = vectors if vectors.flags.writeable else vectors.copy()
             return batch.expand(owned)
-        out: npt.NDArray[np.float32] | None = None
+        out = np.empty((batch.unique.size, dim), dtype=np.float32)
         for part, response in zip(parts, responses, strict=True):
-            dim = None if out is None else out.shape[1]
-            vectors = wire.decode_matrix(response.vectors, "vectors", part.rows.size, dim)
-            if out is None:
-                out = np.empty((batch.unique.size, vectors.shape[1]), dtype=np.float32)
-            out[part.rows] = vectors
-        if out is None:
-            raise ValueError("lookup plan of an empty batch")  # the clients never build one
+            out[part.rows] = wire.decode_matrix(response.vectors, "vectors", part.rows.size, dim)
         return batch.expand(out)
 
     return Plan(calls, merge)
 
 
 def apply_gradients(
-    table: str, batch: IdBatch, grads: object, options: ClientOptions, num_shards: int
+    table: str, batch: IdBatch, grads: object, options: ClientOptions, budgets: Sequence[Budget]
 ) -> Plan[UpdateResult]:
-    """Gradients of duplicate ids are summed here, so each shard gets one row per id."""
+    """Gradients of duplicate ids are summed here, so each shard gets one row per id, in
+    requests whose gradient matrices fit its budget."""
     summed = batch.sum_rows(as_matrix(grads, batch.size, "grads"))
-    parts = batch.parts(num_shards, options.max_ids_per_message)
+    cost = push_cost(summed.shape[1], options.fp16)
+    parts = batch.parts(len(budgets), [b.max_ids(cost) for b in budgets])
     calls = [
         ShardCall(
             part.shard,
@@ -275,11 +236,13 @@ def lookup_many(
     dims: Mapping[str, int],
     train: bool,
     options: ClientOptions,
-    num_shards: int,
+    budgets: Sequence[Budget],
 ) -> Plan[dict[str, F32]]:
-    """One ``LookupMany`` per shard with every table's ids for it (more only past
-    ``max_ids_per_message`` ids); each table's vectors come back in the caller's order."""
-    requests = split_many(batches, num_shards, options.max_ids_per_message)
+    """One ``LookupMany`` per shard with every table's ids for it (more only when the parts'
+    ids or answer rows together exceed the shard's budget, each table's rows of its own dim);
+    each table's vectors come back in the caller's order."""
+    costs = {table: lookup_cost(dims[table], options.fp16) for table in batches}
+    requests = split_many(batches, budgets, costs)
     encoding = pb.Encoding(fp16=options.fp16, lz4_min_bytes=options.lz4_min_bytes)
     calls = [
         ShardCall(
@@ -328,12 +291,16 @@ def lookup_many(
 
 
 def apply_gradients_many(
-    updates: Mapping[str, tuple[IdBatch, F32]], options: ClientOptions, num_shards: int
+    updates: Mapping[str, tuple[IdBatch, F32]], options: ClientOptions, budgets: Sequence[Budget]
 ) -> Plan[dict[str, UpdateResult]]:
-    """One ``ApplyGradientsMany`` per shard with every table's rows for it (more only past
-    ``max_ids_per_message`` ids). ``updates`` comes from :func:`gradient_batches`."""
+    """One ``ApplyGradientsMany`` per shard with every table's rows for it (more only past the
+    shard's budget, as in :func:`lookup_many`). ``updates`` comes from
+    :func:`gradient_batches`."""
     batches = {table: batch for table, (batch, _) in updates.items()}
-    requests = split_many(batches, num_shards, options.max_ids_per_message)
+    costs = {
+        table: push_cost(grads.shape[1], options.fp16) for table, (_, grads) in updates.items()
+    }
+    requests = split_many(batches, budgets, costs)
     calls = [
         ShardCall(
             pieces[0][1].shard,
@@ -380,11 +347,13 @@ def _results(response: Any, pieces: list[tuple[str, Part]], method: str) -> Any:
 
 
 def assign(
-    table: str, batch: IdBatch, vectors: object, options: ClientOptions, num_shards: int
+    table: str, batch: IdBatch, vectors: object, options: ClientOptions, budgets: Sequence[Budget]
 ) -> Plan[int]:
-    """For duplicate ids the last vector wins (as on the shard). Vectors travel as float32."""
+    """For duplicate ids the last vector wins (as on the shard). Vectors travel as float32, in
+    requests whose matrices fit the shard's budget."""
     last = batch.last_rows(as_matrix(vectors, batch.size, "vectors"))
-    parts = batch.parts(num_shards, options.max_ids_per_message)
+    cost = push_cost(last.shape[1], fp16=False)
+    parts = batch.parts(len(budgets), [b.max_ids(cost) for b in budgets])
     calls = [
         ShardCall(
             part.shard,
@@ -403,7 +372,9 @@ def assign(
     return Plan(calls, lambda responses: sum(int(r.written) for r in responses))
 
 
-def delete(table: str, batch: IdBatch, options: ClientOptions, num_shards: int) -> Plan[int]:
+def delete(
+    table: str, batch: IdBatch, options: ClientOptions, budgets: Sequence[Budget]
+) -> Plan[int]:
     """Each shard deletes its ids; the result is how many existed."""
     calls = [
         ShardCall(
@@ -414,7 +385,7 @@ def delete(table: str, batch: IdBatch, options: ClientOptions, num_shards: int) 
             ),
             idempotent=True,
         )
-        for part in batch.parts(num_shards, options.max_ids_per_message)
+        for part in batch.parts(len(budgets), [b.max_ids(ID_COST) for b in budgets])
     ]
     return Plan(calls, lambda responses: sum(int(r.deleted) for r in responses))
 
@@ -460,106 +431,3 @@ def stats(addresses: Sequence[str]) -> Plan[list[ShardStats]]:
         ]
 
     return Plan(calls, merge)
-
-
-def new_snapshot_id() -> str:
-    """A job checkpoint id from the UTC time, e.g. ``job-20260314T092653.120Z``."""
-    now = time.time()
-    return time.strftime("job-%Y%m%dT%H%M%S", time.gmtime(now)) + f".{int(now % 1 * 1000):03d}Z"
-
-
-def snapshot(
-    snapshot_id: str, addresses: Sequence[str], timeout: float
-) -> Plan[list[SnapshotResult]]:
-    """Every shard snapshots under ``snapshot_id``; never retried (see :meth:`Client.snapshot`)."""
-    calls = [
-        ShardCall(
-            k,
-            "Snapshot",
-            pb.SnapshotRequest(snapshot_id=snapshot_id),
-            idempotent=False,
-            timeout=timeout,
-        )
-        for k in range(len(addresses))
-    ]
-
-    def merge(responses: list[Any]) -> list[SnapshotResult]:
-        return [
-            SnapshotResult(
-                shard=k,
-                address=address,
-                snapshot_id=r.snapshot_id,
-                seq=int(r.seq),
-                bytes=int(r.bytes),
-                pause_ms=float(r.pause_ms),
-                seconds=float(r.seconds),
-            )
-            for k, (address, r) in enumerate(zip(addresses, responses, strict=True))
-        ]
-
-    return Plan(calls, merge)
-
-
-def snapshot_error(
-    snapshot_id: str, addresses: Sequence[str], outcomes: Sequence[object]
-) -> EmbeddbError | None:
-    """The error to raise for a job checkpoint whose shards answered ``outcomes`` (responses or
-    exceptions, in shard order): the first failure's type, naming every failed shard and the
-    shards whose snapshots were taken (they remain). None when every shard succeeded."""
-    failed = [(k, o) for k, o in enumerate(outcomes) if isinstance(o, BaseException)]
-    if not failed:
-        return None
-    taken = [str(k) for k, o in enumerate(outcomes) if not isinstance(o, BaseException)]
-    reasons = "; ".join(str(o) for _, o in failed)
-    kept = (
-        f"shards {', '.join(taken)} took snapshot {snapshot_id!r} and keep it"
-        if taken
-        else "no shard took it"
-    )
-    message = (
-        f"checkpoint {snapshot_id!r} failed on shard(s) "
-        f"{', '.join(f'{k} ({addresses[k]})' for k, _ in failed)}: {reasons}. {kept}; "
-        f"take a new checkpoint under another id"
-    )
-    first = failed[0][1]
-    cls = type(first) if isinstance(first, EmbeddbError) else EmbeddbError
-    try:
-        return cls(message)
-    except TypeError:  # an error class with another constructor
-        return EmbeddbError(message)
-
-
-def list_snapshots(addresses: Sequence[str]) -> Plan[list[list[SnapshotInfo]]]:
-    """Every shard's complete snapshots (oldest first), in shard order."""
-    calls = [
-        ShardCall(k, "ListSnapshots", pb.ListSnapshotsRequest(), idempotent=True)
-        for k in range(len(addresses))
-    ]
-
-    def merge(responses: list[Any]) -> list[list[SnapshotInfo]]:
-        return [
-            [
-                SnapshotInfo(s.snapshot_id, int(s.seq), int(s.bytes), float(s.created))
-                for s in r.snapshots
-            ]
-            for r in responses
-        ]
-
-    return Plan(calls, merge)
-
-
-def check_topology(shards: list[ShardStats]) -> None:
-    """Check that shard ``i`` of the client's address list calls itself shard ``i`` of ``n``.
-
-    Raises:
-        ConfigError: a shard reports another index or shard count (a misordered or incomplete
-            address list would silently send ids to shards that do not own them).
-    """
-    n = len(shards)
-    for i, s in enumerate(shards):
-        if (s["shard_index"], s["num_shards"]) != (i, n):
-            raise ConfigError(
-                f"addresses[{i}]",
-                f"{s['address']} serves shard {s['shard_index']} of {s['num_shards']}, "
-                f"but the client lists it as shard {i} of {n}",
-            )

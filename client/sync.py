@@ -1,4 +1,9 @@
-"""The blocking client: one gRPC channel per shard, parallel fan-out on a thread pool."""
+"""The blocking client: one gRPC channel per shard, parallel fan-out on a thread pool.
+
+Before its first call the client asks every shard to describe itself (``DescribeShard``, once,
+in parallel; :mod:`.topology`): it checks the address list against what the shards serve and
+sizes every later request from their limits.
+"""
 
 from __future__ import annotations
 
@@ -19,8 +24,8 @@ import numpy.typing as npt
 import embeddb.allocator as allocator
 from embeddb.errors import UnavailableError
 
-from . import plans
-from .batching import IdBatch, as_matrix
+from . import plans, topology
+from .batching import Budget, IdBatch, as_matrix
 from .errors import translate_rpc_error
 from .options import ClientOptions, check_addresses, read_address_file
 from .plans import (
@@ -45,8 +50,13 @@ class Client:
     """A blocking client of a sharded embeddb cluster; safe to share between threads.
 
     Ids are routed with :func:`embeddb.routing.shard_of`: shard ``i`` is ``addresses[i]``.
-    Every method deduplicates its ids once, sends each shard only its own ids (in requests of
-    at most ``max_ids_per_message``) in parallel, and answers in the caller's order.
+    Before its first call of any kind the client checks that (``verify_topology``): every shard
+    is asked, once and in parallel, which shard of how many it is, how it routes and what it
+    accepts, and a wrong address list raises ``ConfigError`` before anything else is sent.
+    Every method deduplicates its ids once, sends each shard only its own ids in parallel, in
+    requests that fit the shard's limits (at most ``max_ids_per_message`` ids and the shard's
+    ``max_ids_per_request``, and rows within its ``max_response_bytes``), and answers in the
+    caller's order.
 
     A call that fails on one shard raises after all its shards have answered; mutations on the
     other shards stay applied (there is no cross-shard transaction).
@@ -54,7 +64,7 @@ class Client:
     Args:
         addresses: ``host:port`` of each shard, in shard order.
         timeout, retries, backoff, max_backoff, fp16, lz4_min_bytes, max_ids_per_message,
-        max_message_bytes, credentials, token, tune_allocator: see
+        max_message_bytes, credentials, token, tune_allocator, verify_topology: see
             :class:`~embeddb.client.ClientOptions`.
         channel_factory: builds the channel of an address instead of the default
             (``grpc.secure_channel`` with ``credentials`` or ``grpc.insecure_channel``), e.g. to
@@ -79,6 +89,7 @@ class Client:
         credentials: grpc.ChannelCredentials | None = None,
         token: str | None = None,
         tune_allocator: bool = True,
+        verify_topology: bool = True,
         channel_factory: Callable[[str], grpc.Channel] | None = None,
     ) -> None:
         self.addresses = check_addresses(addresses)
@@ -94,6 +105,7 @@ class Client:
             credentials=credentials,
             token=token,
             tune_allocator=tune_allocator,
+            verify_topology=verify_topology,
         )
         if self.options.tune_allocator:
             allocator.tune_allocator()
@@ -108,6 +120,8 @@ class Client:
         self._lock = threading.Lock()  # guards _rng, _dims and _closed
         self._dims: dict[str, int] = {}
         self._closed = False
+        self._describe_lock = threading.Lock()  # one DescribeShard round at a time
+        self._budgets: tuple[Budget, ...] | None = None  # per shard, once described
 
     @classmethod
     def from_address_file(cls, path: str | Path, **kwargs: Any) -> Client:
@@ -146,9 +160,11 @@ class Client:
             rest of :mod:`embeddb.errors`, naming the shard that failed.
         """
         batch = IdBatch.of(ids)
+        dim = self._dim(table)
         if batch.size == 0:
-            return np.zeros((0, self._dim(table)), dtype=np.float32)
-        return self._run(plans.lookup(table, batch, train, self.options, self.num_shards))
+            return np.zeros((0, dim), dtype=np.float32)
+        plan = plans.lookup(table, batch, dim, train, self.options, self._shard_budgets())
+        return self._run(plan)
 
     def apply_gradients(self, table: str, ids: object, grads: object) -> UpdateResult:
         """Push gradients ``(len(ids), dim)``; the shards' optimizers apply them. Never retried.
@@ -161,7 +177,8 @@ class Client:
             as_matrix(grads, 0, "grads")
             self._dim(table)
             return UpdateResult()
-        return self._run(plans.apply_gradients(table, batch, grads, self.options, self.num_shards))
+        budgets = self._shard_budgets()
+        return self._run(plans.apply_gradients(table, batch, grads, self.options, budgets))
 
     def lookup_many(
         self, requests: Mapping[str, object], train: bool = True
@@ -169,8 +186,9 @@ class Client:
         """:meth:`lookup` of several tables in one call per shard.
 
         Each table's ids are deduplicated once; every shard with ids gets one ``LookupMany``
-        holding every table's part for it (split only past ``max_ids_per_message`` ids), the
-        shards in parallel. The answer equals calling :meth:`lookup` per table.
+        holding every table's part for it (split only where the parts together would exceed
+        the shard's limits), the shards in parallel. The answer equals calling :meth:`lookup`
+        per table.
 
         Args:
             requests: table → 1-D non-negative integer ids.
@@ -188,7 +206,8 @@ class Client:
         """
         batches = {table: IdBatch.of(ids) for table, ids in requests.items()}
         dims = self._dims_of(list(batches))
-        return self._run(plans.lookup_many(batches, dims, train, self.options, self.num_shards))
+        budgets = self._shard_budgets()
+        return self._run(plans.lookup_many(batches, dims, train, self.options, budgets))
 
     def apply_gradients_many(
         self, updates: Mapping[str, tuple[object, object]]
@@ -210,7 +229,8 @@ class Client:
         """
         dims = self._dims_of(list(updates))
         checked = plans.gradient_batches(updates, dims)
-        return self._run(plans.apply_gradients_many(checked, self.options, self.num_shards))
+        budgets = self._shard_budgets()
+        return self._run(plans.apply_gradients_many(checked, self.options, budgets))
 
     def assign(self, table: str, ids: object, vectors: object) -> int:
         """Set the vectors of ``ids`` (last duplicate wins). Returns distinct ids written."""
@@ -219,7 +239,8 @@ class Client:
             as_matrix(vectors, 0, "vectors")
             self._dim(table)
             return 0
-        return self._run(plans.assign(table, batch, vectors, self.options, self.num_shards))
+        budgets = self._shard_budgets()
+        return self._run(plans.assign(table, batch, vectors, self.options, budgets))
 
     def delete(self, table: str, ids: object) -> int:
         """Remove ``ids`` from every tier. Returns how many of them existed."""
@@ -227,7 +248,7 @@ class Client:
         if batch.size == 0:
             self._dim(table)
             return 0
-        return self._run(plans.delete(table, batch, self.options, self.num_shards))
+        return self._run(plans.delete(table, batch, self.options, self._shard_budgets()))
 
     # ------------------------------------------------------------------ metadata
     def list_tables(self) -> list[TableInfo]:
@@ -249,12 +270,17 @@ class Client:
         return self._run(plans.stats(self.addresses))
 
     def check_topology(self) -> None:
-        """Ask every shard for its index and shard count and compare with the address list.
+        """Ask every shard now (``DescribeShard``, in parallel) which shard of how many it is and
+        how it routes ids, and compare with the address list; also refreshes the limits the
+        client sizes requests by. Checks even with ``verify_topology=False``.
 
         Raises:
-            ConfigError: a shard is listed at the wrong position or the count differs.
+            ConfigError: naming the first address that serves another shard, another shard
+                count (an incomplete list, or a cluster of another size) or another routing.
         """
-        plans.check_topology(self.stats())
+        with self._describe_lock:
+            self._budgets = None
+            self._budgets = self._describe(verify=True)
 
     # ------------------------------------------------------------------ durability
     def snapshot(
@@ -298,6 +324,23 @@ class Client:
         """Every shard's complete snapshots (oldest first), in shard order."""
         return self._run(plans.list_snapshots(self.addresses))
 
+    def _shard_budgets(self) -> tuple[Budget, ...]:
+        """What one request to each shard may carry; on first use, every shard is described
+        (and checked, with ``verify_topology``). A failure is not remembered: the next call
+        asks again."""
+        budgets = self._budgets
+        if budgets is not None:
+            return budgets
+        with self._describe_lock:  # concurrent first calls wait for one DescribeShard round
+            if self._budgets is None:
+                self._budgets = self._describe(self.options.verify_topology)
+            return self._budgets
+
+    def _describe(self, verify: bool) -> tuple[Budget, ...]:
+        outcomes = self._outcomes(topology.describe_calls(self.num_shards))
+        limits = topology.shard_limits(self.addresses, outcomes, verify)
+        return tuple(topology.budget(lim, self.options) for lim in limits)
+
     def _dim(self, table: str) -> int:
         with self._lock:
             dim = self._dims.get(table)
@@ -339,6 +382,9 @@ class Client:
 
     # ------------------------------------------------------------------ execution
     def _run(self, plan: Plan[T]) -> T:
+        """The plan's result, once every shard has been described; the first failure raises
+        after every call has finished, so none is left in flight."""
+        self._shard_budgets()
         if self._closed:
             raise UnavailableError("the client is closed")
         calls = plan.calls
@@ -353,18 +399,23 @@ class Client:
         return plan.merge([f.result() for f in futures])
 
     def _run_each(self, plan: Plan[T]) -> list[Any]:
+        """Every call's response or exception, in order, once every shard has been described."""
+        self._shard_budgets()
+        return self._outcomes(plan.calls)
+
+    def _outcomes(self, calls: Sequence[ShardCall]) -> list[Any]:
         """Every call's response or exception, in order (all calls run to completion)."""
         if self._closed:
             raise UnavailableError("the client is closed")
         if self._pool is None:
             outcomes: list[Any] = []
-            for c in plan.calls:
+            for c in calls:
                 try:
                     outcomes.append(self._call(c))
                 except Exception as exc:
                     outcomes.append(exc)
             return outcomes
-        futures = [self._pool.submit(self._call, c) for c in plan.calls]
+        futures = [self._pool.submit(self._call, c) for c in calls]
         wait_all(futures)
         return [f.exception() or f.result() for f in futures]
 

@@ -12,6 +12,10 @@ come from the heap, and freed memory at the top of the heap is returned to the k
 beyond ``trim_threshold``. The cost is that much memory kept by an idle process. The server
 applies it at start (``ServerConfig.tune_allocator``), and so does the client
 (``tune_allocator=True``); both can opt out. Elsewhere than glibc it does nothing.
+
+The memory kept is bounded: a server hands what a burst of large calls left behind back to the
+kernel once the burst is over (:class:`Trimmer`), so its resident size returns to about its
+level before the burst.
 """
 
 from __future__ import annotations
@@ -20,8 +24,10 @@ import ctypes
 import logging
 import platform
 import threading
+import time
+from typing import Any
 
-__all__ = ["DEFAULT_MMAP_THRESHOLD", "DEFAULT_TRIM_THRESHOLD", "tune_allocator"]
+__all__ = ["DEFAULT_MMAP_THRESHOLD", "DEFAULT_TRIM_THRESHOLD", "Trimmer", "tune_allocator"]
 
 log = logging.getLogger(__name__)
 
@@ -80,3 +86,85 @@ def tune_allocator(
 def applied() -> tuple[int, int] | None:
     """The ``(mmap_threshold, trim_threshold)`` in effect, or ``None`` if never tuned."""
     return _applied
+
+
+class Trimmer:
+    """Hands the memory of a burst of large calls back to the kernel once the burst is over.
+
+    With :func:`tune_allocator`'s thresholds, glibc keeps freed heap memory for reuse (that is
+    their point); after a burst of large requests (several concurrent lookups of tens of MiB)
+    a server would keep the peak resident for good. :meth:`note` records each call's size;
+    a background thread calls ``malloc_trim(0)`` — which returns every free page of every
+    arena — once no call of at least ``min_bytes`` has been noted for ``quiet_s`` seconds.
+    Steady traffic of small calls never triggers it; a trim takes milliseconds and runs off
+    the request path. Elsewhere than glibc it does nothing.
+
+    Args:
+        min_bytes: calls smaller than this are not part of a burst.
+        quiet_s: seconds without a large call before trimming.
+    """
+
+    def __init__(self, min_bytes: int = 8 << 20, quiet_s: float = 2.0) -> None:
+        self.min_bytes = min_bytes
+        self.quiet_s = quiet_s
+        self.trims = 0
+        self._last = 0.0
+        self._pending = False
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._trim = _malloc_trim()
+        self._thread: threading.Thread | None = None
+
+    def note(self, nbytes: int) -> None:
+        """Record a call that allocated about ``nbytes`` (cheap; called per request)."""
+        if nbytes < self.min_bytes or self._trim is None:
+            return
+        with self._lock:
+            self._last = time.monotonic()
+            self._pending = True
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="embeddb-malloc-trim", daemon=True
+                )
+                self._thread.start()
+        self._wake.set()
+
+    def close(self) -> None:
+        """Stop the background thread. Idempotent."""
+        self._stop.set()
+        self._wake.set()
+        thread = self._thread
+        if thread is not None:
+            thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait()
+            self._wake.clear()
+            while not self._stop.is_set():
+                with self._lock:
+                    left = self._last + self.quiet_s - time.monotonic()
+                    due = self._pending and left <= 0
+                    if due:
+                        self._pending = False
+                if due:
+                    assert self._trim is not None
+                    self._trim(0)
+                    self.trims += 1
+                    break
+                if self._stop.wait(max(left, 0.01)):
+                    return
+
+
+def _malloc_trim() -> Any:
+    """glibc's ``malloc_trim``, or None elsewhere."""
+    if platform.libc_ver()[0] != "glibc":
+        return None
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):  # pragma: no cover - glibc always has it
+        return None
+    trim.argtypes = [ctypes.c_size_t]
+    trim.restype = ctypes.c_int
+    return trim

@@ -27,6 +27,7 @@ import click
 from embeddb import __version__
 from embeddb.config import EmbeddingConfig, StoreConfig
 from embeddb.errors import EmbeddbError
+from embeddb.secrets import read_token_file
 from embeddb.server.app import ServerConfig
 from embeddb.server.auth import Tokens
 
@@ -55,23 +56,13 @@ def _read_bytes(path: Path | None) -> bytes | None:
 
 
 def _read_token(path: Path | None) -> str | None:
-    """The bearer token in ``path``: its first line holding the token alone, or ``rw TOKEN`` /
-    ``ro TOKEN`` (so a server's tokens file works too); ``#`` starts a comment."""
+    """The bearer token of a client token file (``embeddb.secrets.read_token_file``)."""
     if path is None:
         return None
-    text = (_read_bytes(path) or b"").decode("utf-8", "replace")
-    for line in text.splitlines():
-        fields = line.split("#", 1)[0].split()
-        if len(fields) == 1:
-            return fields[0]
-        if len(fields) == 2 and fields[0] in ("rw", "ro"):
-            return fields[1]
-        if fields:
-            break
-    raise click.ClickException(
-        f"{path}: expected a token alone on its first line, or 'rw TOKEN' / 'ro TOKEN' (the "
-        f"line is not shown: it may hold a token)"
-    )
+    try:
+        return read_token_file(path)
+    except EmbeddbError as exc:
+        raise click.ClickException(str(exc)) from exc
 
 
 def _channel_credentials(ca: Path | None) -> Any:
@@ -258,6 +249,11 @@ def train(job: Path, predict: int) -> None:
     help="Serve Prometheus metrics at http://HOST:PORT/metrics (0: any free port).",
 )
 @click.option(
+    "--metrics-host",
+    metavar="ADDRESS",
+    help="Address the metrics endpoint binds (default: --host); it has no TLS or tokens.",
+)
+@click.option(
     "--tls-cert",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     help="PEM certificate chain; with --tls-key the port serves TLS only.",
@@ -270,12 +266,13 @@ def train(job: Path, predict: int) -> None:
 @click.option(
     "--tokens-file",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    help="Require bearer tokens: lines 'rw TOKEN' or 'ro TOKEN'.",
+    help="Require bearer tokens: lines 'rw TOKEN', 'ro TOKEN' or 'replica TOKEN' (followers); "
+    "the file must be private (chmod 600).",
 )
 @click.option(
     "--tokens-from-env",
     is_flag=True,
-    help="Require bearer tokens from EMBEDDB_RW_TOKEN / EMBEDDB_RO_TOKEN.",
+    help="Require bearer tokens from EMBEDDB_RW_TOKEN / EMBEDDB_RO_TOKEN / EMBEDDB_REPLICA_TOKEN.",
 )
 @click.option("--log-level", type=_LOG_LEVELS, help="Log level (default: info).")
 @click.option(
@@ -284,6 +281,36 @@ def train(job: Path, predict: int) -> None:
     default=ServerConfig().max_message_bytes >> 20,
     show_default=True,
     help="Largest request or response, in MiB.",
+)
+@click.option(
+    "--max-response-mb",
+    type=click.IntRange(min=1),
+    default=ServerConfig().max_response_bytes >> 20,
+    show_default=True,
+    help="Largest answer (ids x dim x 4 bytes, computed before any work) and the most an "
+    "LZ4-compressed request tensor may decompress to, in MiB; more is RESOURCE_EXHAUSTED.",
+)
+@click.option(
+    "--max-streams",
+    type=click.IntRange(min=1),
+    default=ServerConfig().max_streams,
+    show_default=True,
+    help="Subscribe/FetchSnapshot streams served at once, per token role.",
+)
+@click.option(
+    "--stream-idle-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=ServerConfig().stream_idle_timeout,
+    show_default=True,
+    help="Seconds a Subscribe/FetchSnapshot caller may leave a message unread before the "
+    "stream is dropped.",
+)
+@click.option(
+    "--max-idle",
+    type=click.FloatRange(min=0, min_open=True),
+    default=ServerConfig().max_idle_s,
+    show_default=True,
+    help="Seconds a connection without calls stays open (clients reconnect on their next call).",
 )
 @click.option(
     "--workers", type=click.IntRange(min=1), default=ServerConfig().workers, show_default=True
@@ -308,6 +335,12 @@ def train(job: Path, predict: int) -> None:
     "from the next older one instead of refusing to start.",
 )
 @click.option(
+    "--cut-corrupt-log-tail",
+    is_flag=True,
+    help="Cut a corrupt update log tail (losing its records; saved in DATA_DIR/log-cuts/) "
+    "instead of refusing to start.",
+)
+@click.option(
     "--follow",
     metavar="HOST:PORT",
     help="Serve a read-only follower of the primary shard at HOST:PORT (bootstrapped from its "
@@ -317,7 +350,8 @@ def train(job: Path, predict: int) -> None:
 @click.option(
     "--primary-token-file",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    help="With --follow: file holding the bearer token for the primary (read-only is enough).",
+    help="With --follow: file holding the bearer token for the primary: a replica token "
+    "(private file, chmod 600).",
 )
 @click.option(
     "--primary-tls-ca",
@@ -345,16 +379,22 @@ def serve(
     port: int | None,
     port_file: Path | None,
     metrics_port: int | None,
+    metrics_host: str | None,
     tls_cert: Path | None,
     tls_key: Path | None,
     tokens_file: Path | None,
     tokens_from_env: bool,
     log_level: str | None,
     max_message_mb: int,
+    max_response_mb: int,
+    max_streams: int,
+    stream_idle_timeout: float,
+    max_idle: float,
     workers: int,
     grace: float,
     restore: str | None,
     fallback_snapshot: bool,
+    cut_corrupt_log_tail: bool,
     follow: str | None,
     primary_token_file: Path | None,
     primary_tls_ca: Path | None,
@@ -389,6 +429,8 @@ def serve(
         raise click.UsageError("the --primary-* options need --follow")
     if ephemeral and restore is not None:
         raise click.UsageError("--restore needs a data directory, not --ephemeral")
+    if metrics_host is not None and metrics_port is None:
+        raise click.UsageError("--metrics-host needs --metrics-port")
     if follow is not None and ctx.get_parameter_source("data_dir") is not (
         click.core.ParameterSource.COMMANDLINE
     ):
@@ -408,11 +450,16 @@ def serve(
             shard_index=shard_index,
             num_shards=num_shards,
             max_message_bytes=max_message_mb << 20,
+            max_response_bytes=max_response_mb << 20,
+            max_streams=max_streams,
+            stream_idle_timeout=stream_idle_timeout,
+            max_idle_s=max_idle,
             workers=workers,
             tls_cert=_read_bytes(tls_cert),
             tls_key=_read_bytes(tls_key),
             tokens=tokens,
             metrics_port=metrics_port,
+            metrics_host=metrics_host,
         )
         following = (
             None
@@ -431,6 +478,7 @@ def serve(
             parent_pid=parent_pid,
             restore=restore,
             fallback=fallback_snapshot,
+            cut_corrupt_log_tail=cut_corrupt_log_tail,
             follow=following,
         )
         code = run_daemon(config, server_config, options)
@@ -479,6 +527,11 @@ def serve(
     help="Serve Prometheus metrics at http://HOST:PORT/metrics (0: any free port).",
 )
 @click.option(
+    "--metrics-host",
+    metavar="ADDRESS",
+    help="Address the metrics endpoint binds (default: --host); it has no TLS or tokens.",
+)
+@click.option(
     "--port-file",
     type=click.Path(dir_okay=False, path_type=Path),
     help='Write {"grpc": port, "http": port, "metrics": port} here once serving (removed at '
@@ -487,12 +540,13 @@ def serve(
 @click.option(
     "--tokens-file",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    help="Require bearer tokens of callers: lines 'rw TOKEN' or 'ro TOKEN' (both may predict).",
+    help="Require bearer tokens of callers: lines 'rw TOKEN', 'ro TOKEN' or 'replica TOKEN' "
+    "(any may predict); the file must be private (chmod 600).",
 )
 @click.option(
     "--tokens-from-env",
     is_flag=True,
-    help="Require bearer tokens from EMBEDDB_RW_TOKEN / EMBEDDB_RO_TOKEN.",
+    help="Require bearer tokens from EMBEDDB_RW_TOKEN / EMBEDDB_RO_TOKEN / EMBEDDB_REPLICA_TOKEN.",
 )
 @click.option(
     "--shard-token-file",
@@ -547,6 +601,7 @@ def serve_model(
     http_port: int,
     no_http: bool,
     metrics_port: int | None,
+    metrics_host: str | None,
     port_file: Path | None,
     tokens_file: Path | None,
     tokens_from_env: bool,
@@ -571,6 +626,8 @@ def serve_model(
         raise click.UsageError("give --addresses FILE or --shard HOST:PORT (one of them)")
     if tokens_file is not None and tokens_from_env:
         raise click.UsageError("use --tokens-file or --tokens-from-env, not both")
+    if metrics_host is not None and metrics_port is None:
+        raise click.UsageError("--metrics-host needs --metrics-port")
     try:
         from embeddb.trainer.serving.daemon import ModelDaemonOptions, run_model_server
         from embeddb.trainer.serving.server import ModelServerConfig
@@ -589,6 +646,7 @@ def serve_model(
             port=port,
             http_port=None if no_http else http_port,
             metrics_port=metrics_port,
+            metrics_host=metrics_host,
             max_batch=max_batch,
             max_delay=max_delay_ms / 1e3,
             workers=workers,
@@ -780,6 +838,11 @@ def snapshot_command(
     help="Shard i serves Prometheus metrics at http://HOST:(METRICS_BASE_PORT + i)/metrics; "
     "0: no metrics.",
 )
+@click.option(
+    "--metrics-host",
+    metavar="ADDRESS",
+    help="Passed to every shard: the address its metrics endpoint binds (default: --host).",
+)
 @click.pass_context
 def cluster(
     ctx: click.Context,
@@ -804,6 +867,7 @@ def cluster(
     tls_key: Path | None,
     tls_server_name: str | None,
     metrics_base_port: int,
+    metrics_host: str | None,
 ) -> None:
     """Run NUM_SHARDS ``embeddb serve`` processes; restart any that die; stop all on Ctrl-C."""
     from embeddb.server.cluster import Cluster, ClusterConfig
@@ -843,6 +907,7 @@ def cluster(
             tls_key=None if tls_key is None else tls_key.resolve(),
             tls_server_name=tls_server_name,
             metrics_base_port=metrics_base_port,
+            metrics_host=metrics_host,
             log_level=log_level or logging.getLevelName(logging.getLogger().level).lower(),
             serve_args=tuple(serve_args),
         )

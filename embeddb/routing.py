@@ -9,7 +9,10 @@ All functions work on whole ``numpy.uint64`` arrays and are exact (integer arith
 * :func:`shard_of` picks the shard of each id from ``mix64(id ^ SHARD_SALT)``. The salt keeps
   shard routing independent of the in-shard hashing (stripes and hash buckets use other salts,
   see ``embeddb.storage.hash_index``), so the ids of one shard still spread evenly over that
-  shard's stripes.
+  shard's stripes. The algorithm (:data:`ROUTING_ALGORITHM`) is specified language-neutrally in
+  ``proto/embeddb/v1/embeddb.proto``, with test vectors in ``routing_test_vectors.json`` there.
+* :class:`Topology` is one shard's place in its cluster; :meth:`Topology.check_owned` refuses a
+  batch holding an id of another shard (one compiled pass, no temporaries).
 * :func:`with_group_prefix` puts a feature group's index in the top ``prefix_bits`` bits of its
   ids (PERSIA's ``feature_index_prefix_bit``); :func:`hash_stack` maps one id to several bucket
   rows (PERSIA's ``hash_stack_config``).
@@ -22,15 +25,20 @@ Worked example (``prefix_bits=8``, group index 3)::
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import numpy.typing as npt
 
-from embeddb.errors import InvalidArgumentError
+from embeddb.errors import FailedPreconditionError, InvalidArgumentError
 
 __all__ = [
+    "ROUTING_ALGORITHM",
     "SHARD_SALT",
     "STRIPE_SALT",
+    "Topology",
     "as_ids",
+    "first_foreign",
     "hash_stack",
     "mix64",
     "shard_of",
@@ -40,6 +48,8 @@ __all__ = [
 
 U64 = npt.NDArray[np.uint64]
 
+ROUTING_ALGORITHM = "splitmix64-lemire-v1"
+"""The name of :func:`shard_of`'s algorithm, as servers report it (``DescribeShard``)."""
 SHARD_SALT = np.uint64(0x5D1C_E0DB_5EED_0001)
 STRIPE_SALT = np.uint64(0x3C6E_F372_FE94_F82B)
 _HASH_STACK_SALT = np.uint64(0xA076_1D64_78BD_642F)
@@ -116,6 +126,62 @@ def shard_of(ids: U64, num_shards: int) -> npt.NDArray[np.int64]:
     hi = mix64(as_ids(ids), SHARD_SALT) >> np.uint64(32)
     shards: npt.NDArray[np.int64] = ((hi * np.uint64(num_shards)) >> np.uint64(32)).astype(np.int64)
     return shards
+
+
+def first_foreign(ids: U64, shard_index: int, num_shards: int) -> int:
+    """The position of the first of ``ids`` that :func:`shard_of` does not put on shard
+    ``shard_index`` of ``num_shards``, or -1 when every id belongs there.
+
+    One compiled pass (no temporaries), about 1 ns per id; free with one shard.
+    """
+    if num_shards == 1 or ids.size == 0:
+        return -1
+    from embeddb._routing_kernel import first_foreign_kernel  # numba loads on first use only
+
+    return int(first_foreign_kernel(ids, SHARD_SALT, num_shards, shard_index))
+
+
+@dataclass(frozen=True)
+class Topology:
+    """One shard's place in its cluster: it owns the ids :func:`shard_of` gives ``shard_index``.
+
+    Raises:
+        InvalidArgumentError: ``num_shards`` below 1 or at least 2**32, or ``shard_index``
+            outside ``[0, num_shards)``.
+    """
+
+    shard_index: int = 0
+    num_shards: int = 1
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.num_shards < 1 << 32:
+            raise InvalidArgumentError(f"num_shards must be in [1, 2**32), got {self.num_shards}")
+        if not 0 <= self.shard_index < self.num_shards:
+            raise InvalidArgumentError(
+                f"shard_index must be in [0, {self.num_shards}), got {self.shard_index}"
+            )
+
+    def __str__(self) -> str:
+        return f"shard {self.shard_index} of {self.num_shards}"
+
+    def check_owned(self, ids: U64, field: str = "ids") -> None:
+        """Refuse ``ids`` unless every one belongs to this shard.
+
+        Raises:
+            FailedPreconditionError: naming the first foreign id, its position, its owner and
+                the topology (the client routes with another shard count or address order).
+        """
+        at = first_foreign(ids, self.shard_index, self.num_shards)
+        if at < 0:
+            return
+        foreign = ids[at : at + 1]
+        owner = int(shard_of(foreign, self.num_shards)[0])
+        raise FailedPreconditionError(
+            f"{field}[{at}] = {int(foreign[0])} belongs to shard {owner} of {self.num_shards}, "
+            f"not to this server ({self}): route ids with {ROUTING_ALGORITHM} (see "
+            f"embeddb.proto) and list the shards' addresses in shard order; nothing of the "
+            f"request was applied"
+        )
 
 
 def split_by_shard(

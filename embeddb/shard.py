@@ -18,6 +18,9 @@ Data directory layout::
       snapshots/<id>/       complete snapshots (embeddb.durability.snapshot)
       <export_dir>/         with store.export_dir relative: the incremental export of changed
                             rows (embeddb.durability.export)
+      topology.json         which shard of how many the directory holds, recorded at its
+                            first start; a start as another shard is refused
+                            (embeddb.durability.topology)
       clean-shutdown.json   present only after close(): the disk tier holds every row, at seq
       base.json             the last clean shutdown's record, kept while the shard runs: the
                             disk tier plus the log after its seq rebuild every row
@@ -60,9 +63,9 @@ import numpy as np
 import numpy.typing as npt
 
 from embeddb.config import EmbeddingConfig
-from embeddb.durability import records, snapshot
+from embeddb.durability import records, snapshot, topology
 from embeddb.durability.export import Exporter
-from embeddb.durability.log import FsyncPolicy, LogConfig, LogRecord, UpdateLog
+from embeddb.durability.log import FsyncPolicy, LogConfig, LogCut, LogRecord, UpdateLog
 from embeddb.durability.snapshot import SnapshotInfo, SnapshotReader
 from embeddb.errors import (
     ConfigError,
@@ -75,10 +78,11 @@ from embeddb.errors import (
     TableNotFoundError,
     UnavailableError,
 )
-from embeddb.routing import as_ids
+from embeddb.routing import Topology, as_ids
 from embeddb.storage import DiskTier, TableStats, TieredTable, UpdateResult
 from embeddb.storage.changes import Change
 from embeddb.storage.parallel import StripePool, default_threads
+from embeddb.storage.private import private_dir
 
 __all__ = ["Recovery", "Shard", "ShardStats", "SnapshotInfo", "SnapshotResult", "UpdateResult"]
 
@@ -126,6 +130,8 @@ class Recovery:
         replayed: log records replayed after it.
         seq: the shard's seq once open.
         seconds: time taken.
+        log_cuts: tails cut off the update log when it opened (torn, or corrupt where
+            ``store.log_recovery`` or ``cut_corrupt_log_tail`` allowed it; ``log-cuts.jsonl``).
     """
 
     source: str
@@ -134,6 +140,7 @@ class Recovery:
     replayed: int
     seq: int
     seconds: float
+    log_cuts: tuple[LogCut, ...] = ()
 
 
 class Shard:
@@ -148,18 +155,24 @@ class Shard:
         data_dir: the shard's directory. ``None`` uses a private temporary directory that is
             removed on :meth:`close` (no update log, nothing survives). An existing directory is
             reopened (after a clean shutdown) or recovered (after a crash).
-        shard_index, num_shards: this shard's place in its cluster, recorded in snapshots.
+        shard_index, num_shards: this shard's place in its cluster: it owns the ids
+            :func:`~embeddb.routing.shard_of` gives ``shard_index`` and refuses every other id
+            (``FailedPreconditionError``). Recorded in the directory at its first start (a later
+            start as another shard raises ``ConfigError``) and in snapshots.
         restore: restore this snapshot id (discarding the state and the log after it; the old
             log is kept aside in ``log.before-restore-<time>``) instead of the current state.
         fallback: during recovery, if the newest snapshot fails verification, use the next
             older one (logged) instead of refusing to start.
         follower: a read-only replica: client mutations raise
             :class:`FailedPreconditionError`; :meth:`apply_record` applies a primary's log.
+        cut_corrupt_log_tail: cut a corrupt tail of the update log (recorded in
+            ``log-cuts.jsonl``) instead of refusing to start under ``absolute_consistency``.
 
     Raises:
         StorageError: the directory is unusable.
         CorruptDataError: a record, snapshot or log segment failed its checks, or the tables
             on disk contradict ``config``.
+        ConfigError: the directory holds another shard index or shard count.
     """
 
     def __init__(
@@ -172,9 +185,12 @@ class Shard:
         restore: str | None = None,
         fallback: bool = False,
         follower: bool = False,
+        cut_corrupt_log_tail: bool = False,
     ) -> None:
         began = time.perf_counter()
+        self._cut_corrupt_log_tail = cut_corrupt_log_tail
         self.config = config
+        self.topology = Topology(shard_index, num_shards)
         self.shard_index = shard_index
         self.num_shards = num_shards
         self.follower = follower
@@ -201,8 +217,9 @@ class Shard:
         except BaseException:
             self._abandon()
             raise
+        cuts = self._log.cuts if self._log is not None else ()
         self.recovery = Recovery(
-            **{**self.recovery.__dict__, "seconds": time.perf_counter() - began}
+            **{**self.recovery.__dict__, "seconds": time.perf_counter() - began, "log_cuts": cuts}
         )
 
     # ------------------------------------------------------------------ opening
@@ -213,10 +230,12 @@ class Shard:
     def _open(self, restore: str | None, fallback: bool) -> Recovery:
         snapshots_dir = self.data_dir / "snapshots"
         try:
-            self.data_dir.mkdir(parents=True, exist_ok=True)
+            private_dir(self.data_dir)  # 0700, created or tightened (ARCHITECTURE.md §6)
         except OSError as exc:
             raise StorageError(f"cannot use data directory {self.data_dir}: {exc}") from exc
         snapshot.remove_incomplete(snapshots_dir)
+        if not (self._ephemeral or self.follower):
+            topology.check_directory(self.data_dir, self.topology)
         if restore is not None:
             return self._restore_explicitly(restore)
         marker = self._read_record(_CLEAN_MARKER)
@@ -310,7 +329,12 @@ class Shard:
         self._check_manifest(manifest, path)
         log_dir = self.data_dir / "log"
         if log_dir.exists():
-            aside = self.data_dir / f"log.before-restore-{time.strftime('%Y%m%dT%H%M%S')}"
+            stamp = f"log.before-restore-{time.strftime('%Y%m%dT%H%M%S')}"
+            aside = self.data_dir / stamp
+            for k in range(2, 1000):  # two restores within a second keep both logs
+                if not aside.exists():
+                    break
+                aside = self.data_dir / f"{stamp}.{k}"
             os.replace(log_dir, aside)
             log.warning("restoring %s: the previous update log is kept in %s", snapshot_id, aside)
         for stale in (_CLEAN_MARKER, _BASE):
@@ -366,6 +390,9 @@ class Shard:
             interval_ms=store.fsync_interval_ms,
             segment_bytes=store.log_segment_mb << 20,
             lz4_min_bytes=store.log_lz4_min_bytes,
+            recovery=store.log_recovery,
+            cut_corrupt_tail=self._cut_corrupt_log_tail,
+            cuts_dir=self.data_dir,
         )
         self._log = UpdateLog(self.data_dir / "log", cfg, start_seq=start_seq)
         for table in self._tables.values():
@@ -766,7 +793,11 @@ class Shard:
         Raises:
             NotFoundError: no complete snapshot ``snapshot_id``.
             InvalidArgumentError, StorageError, FailedPreconditionError: see :meth:`snapshot`.
+            CorruptDataError: the snapshot's manifest is unreadable or lists a file that is
+                missing or lies outside its directory (see :class:`SnapshotReader`).
         """
+        if snapshot_id is not None:
+            snapshot.check_id(snapshot_id)
         if take_new or (snapshot_id is None and not self.snapshots()):
             snapshot_id = self.snapshot(snapshot_id).info.snapshot_id
         with self._snapshot_lock:  # no pruning while the files are opened
@@ -827,6 +858,13 @@ class Shard:
         except (KeyError, TypeError):
             raise TableNotFoundError(str(name), tuple(self._tables)) from None
 
+    def _owned(self, ids: object, field: str = "ids") -> npt.NDArray[np.uint64]:
+        """``ids`` validated, if this shard owns every one (FailedPreconditionError naming
+        the first foreign id otherwise)."""
+        id_arr = as_ids(ids, field)
+        self.topology.check_owned(id_arr, field)
+        return id_arr
+
     @staticmethod
     def _matrix(values: object, n: int, dim: int, field: str) -> npt.NDArray[np.float32]:
         arr = np.asarray(values)
@@ -855,10 +893,12 @@ class Shard:
                 zeros, disk rows are read in place.
 
         Raises:
-            TableNotFoundError, InvalidArgumentError, StorageError.
+            TableNotFoundError, InvalidArgumentError, StorageError; FailedPreconditionError:
+            an id another shard owns (nothing is looked up), or a training lookup on a
+            read-only shard.
         """
         t = self._table(table)
-        id_arr = as_ids(ids)
+        id_arr = self._owned(ids)
         if not train:
             return t.lookup(id_arr, False)
         before = self._mutating()
@@ -871,10 +911,12 @@ class Shard:
 
         Gradients of duplicate ids are summed first. Ids whose summed gradient contains NaN or
         Inf are skipped and counted; ids stored in neither tier are ignored and counted as
-        missing. ``weight_bound`` clamps vectors after the update.
+        missing. ``weight_bound`` clamps vectors after the update. Every data call (this one,
+        the lookups, :meth:`assign`, :meth:`delete`) refuses a batch holding an id another
+        shard owns with :class:`FailedPreconditionError`, changing nothing.
         """
         t = self._table(table)
-        id_arr = as_ids(ids)
+        id_arr = self._owned(ids)
         g = self._matrix(grads, id_arr.size, t.dim, "grads")
         before = self._mutating()
         result = t.apply_gradients(id_arr, g)
@@ -896,7 +938,10 @@ class Shard:
             TableNotFoundError, InvalidArgumentError (also: a table named by two parts),
             FailedPreconditionError (a training part on a read-only shard), StorageError.
         """
-        checked = [(self._table(table), as_ids(ids), bool(train)) for table, ids, train in parts]
+        checked = [
+            (self._table(table), self._owned(ids, f"lookups[{k}].ids"), bool(train))
+            for k, (table, ids, train) in enumerate(parts)
+        ]
         self._distinct(table for table, _, _ in parts)
         if not any(train for _, _, train in checked):
             return [t.lookup(ids, False) for t, ids, _ in checked]
@@ -923,9 +968,9 @@ class Shard:
             FailedPreconditionError, StorageError.
         """
         checked: list[tuple[TieredTable, npt.NDArray[np.uint64], npt.NDArray[np.float32]]] = []
-        for table, ids, grads in parts:
+        for k, (table, ids, grads) in enumerate(parts):
             t = self._table(table)
-            id_arr = as_ids(ids)
+            id_arr = self._owned(ids, f"updates[{k}].ids")
             checked.append((t, id_arr, self._matrix(grads, id_arr.size, t.dim, "grads")))
         self._distinct(table for table, _, _ in parts)
         before = self._mutating()
@@ -950,7 +995,7 @@ class Shard:
         For duplicate ids the last vector wins. Returns the number of distinct ids written.
         """
         t = self._table(table)
-        id_arr = as_ids(ids)
+        id_arr = self._owned(ids)
         v = self._matrix(vectors, id_arr.size, t.dim, "vectors")
         if not np.isfinite(v).all():
             raise InvalidArgumentError("vectors must be finite (found NaN or Inf)")
@@ -962,7 +1007,7 @@ class Shard:
     def delete(self, table: str, ids: object) -> int:
         """Remove ``ids`` from both tiers. Returns how many of them existed."""
         t = self._table(table)
-        id_arr = as_ids(ids)
+        id_arr = self._owned(ids)
         before = self._mutating()
         deleted = t.delete(id_arr)
         self._acknowledge(before)

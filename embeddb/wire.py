@@ -9,9 +9,12 @@ Used by the server and the client alike (ARCHITECTURE.md §4):
   relative precision instead of flushing to float16 zeros. Each element's error is at most
   ``2**-11 * max|row|`` (half an ulp of float16 at the row's scale);
 * optional LZ4 framing of large payloads; decompression is bounded by the size the shape
-  implies, so a small message cannot expand into a huge allocation.
+  implies, and (``max_lz4_bytes``, the server's ``max_response_bytes``) that size is checked
+  before anything is decompressed, so a small message cannot expand into a huge allocation.
 
-Every malformed tensor raises :class:`~embeddb.errors.InvalidArgumentError` naming the field.
+Every malformed tensor raises :class:`~embeddb.errors.InvalidArgumentError` naming the field
+(an unknown dtype or compression value included); a tensor that would decompress beyond
+``max_lz4_bytes`` raises :class:`~embeddb.errors.ResourceExhaustedError`.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import lz4.frame
 import numpy as np
 import numpy.typing as npt
 
-from embeddb.errors import InvalidArgumentError
+from embeddb.errors import InvalidArgumentError, ResourceExhaustedError
 from embeddb.v1 import embeddb_pb2 as pb
 
 __all__ = [
@@ -95,24 +98,34 @@ def encode_lookup_many_response(results: Sequence[Encoded]) -> Encoded:
 
 
 def decode_ids(
-    tensor: pb.Tensor | TensorView, field: str, max_items: int | None = None
+    tensor: pb.Tensor | TensorView,
+    field: str,
+    max_items: int | None = None,
+    *,
+    max_lz4_bytes: int | None = None,
 ) -> npt.NDArray[np.uint64]:
     """Decode a ``UINT64`` tensor of shape ``[n]``.
 
     Raises:
         InvalidArgumentError: wrong dtype or rank, byte length not matching the shape, too many
             items, or a corrupt LZ4 frame.
+        ResourceExhaustedError: an LZ4 payload that would decompress beyond ``max_lz4_bytes``.
     """
     if tensor.dtype != pb.UINT64:
-        raise InvalidArgumentError(f"{field} must be UINT64, got {pb.DType.Name(tensor.dtype)}")
+        raise InvalidArgumentError(f"{field} must be UINT64, got {_dtype_name(tensor, field)}")
     if len(tensor.shape) != 1:
         raise InvalidArgumentError(f"{field} must have rank 1, got shape {list(tensor.shape)}")
-    data = _payload(tensor, field, max_items)
+    data = _payload(tensor, field, max_items, max_lz4_bytes)
     return np.frombuffer(data, dtype="<u8").astype(np.uint64, copy=False)
 
 
 def decode_matrix(
-    tensor: pb.Tensor | TensorView, field: str, rows: int | None = None, dim: int | None = None
+    tensor: pb.Tensor | TensorView,
+    field: str,
+    rows: int | None = None,
+    dim: int | None = None,
+    *,
+    max_lz4_bytes: int | None = None,
 ) -> npt.NDArray[np.float32]:
     """Decode a ``FLOAT32`` or scaled ``FLOAT16`` tensor of shape ``[rows, dim]`` to float32.
 
@@ -120,14 +133,16 @@ def decode_matrix(
         tensor: the message.
         field: its name, for errors.
         rows, dim: the expected shape, when known.
+        max_lz4_bytes: the most bytes an LZ4 payload may decompress to (checked first).
 
     Raises:
         InvalidArgumentError: wrong dtype, rank or shape, byte length not matching the shape,
             missing or malformed row scales, or a corrupt LZ4 frame.
+        ResourceExhaustedError: an LZ4 payload that would decompress beyond ``max_lz4_bytes``.
     """
     if tensor.dtype not in (pb.FLOAT32, pb.FLOAT16):
         raise InvalidArgumentError(
-            f"{field} must be FLOAT32 or FLOAT16, got {pb.DType.Name(tensor.dtype)}"
+            f"{field} must be FLOAT32 or FLOAT16, got {_dtype_name(tensor, field)}"
         )
     shape = list(tensor.shape)
     if len(shape) != 2:
@@ -137,7 +152,7 @@ def decode_matrix(
         raise InvalidArgumentError(
             f"{field} must have shape {want} (one row of dim {want[1]} per id), got {shape}"
         )
-    data = _payload(tensor, field, None)
+    data = _payload(tensor, field, None, max_lz4_bytes)
     values = np.frombuffer(data, dtype=_NUMPY[tensor.dtype]).reshape(shape)
     if tensor.dtype == pb.FLOAT32:
         exact: npt.NDArray[np.float32] = values.astype(np.float32, copy=False)
@@ -189,18 +204,41 @@ def _maybe_lz4(dtype: pb.DType, shape: list[int], data: memoryview, lz4_min_byte
     return _Fields(dtype, shape, data)
 
 
+def _dtype_name(tensor: pb.Tensor | TensorView, field: str) -> str:
+    """The name of ``tensor.dtype``; InvalidArgumentError naming the field for a value that is
+    no ``DType`` (a proto3 enum field parses any number)."""
+    try:
+        return str(pb.DType.Name(tensor.dtype))
+    except ValueError:
+        raise InvalidArgumentError(
+            f"{field}.dtype: {tensor.dtype} is not a DType (UINT64 = 1, FLOAT32 = 2, FLOAT16 = 3)"
+        ) from None
+
+
 def _payload(
-    tensor: pb.Tensor | TensorView, field: str, max_items: int | None
+    tensor: pb.Tensor | TensorView,
+    field: str,
+    max_items: int | None,
+    max_lz4_bytes: int | None = None,
 ) -> bytes | memoryview:
     """The raw bytes of ``tensor``, checked against its shape (and decompressed)."""
     if any(d < 0 for d in tensor.shape):
         raise InvalidArgumentError(f"{field} has a negative dimension: {list(tensor.shape)}")
-    items = int(np.prod(tensor.shape, dtype=np.int64)) if tensor.shape else 0
+    items = 1
+    for d in tensor.shape:  # Python ints: a product of huge dimensions cannot wrap around
+        items *= int(d)
+    items = items if tensor.shape else 0
     if max_items is not None and items > max_items:
         raise InvalidArgumentError(f"{field} has {items} items, more than the limit {max_items}")
     expected = items * _ITEMSIZE[tensor.dtype]
     data = tensor.data
     if tensor.compression == pb.LZ4:
+        if max_lz4_bytes is not None and expected > max_lz4_bytes:
+            raise ResourceExhaustedError(
+                f"{field}: an LZ4 payload of shape {list(tensor.shape)} decompresses to {expected} "
+                f"bytes, more than this server's max_response_bytes {max_lz4_bytes}; split the "
+                f"request"
+            )
         try:
             decompressor = lz4.frame.LZ4FrameDecompressor()
             data = decompressor.decompress(data, max_length=expected)
@@ -212,7 +250,10 @@ def _payload(
                 f"{field}: the LZ4 frame does not decompress to the {expected} bytes of its shape"
             )
     elif tensor.compression != pb.COMPRESSION_NONE:
-        raise InvalidArgumentError(f"{field} has an unknown compression {tensor.compression}")
+        raise InvalidArgumentError(
+            f"{field}.compression: {tensor.compression} is not a Compression "
+            f"(COMPRESSION_NONE = 0, LZ4 = 1)"
+        )
     if len(data) != expected:
         raise InvalidArgumentError(
             f"{field} holds {len(data)} bytes, its shape {list(tensor.shape)} of "

@@ -243,6 +243,7 @@ def test_tls_shards_requiring_tokens_are_probed_over_tls_and_serve_tls_clients(
     cert, key = tls_files
     tokens = tmp_path / "tokens"
     tokens.write_text(f"rw {RW}\n")
+    tokens.chmod(0o600)
     cluster = clusters(
         num_shards=2,
         ephemeral=True,

@@ -11,7 +11,6 @@ import threading
 import time
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -27,6 +26,7 @@ from embeddb.server.daemon import DaemonOptions, run_daemon
 from embeddb.v1 import embeddb_pb2 as pb
 from embeddb.v1 import embeddb_pb2_grpc as pb_grpc
 from tests.conftest import one_table_config
+from tests.serve_process import StartServe, serve_processes
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -34,47 +34,10 @@ TABLE = "item_id"  # a table of the packaged presets/default.yaml (dim 16)
 START_TIMEOUT_S = 20.0
 
 
-@dataclass
-class Served:
-    process: subprocess.Popen[bytes]
-    port: int
-    log: Path
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def output(self) -> str:
-        return self.log.read_text()
-
-
 @pytest.fixture
-def serve(tmp_path: Path) -> Iterator:
+def serve(tmp_path: Path) -> Iterator[StartServe]:
     """Start ``python -m embeddb.cli serve --port 0 ...``; every process is killed at teardown."""
-    started: list[subprocess.Popen[bytes]] = []
-
-    def start(*args: str) -> Served:
-        n = len(started)
-        port_file, log = tmp_path / f"port-{n}", tmp_path / f"serve-{n}.log"
-        cmd = [sys.executable, "-m", "embeddb.cli", "serve", "--port", "0",
-               "--port-file", str(port_file), *args]  # fmt: skip
-        with log.open("wb") as out:
-            process = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
-        started.append(process)
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while not port_file.exists():
-            if process.poll() is not None:
-                pytest.fail(f"serve exited with {process.returncode}:\n{log.read_text()}")
-            if time.monotonic() > deadline:
-                pytest.fail(f"serve did not write its port file:\n{log.read_text()}")
-            time.sleep(0.05)
-        return Served(process, int(port_file.read_text()), log)
-
-    yield start
-    for process in started:
-        if process.poll() is None:
-            process.kill()
-        process.wait(timeout=10)
+    yield from serve_processes(tmp_path)
 
 
 def lookup(channel: grpc.Channel, ids: np.ndarray, train: bool, timeout: float = 10.0):
@@ -207,6 +170,7 @@ def test_serve_wires_tokens_and_metrics_and_never_logs_the_token(serve, tmp_path
     token = "s3cret-token-" + "x" * 20
     tokens = tmp_path / "tokens"
     tokens.write_text(f"rw {token}\n")
+    tokens.chmod(0o600)
     served = serve("--ephemeral", "--tokens-file", str(tokens), "--metrics-port", "0")
     with grpc.insecure_channel(served.address) as channel:
         assert health_status(channel) == SERVING  # health needs no token

@@ -5,7 +5,10 @@ and ``embeddb.trainer.run``'s parsers for the training pods), with the container
 mapped to the files the deployment mounts there. Ports, addresses and shard counts must agree
 across commands, Services, probes and scrape targets; the mounted configs must load with our
 loaders; every metric the Grafana dashboard queries must be exported by a real server or by
-the registries of the trainer and the model server.
+the registries of the trainer and the model server. Bearer tokens: the env file of
+docker/make_secrets.py is generated in tmp and delivered as Compose and Kubernetes would (file
+owners and modes included), and every token a command sends must have the right role among the
+tokens its server accepts: replica for followers, ro for the model server, rw for the trainer.
 """
 
 from __future__ import annotations
@@ -31,7 +34,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from embeddb.cli import main
 from embeddb.config import EmbeddingConfig
+from embeddb.errors import ConfigError
+from embeddb.secrets import read_token_file
 from embeddb.server import ServerConfig, build_server
+from embeddb.server.auth import Role, Tokens
 from embeddb.server.follower import Follower, FollowerOptions
 from embeddb.server.metrics import FollowerCollector
 from embeddb.shard import Shard
@@ -46,6 +52,8 @@ DASHBOARD = DOCKER / "grafana" / "dashboards" / "embeddb.json"
 PRESETS = ROOT / "embeddb" / "presets"
 EMBEDDB_IMAGES = {"embeddb", "embeddb-trainer"}
 NUM_SHARDS = 2
+IMAGE_UID = "10001"  # USER of both Dockerfiles
+TOKEN_MODES = (0o400, 0o600)  # what embeddb.secrets.check_private_file accepts
 
 
 # ------------------------------------------------------------------------------------ helpers
@@ -130,6 +138,101 @@ def parse_embeddb(args: list[str], mounts: dict[str, Path]) -> tuple[str, dict[s
     return name, ctx.params
 
 
+# ------------------------------------------------------------------------------------- tokens
+def load_make_secrets() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("make_secrets", DOCKER / "make_secrets.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def read_env_file(path: Path) -> dict[str, str]:
+    """``KEY=VALUE`` lines (``#`` comments and blank lines skipped), as Compose and kustomize
+    read them."""
+    out = {}
+    for line in path.read_text().splitlines():
+        if line.strip() and not line.lstrip().startswith("#"):
+            key, value = line.split("=", 1)
+            out[key.strip()] = value.strip()
+    return out
+
+
+@pytest.fixture
+def tokens_env(tmp_path: Path) -> dict[str, str]:
+    """The variables of a fresh env file written by ``docker/make_secrets.py`` in tmp."""
+    out = tmp_path / "generated" / "tokens.env"
+    assert load_make_secrets().main(["--out", str(out)]) == 0
+    assert out.stat().st_mode & 0o777 == 0o600
+    assert load_make_secrets().main(["--out", str(out)]) == 1  # kept: no silent rotation
+    env = read_env_file(out)
+    assert set(env) == {"EMBEDDB_RW_TOKEN", "EMBEDDB_RO_TOKEN", "EMBEDDB_REPLICA_TOKEN"}
+    assert len(set(env.values())) == 3
+    return env
+
+
+def write_secret(path: Path, text: str, mode: int) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.unlink(missing_ok=True)
+    path.write_text(text)
+    path.chmod(mode)
+
+
+@dataclass
+class Auth:
+    """Who accepts and who sends which token, from the parsed commands of a deployment."""
+
+    accepts: dict[str, Tokens]  # server name -> the tokens it requires of callers
+    sends: dict[tuple[str, str], str]  # (client name, server name) -> the token it sends
+
+    def role(self, client: str, server: str) -> Role | None:
+        return self.accepts[server].role_of(self.sends[(client, server)])
+
+
+def accepted_tokens(params: dict[str, Any], env: dict[str, str]) -> Tokens | None:
+    """What a ``serve``/``serve-model`` command requires of its callers (None: nothing)."""
+    if params["tokens_file"] is not None:
+        return Tokens.from_file(params["tokens_file"])
+    if params["tokens_from_env"]:
+        return Tokens.from_env(environ=env)
+    return None
+
+
+def check_auth(auth: Auth, shards: list[str], followers: list[str], trainers: list[str]) -> None:
+    """Every server requires tokens; followers send their primary a replica token and accept
+    the primary's ro and replica tokens but never rw (a follower takes no write, so it need not
+    hold the token that writes to the primaries); the model server reads followers with an ro
+    token and accepts the ro token only; each trainer sends the primaries an rw token."""
+    servers = [*shards, *followers, "model-server"]
+    assert set(auth.accepts) == set(servers), "a server that requires no token"
+    for shard, follower in zip(shards, followers, strict=True):
+        assert auth.role(follower, shard) is Role.REPLICA, follower
+        primary, replica = auth.accepts[shard], auth.accepts[follower]
+        assert (replica.read_only, replica.replica) == (primary.read_only, primary.replica)
+        assert primary.read_write and not replica.read_write, follower
+        assert auth.role("model-server", follower) is Role.READ_ONLY
+    model = auth.accepts["model-server"]
+    assert model.read_only and not model.read_write and not model.replica
+    assert model.read_only <= auth.accepts[shards[0]].read_only
+    for trainer in trainers:
+        for shard in shards:
+            assert auth.role(trainer, shard) is Role.READ_WRITE, trainer
+    for client, server in auth.sends:
+        assert server in servers, f"{client} sends a token to {server}, which is not ours"
+
+
+def local_job(job_path: Path, mounts: dict[str, Path], tmp: Path) -> Path:
+    """A copy of a mounted job whose ``token_file`` names the local copy of the container's
+    file (every other path of the deployment's jobs is absolute and checked separately)."""
+    job = yaml.safe_load(job_path.read_text())
+    assert job.get("token_file"), f"{job_path}: the job sends no token"
+    assert Path(job["token_file"]).is_absolute()
+    job["token_file"] = map_path(job["token_file"], mounts)
+    out = tmp / f"{job_path.stem}.local.yaml"
+    out.write_text(yaml.safe_dump(job))
+    return out
+
+
 # ------------------------------------------------------------------------------------ compose
 @dataclass
 class Service:
@@ -163,12 +266,45 @@ class Service:
                 out[target] = source
         return out
 
-    def mounts(self, tmp: Path) -> dict[str, Path]:
+    def mounts(self, tmp: Path, tokens: dict[str, str] | None = None) -> dict[str, Path]:
+        """Container path -> local path of the bind mounts, named volumes and, given the env
+        file's ``tokens``, the secrets (see :meth:`secret_files`)."""
         out = self.binds()
         for target, volume in self.named_volumes().items():
             out[target] = tmp / "volumes" / volume
             out[target].mkdir(parents=True, exist_ok=True)
+        if tokens is not None:
+            out.update(self.secret_files(tmp / "secrets" / self.name, tokens))
         return out
+
+    def secrets(self) -> list[dict[str, Any]]:
+        """The service's secrets in the long syntax."""
+        return [{"source": e} if isinstance(e, str) else e for e in self.spec.get("secrets", [])]
+
+    def secret_files(self, tmp: Path, tokens: dict[str, str]) -> dict[str, Path]:
+        """Container path -> a local file as Compose copies an environment-sourced secret into
+        the container: the variable's value, with the entry's mode (Compose's default 0444)."""
+        declared = load_compose().get("secrets", {})
+        out = {}
+        for entry in self.secrets():
+            secret = declared[entry["source"]]
+            assert set(secret) == {"environment"}, (
+                f"{entry['source']}: a file secret keeps its host owner and mode (Compose cannot "
+                "set them): use an environment-sourced one"
+            )
+            target = entry.get("target", entry["source"])
+            path = target if target.startswith("/") else f"/run/secrets/{target}"
+            local = tmp / path.lstrip("/")
+            write_secret(local, tokens[secret["environment"]] + "\n", entry.get("mode", 0o444))
+            out[path] = local
+        return out
+
+    def environment(self, tokens: dict[str, str]) -> dict[str, str]:
+        """The container's environment, ``${VAR}`` / ``${VAR:?message}`` interpolated from the
+        env file as ``docker compose --env-file`` does (a missing variable fails)."""
+        raw = self.spec.get("environment", {})
+        assert isinstance(raw, dict), f"{self.name}: environment as a mapping, please"
+        return {k: interpolate(str(v), tokens) for k, v in raw.items()}
 
     def exposed(self) -> set[int]:
         return {int(p) for p in self.spec.get("expose", [])}
@@ -182,6 +318,17 @@ class Service:
         return out
 
 
+def interpolate(value: str, variables: dict[str, str]) -> str:
+    def one(match: re.Match[str]) -> str:
+        name, required = match.group(1), match.group(2)
+        if name not in variables:
+            assert required is None, f"${{{name}}} is not set: {required}"
+            return ""
+        return variables[name]
+
+    return re.sub(r"\$\{(\w+)(?::\?([^}]*))?\}", one, value)
+
+
 def compose_services() -> dict[str, Service]:
     return {name: Service(name, spec) for name, spec in load_compose()["services"].items()}
 
@@ -191,12 +338,14 @@ def export_model_stub(volume: Path, model: str) -> None:
     (volume / model).mkdir(parents=True, exist_ok=True)
 
 
-def test_compose_commands_are_real_cli_invocations(tmp_path: Path) -> None:
+def test_compose_commands_are_real_cli_invocations(
+    tmp_path: Path, tokens_env: dict[str, str]
+) -> None:
     services = compose_services()
     ours = [s for s in services.values() if s.runs_embeddb]
     commands = {}
     for service in ours:
-        mounts = service.mounts(tmp_path / service.name)
+        mounts = service.mounts(tmp_path / service.name, tokens_env)
         if service.command[0] == "serve-model":
             model = Path(option(service.command, "--model"))
             export_model_stub(mounts[str(model.parent)], model.name)
@@ -209,6 +358,99 @@ def test_compose_commands_are_real_cli_invocations(tmp_path: Path) -> None:
         *(f"shard-{k}" for k in range(NUM_SHARDS)),
         *(f"follower-{k}" for k in range(NUM_SHARDS)),
     }
+
+
+def host_of(address: str) -> str:
+    return address.rsplit(":", 1)[0]
+
+
+def client_tokens(
+    name: str, command: str, params: dict[str, Any], mounts: dict[str, Path], tmp: Path
+) -> dict[str, str]:
+    """Server host -> the token the command ``name`` (an ``embeddb`` command, its params
+    parsed with container paths mapped) sends it: read with our reader, so a missing or
+    group-readable file fails here as it would in the container."""
+    if command == "serve" and params["follow"] is not None:
+        assert params["primary_token_file"] is not None, f"{name} sends its primary no token"
+        return {host_of(params["follow"]): read_token_file(params["primary_token_file"])}
+    if command == "serve-model":
+        assert params["shard_token_file"] is not None, f"{name} sends the shards no token"
+        token = read_token_file(params["shard_token_file"])
+        addresses = list(params["shards"])
+        if params["address_file"] is not None:
+            addresses += params["address_file"].read_text().split()
+        return {host_of(a): token for a in addresses}
+    if command == "train":
+        job = JobConfig.from_yaml(local_job(params["job"], mounts, tmp))
+        token = job.read_token()
+        assert token is not None and job.addresses is not None, name
+        return {host_of(a): token for a in job.addresses}
+    return {}
+
+
+def compose_auth(services: dict[str, Service], tmp: Path, tokens: dict[str, str]) -> Auth:
+    """Parse every embeddb command of the stack with its secrets delivered in ``tmp``."""
+    auth = Auth({}, {})
+    for service in (s for s in services.values() if s.runs_embeddb):
+        for entry in service.secrets():
+            assert entry.get("uid") == entry.get("gid") == IMAGE_UID, service.name
+            assert entry.get("mode") in TOKEN_MODES, service.name
+        mounts = service.mounts(tmp / service.name, tokens)
+        if service.command[0] == "serve-model":
+            model = Path(option(service.command, "--model"))
+            export_model_stub(mounts[str(model.parent)], model.name)
+        command, params = parse_embeddb(service.command, mounts)
+        if command in ("serve", "serve-model"):
+            accepted = accepted_tokens(params, service.environment(tokens))
+            if accepted is not None:
+                auth.accepts[service.name] = accepted
+        for host, token in client_tokens(service.name, command, params, mounts, tmp).items():
+            auth.sends[(service.name, host)] = token
+    return auth
+
+
+def test_compose_services_require_and_send_tokens_of_the_right_role(
+    tmp_path: Path, tokens_env: dict[str, str]
+) -> None:
+    auth = compose_auth(compose_services(), tmp_path, tokens_env)
+    check_auth(
+        auth,
+        shards=[f"shard-{k}" for k in range(NUM_SHARDS)],
+        followers=[f"follower-{k}" for k in range(NUM_SHARDS)],
+        trainers=["trainer"],
+    )
+    # Each service gets the client token it sends and no other.
+    secrets = {n: [e["source"] for e in s.secrets()] for n, s in compose_services().items()}
+    assert {n: v for n, v in secrets.items() if v} == {
+        **{f"follower-{k}": ["replica-token"] for k in range(NUM_SHARDS)},
+        "trainer": ["rw-token"],
+        "model-server": ["ro-token"],
+    }
+    text = COMPOSE.read_text()
+    assert "make_secrets.py" in text and "--env-file docker/secrets/tokens.env" in text
+
+
+def test_a_wrong_role_or_a_public_token_file_in_compose_would_fail(
+    tmp_path: Path, tokens_env: dict[str, str]
+) -> None:
+    services = compose_services()
+    follower = services["follower-0"]
+    # The ro token where the follower's command reads its primary's token:
+    follower.spec["secrets"] = [
+        {**follower.secrets()[0], "source": "ro-token", "target": "replica-token"}
+    ]
+    auth = compose_auth(services, tmp_path / "ro", tokens_env)
+    assert auth.role("follower-0", "shard-0") is Role.READ_ONLY
+    with pytest.raises(AssertionError):
+        check_auth(auth, ["shard-0", "shard-1"], ["follower-0", "follower-1"], ["trainer"])
+    services = compose_services()
+    services["trainer"].spec["secrets"][0]["mode"] = 0o444  # Compose's default mode
+    with pytest.raises(AssertionError):
+        compose_auth(services, tmp_path / "public", tokens_env)
+    services["trainer"].spec["secrets"][0]["mode"] = 0o400
+    del services["shard-1"].spec["environment"]  # --tokens-from-env with nothing set
+    with pytest.raises(ConfigError, match="EMBEDDB_RW_TOKEN"):
+        compose_auth(services, tmp_path / "open", tokens_env)
 
 
 def test_a_bad_option_in_a_command_would_fail(tmp_path: Path) -> None:
@@ -392,9 +634,11 @@ def test_mounted_embedding_configs_load_and_match_the_jobs_dataset() -> None:
     assert k8s == docker
 
 
-def check_job(job_path: Path, mounts: dict[str, Path]) -> JobConfig:
-    """Load a mounted job with our loader and check what a container would resolve."""
-    job = JobConfig.from_yaml(job_path)
+def check_job(job_path: Path, mounts: dict[str, Path], tmp: Path) -> JobConfig:
+    """Load a mounted job with our loader (its ``token_file`` the local copy of the mounted
+    secret) and check what a container would resolve."""
+    job = JobConfig.from_yaml(local_job(job_path, mounts, tmp))
+    assert job.read_token() is not None
     assert job.missing_data() is None  # adult: the packaged copy
     # The shards' own mounted file (job.embedding_config_path() would look on this machine).
     assert Path(job.embedding_config).is_absolute()
@@ -416,10 +660,10 @@ def image_copies(dockerfile: Path) -> dict[str, Path]:
     return out
 
 
-def test_compose_job_loads_with_our_loader(tmp_path: Path) -> None:
+def test_compose_job_loads_with_our_loader(tmp_path: Path, tokens_env: dict[str, str]) -> None:
     trainer = compose_services()["trainer"]
-    mounts = {**image_copies(DOCKER / "Dockerfile.trainer"), **trainer.mounts(tmp_path)}
-    job = check_job(mounts["/etc/embeddb/job.yaml"], mounts)
+    mounts = {**image_copies(DOCKER / "Dockerfile.trainer"), **trainer.mounts(tmp_path, tokens_env)}
+    job = check_job(mounts["/etc/embeddb/job.yaml"], mounts, tmp_path)
     assert str(job.export_dir) == "/models/adult"
     assert any(str(job.checkpoint_dir).startswith(t + "/") for t in trainer.named_volumes())
 
@@ -590,8 +834,20 @@ def test_kustomization_lists_every_manifest() -> None:
     assert used == images == EMBEDDB_IMAGES
 
 
-def pod_mounts(spec: dict[str, Any], container: dict[str, Any], tmp: Path) -> dict[str, Path]:
-    """Container path -> a local directory holding what the volume would."""
+SECRET = "embeddb-tokens"  # kustomization.yaml's secretGenerator
+
+
+def pod_mounts(
+    spec: dict[str, Any],
+    container: dict[str, Any],
+    tmp: Path,
+    tokens: dict[str, str] | None = None,
+) -> dict[str, Path]:
+    """Container path -> a local directory holding what the volume would (one directory per
+    volume, shared by the pod's containers). A Secret volume holds the ``tokens`` (the env
+    file's variables, the generated Secret's keys) with the modes kubelet gives them: the
+    item's ``mode`` or ``defaultMode`` (0644 if unset), made group-readable (``| 0440``) when
+    the pod sets ``fsGroup`` (kubernetes/kubernetes#57923)."""
     volumes = {v["name"]: v for v in spec.get("volumes", [])}
     out = {}
     for mount in container.get("volumeMounts", []):
@@ -602,7 +858,44 @@ def pod_mounts(spec: dict[str, Any], container: dict[str, Any], tmp: Path) -> di
             data = k8s_object("ConfigMap", volume["configMap"]["name"])["data"]
             for key, text in data.items():
                 (local / key).write_text(text)
+        if "secret" in volume:
+            source = volume["secret"]
+            assert tokens is not None and source["secretName"] == SECRET, mount["name"]
+            items = source.get("items") or [{"key": k, "path": k} for k in tokens]
+            for item in items:
+                mode = item.get("mode", source.get("defaultMode", 0o644))
+                if spec.get("securityContext", {}).get("fsGroup") is not None:
+                    mode |= 0o440
+                write_secret(local / item["path"], tokens[item["key"]], mode)
         out[mount["mountPath"]] = local
+    return out
+
+
+def run_init_containers(spec: dict[str, Any], tmp: Path, tokens: dict[str, str]) -> None:
+    """Do what the pod's init containers do; the only one allowed copies token files into a
+    volume of the pod: ``install -m MODE FILE... DIR/`` (owned by the pod's user)."""
+    for init in spec.get("initContainers", []):
+        command = init["command"]
+        assert command[:2] == ["install", "-m"] and len(command) >= 5, init["name"]
+        assert image_name(init["image"]) in EMBEDDB_IMAGES, init["name"]
+        mounts = pod_mounts(spec, init, tmp, tokens)
+        target = Path(map_path(command[-1], mounts))
+        assert target.is_dir(), f"{init['name']}: {command[-1]} is no volume of the pod"
+        for source in command[3:-1]:
+            local = Path(map_path(source, mounts))
+            write_secret(target / local.name, local.read_text(), int(command[2], 8))
+
+
+def container_env(container: dict[str, Any], tokens: dict[str, str]) -> dict[str, str]:
+    """The container's variables set by value or from the Secret (``secretKeyRef``)."""
+    out = {}
+    for entry in container.get("env", []):
+        ref = entry.get("valueFrom", {}).get("secretKeyRef")
+        if ref is not None:
+            assert ref["name"] == SECRET, entry["name"]
+            out[entry["name"]] = tokens[ref["key"]]
+        elif "value" in entry:
+            out[entry["name"]] = entry["value"]
     return out
 
 
@@ -618,9 +911,11 @@ def expand(args: list[str], container: dict[str, Any], sample: str = "0") -> lis
     return out
 
 
-def k8s_containers() -> list[tuple[dict[str, Any], dict[str, Any], dict[str, Any]]]:
+def k8s_containers(
+    docs: list[dict[str, Any]] | None = None,
+) -> list[tuple[dict[str, Any], dict[str, Any], dict[str, Any]]]:
     out = []
-    for doc in k8s_docs():
+    for doc in k8s_docs() if docs is None else docs:
         spec = pod_spec(doc)
         if spec is not None:
             out += [(doc, spec, c) for c in spec["containers"]]
@@ -637,12 +932,13 @@ def parse_trainer_run(args: list[str], monkeypatch: pytest.MonkeyPatch) -> tuple
 
 
 def test_every_k8s_container_runs_a_real_command(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tokens_env: dict[str, str]
 ) -> None:
     torchrun = pytest.importorskip("torch.distributed.run")
     ran = []
     for i, (doc, spec, container) in enumerate(k8s_containers()):
-        mounts = pod_mounts(spec, container, tmp_path / str(i))
+        run_init_containers(spec, tmp_path / str(i), tokens_env)
+        mounts = pod_mounts(spec, container, tmp_path / str(i), tokens_env)
         args = expand(container.get("args", []), container)
         where = f"{doc['kind']}/{doc['metadata']['name']}"
         if container.get("command") == ["python", "-m", "torch.distributed.run"]:
@@ -650,8 +946,9 @@ def test_every_k8s_container_runs_a_real_command(
             assert parsed.module and parsed.training_script == "embeddb.trainer.run", where
             mounts.update(image_copies(DOCKER / "Dockerfile.trainer"))
             script = map_args(parsed.training_script_args, mounts)
+            script[0] = str(local_job(Path(script[0]), mounts, tmp_path / str(i)))
             job, addresses = parse_trainer_run(script, monkeypatch)
-            check_job(Path(script[0]), mounts)
+            check_job(Path(script[0]), mounts, tmp_path / str(i))
             assert [a.strip() for a in addresses.read_text().splitlines()] == list(
                 job.addresses or ()
             )
@@ -664,6 +961,120 @@ def test_every_k8s_container_runs_a_real_command(
         name, _ = parse_embeddb(args, mounts)
         ran.append(name)
     assert sorted(set(ran)) == ["serve", "serve-model", "torchrun"]
+
+
+def k8s_auth(docs: list[dict[str, Any]], tmp: Path, tokens: dict[str, str]) -> Auth:
+    """Every container of ``docs`` parsed with its volumes, init containers and Secret
+    variables in ``tmp``. Servers are named by the host their callers dial (the model server:
+    ``model-server``), clients by their Deployment (followers: their Service's host), and the
+    trainers ``KIND/NAME``."""
+    torchrun = pytest.importorskip("torch.distributed.run")
+    auth = Auth({}, {})
+    for i, (doc, spec, container) in enumerate(k8s_containers(docs)):
+        local = tmp / str(i)
+        run_init_containers(spec, local, tokens)
+        mounts = pod_mounts(spec, container, local, tokens)
+        args = expand(container.get("args", []), container)
+        if container.get("command") == ["python", "-m", "torch.distributed.run"]:
+            script = map_args(
+                torchrun.get_args_parser().parse_args(args).training_script_args, mounts
+            )
+            job = JobConfig.from_yaml(local_job(Path(script[0]), mounts, local))
+            token = job.read_token()
+            assert token is not None
+            for address in Path(option(script, "--addresses")).read_text().split():
+                auth.sends[(f"{doc['kind']}/{doc['metadata']['name']}", host_of(address))] = token
+            continue
+        if args[0] == "serve-model":
+            model = Path(option(args, "--model"))
+            export_model_stub(mounts[str(model.parent)], model.name)
+        command, params = parse_embeddb(args, mounts)
+        if doc["kind"] == "StatefulSet":
+            names = [
+                f"{doc['metadata']['name']}-{k}.{doc['spec']['serviceName']}"
+                for k in range(doc["spec"]["replicas"])
+            ]
+        else:
+            names = ["model-server" if command == "serve-model" else doc["metadata"]["name"]]
+        accepted = accepted_tokens(params, container_env(container, tokens))
+        for name in names:
+            if accepted is not None:
+                auth.accepts[name] = accepted
+            for host, token in client_tokens(name, command, params, mounts, local).items():
+                auth.sends[(name, host)] = token
+    return auth
+
+
+def check_k8s_auth(auth: Auth) -> None:
+    check_auth(
+        auth,
+        shards=[f"embeddb-shard-{k}.embeddb-shard" for k in range(NUM_SHARDS)],
+        followers=[f"embeddb-follower-{k}" for k in range(NUM_SHARDS)],
+        trainers=["Job/embeddb-trainer", "PyTorchJob/embeddb-trainer"],
+    )
+
+
+def test_k8s_pods_require_and_send_tokens_of_the_right_role(
+    tmp_path: Path, tokens_env: dict[str, str]
+) -> None:
+    check_k8s_auth(k8s_auth(k8s_docs(), tmp_path, tokens_env))
+    # The Secret is generated from make_secrets.py's env file (never committed) under a fixed
+    # name (pytorchjob.example.yaml is applied on its own).
+    kustomization = yaml.safe_load((K8S / "kustomization.yaml").read_text())
+    assert kustomization["secretGenerator"] == [{"name": SECRET, "envs": ["secrets/tokens.env"]}]
+    assert kustomization["generatorOptions"]["disableNameSuffixHash"] is True
+    assert "*" in (K8S / "secrets" / ".gitignore").read_text().split()
+    assert "*" in (DOCKER / "secrets" / ".gitignore").read_text().split()
+    assert not [d for d in k8s_docs() if d["kind"] == "Secret"]  # no token committed
+    # Each pod's Secret volume holds the one key it needs, private by defaultMode.
+    needs = {
+        "embeddb-follower-0": "EMBEDDB_REPLICA_TOKEN",
+        "embeddb-follower-1": "EMBEDDB_REPLICA_TOKEN",
+        "embeddb-model-server": "EMBEDDB_RO_TOKEN",
+        "embeddb-trainer": "EMBEDDB_RW_TOKEN",
+    }
+    for doc, spec, _ in k8s_containers():
+        secrets = [v["secret"] for v in spec.get("volumes", []) if "secret" in v]
+        assert len(secrets) == (doc["metadata"]["name"] in needs), doc["metadata"]["name"]
+        for secret in secrets:
+            assert secret["defaultMode"] in TOKEN_MODES
+            assert [i["key"] for i in secret["items"]] == [needs[doc["metadata"]["name"]]]
+
+
+def test_a_token_file_read_straight_from_a_k8s_secret_would_be_refused(
+    tmp_path: Path, tokens_env: dict[str, str]
+) -> None:
+    """With ``fsGroup`` kubelet makes a Secret's files 0440 whatever ``defaultMode`` says, and
+    embeddb refuses a token file group may read: hence the init containers' private copies."""
+    docs = k8s_docs()
+    follower = next(
+        d
+        for d in docs
+        if d["metadata"]["name"] == "embeddb-follower-0" and d["kind"] == "Deployment"
+    )
+    pod = follower["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    container["volumeMounts"].append({"name": "token-secret", "mountPath": "/secrets/t"})
+    container["args"] = [
+        "--primary-token-file=/secrets/t/replica-token" if a.startswith("--primary-token") else a
+        for a in container["args"]
+    ]
+    with pytest.raises(ConfigError, match="chmod 600"):
+        k8s_auth(docs, tmp_path / "secret", tokens_env)
+    # Only fsGroup makes it fail here: without it the file keeps 0400 (but is root's, so
+    # unreadable by uid 10001: a static check cannot see that).
+    del pod["securityContext"]["fsGroup"]
+    check_k8s_auth(k8s_auth(docs, tmp_path / "no-fsgroup", tokens_env))
+    docs = k8s_docs()
+    server = next(
+        d
+        for d in docs
+        if d["metadata"]["name"] == "embeddb-model-server" and d["kind"] == "Deployment"
+    )
+    volumes = {v["name"]: v for v in server["spec"]["template"]["spec"]["volumes"]}
+    volumes["token-secret"]["secret"]["items"][0]["key"] = "EMBEDDB_RW_TOKEN"  # not ro
+    with pytest.raises(AssertionError):
+        check_k8s_auth(k8s_auth(docs, tmp_path / "rw", tokens_env))
 
 
 def named_ports(container: dict[str, Any]) -> dict[str, int]:

@@ -240,15 +240,22 @@ def _exported_metric_names() -> set[str]:
     from prometheus_client import CollectorRegistry
 
     from embeddb import EmbeddingConfig, Shard
-    from embeddb.server.metrics import FollowerCollector, ShardMetrics, ShardStatsCollector
+    from embeddb.server.metrics import (
+        FollowerCollector,
+        LogCutsCollector,
+        ShardMetrics,
+        ShardStatsCollector,
+    )
+    from embeddb.server.streams import StreamSlots
     from embeddb.trainer.worker_metrics import WorkerMetrics
 
     registries = [CollectorRegistry(), CollectorRegistry(), WorkerMetrics(4).registry]
-    ShardMetrics(registries[0])
+    ShardMetrics(registries[0]).watch_streams(StreamSlots(1, 1.0))
     registries[1].register(FollowerCollector(_FakeFollower()))
     names: set[str] = set()
     with Shard(EmbeddingConfig.single_table("t", 4, capacity=64)) as shard:
         registries[0].register(ShardStatsCollector(shard))
+        registries[0].register(LogCutsCollector(shard))
         for registry in registries:
             for family in registry.collect():
                 names.add(family.name)

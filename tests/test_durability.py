@@ -444,3 +444,34 @@ def test_random_byte_flips_anywhere_in_a_snapshot_are_detected(tmp_path: Path) -
         with pytest.raises(CorruptDataError):
             snapshot.verify(copy)
         shutil.rmtree(copy)
+
+
+def test_tables_with_dotted_names_keep_their_own_snapshot_files(tmp_path) -> None:
+    """``a.b`` and ``a.c`` once both wrote ``ram/a.ids``: each table has files of its own."""
+    from embeddb import EmbeddingConfig
+
+    cfg = EmbeddingConfig.from_yaml_text("slots_config:\n  a.b: {dim: 4}\n  a.c: {dim: 4}\n")
+    with Shard(cfg, tmp_path / "s") as shard:
+        shard.assign("a.b", [1, 2], np.full((2, 4), 1.0, np.float32))
+        shard.assign("a.c", [3], np.full((1, 4), 2.0, np.float32))
+        info = shard.snapshot("dotted").info
+    assert sorted(p.name for p in (info.path / "ram").iterdir()) == [
+        "a.b.flags", "a.b.ids", "a.b.rows", "a.c.flags", "a.c.ids", "a.c.rows",
+    ]  # fmt: skip
+    with Shard(cfg, tmp_path / "s", restore="dotted") as shard:
+        np.testing.assert_array_equal(shard.lookup("a.b", [1, 2], train=False), 1.0)
+        np.testing.assert_array_equal(shard.lookup("a.c", [3], train=False), 2.0)
+
+
+def test_two_restores_in_one_second_keep_both_logs_aside(tmp_path) -> None:
+    from embeddb import EmbeddingConfig
+
+    cfg = EmbeddingConfig.single_table("t", 4, capacity=100)
+    with Shard(cfg, tmp_path / "s") as shard:
+        shard.assign("t", [1], np.ones((1, 4), np.float32))
+        shard.snapshot("one")
+    for _ in range(3):  # each restore sets the current log aside; none may fail or overwrite
+        with Shard(cfg, tmp_path / "s", restore="one") as shard:
+            shard.assign("t", [2], np.ones((1, 4), np.float32))
+    aside = sorted(p.name for p in (tmp_path / "s").glob("log.before-restore-*"))
+    assert len(aside) == 3

@@ -614,10 +614,13 @@ def imported(path: Path) -> set[str]:
 # The model server (trainer/serving/, issue 6) is itself a gRPC server: it may use grpc, its
 # own ModelService stubs and the database's server-side plumbing (auth, interceptors, metrics,
 # the daemon's helpers), but it still reaches the shards only through the client (InferCtx).
-MODEL_SERVER = ("batcher.py", "client.py", "codec.py", "daemon.py", "metrics.py", "server.py")
+MODEL_SERVER = ("batcher.py", "client.py", "codec.py", "daemon.py", "http.py", "metrics.py")
+MODEL_SERVER += ("server.py",)
 MODEL_SERVER_ALLOWED = ("grpc", "embeddb.v1.model_pb2", "embeddb.v1.model_pb2_grpc")
 MODEL_SERVER_ALLOWED += ("embeddb.server.auth", "embeddb.server.interceptors")
 MODEL_SERVER_ALLOWED += ("embeddb.server.metrics", "embeddb.server.daemon")
+# The shared boundary and server assembly (the shared RPC layer of the next issue).
+MODEL_SERVER_ALLOWED += ("embeddb.server.boundary", "embeddb.server.assembly")
 
 
 def test_the_trainer_reaches_the_shards_only_through_the_client() -> None:

@@ -15,6 +15,7 @@ from embeddb.config import EmbeddingConfig, OptimizerConfig, OptimizerKind, Stor
 from embeddb.durability.export import INDEX, Exporter, load_file, read_index
 from embeddb.durability.reshard import reshard
 from embeddb.errors import ConfigError, StorageError
+from embeddb.routing import shard_of
 from embeddb.shard import Shard
 from tests.conftest import one_table_config
 
@@ -210,7 +211,7 @@ def test_export_directory_placement_and_config(tmp_path: Path) -> None:
     absolute = str(tmp_path / "exports" / "shard-{index}")
     cfg = replace(config(), store=replace(config().store, export_dir=absolute))
     with Shard(cfg, tmp_path / "s", shard_index=3, num_shards=4) as shard:
-        shard.lookup("t", UNIVERSE[:3])
+        shard.lookup("t", UNIVERSE[shard_of(UNIVERSE, 4) == 3][:3])  # ids shard 3 owns
     assert len(read_index(tmp_path / "exports" / "shard-3")) == 2
     with pytest.raises(ConfigError, match=r"store\.export_dir"):
         Shard(config())  # no data directory: no update log to export from

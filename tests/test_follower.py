@@ -18,7 +18,13 @@ from prometheus_client import CollectorRegistry
 
 from embeddb.client import Client
 from embeddb.config import EmbeddingConfig, OptimizerConfig, OptimizerKind
-from embeddb.errors import ConfigError, FailedPreconditionError, StorageError, UnavailableError
+from embeddb.errors import (
+    ConfigError,
+    FailedPreconditionError,
+    PermissionDeniedError,
+    StorageError,
+    UnavailableError,
+)
 from embeddb.server import ServerConfig, ShardServer, build_server
 from embeddb.server.auth import Tokens
 from embeddb.server.follower import Follower, FollowerOptions
@@ -312,15 +318,30 @@ def test_a_follower_whose_records_were_truncated_bootstraps_again(primary, tmp_p
             )
 
 
-def test_a_follower_through_a_read_only_token(primary, tmp_path) -> None:
+def test_a_follower_through_a_replica_token(primary, tmp_path) -> None:
+    rw, ro, rep = "rw-" + "x" * 20, "ro-" + "y" * 20, "replica-" + "z" * 20
+    p = primary(tokens=Tokens(frozenset({rw}), frozenset({ro}), frozenset({rep})))
+    assert p.shard is not None
+    p.shard.assign("t", [5], np.ones((1, DIM), np.float32))
+    with replica(p.address, tmp_path / "f", token=rep) as r:
+        assert r.follower.wait_ready(10)
+        caught_up(r.follower, p.shard)
+        assert_same_rows(r.shard, p.shard)
+
+
+def test_a_follower_with_a_read_only_token_stops_naming_the_replica_role(primary, tmp_path) -> None:
+    """An ro token may not read the update log or snapshots: retrying cannot fix that, so the
+    follower stops (embeddb serve exits 1) and the primary took no snapshot for it."""
     rw, ro = "rw-" + "x" * 20, "ro-" + "y" * 20
     p = primary(tokens=Tokens(frozenset({rw}), frozenset({ro})))
     assert p.shard is not None
     p.shard.assign("t", [5], np.ones((1, DIM), np.float32))
     with replica(p.address, tmp_path / "f", token=ro) as r:
-        assert r.follower.wait_ready(10)
-        caught_up(r.follower, p.shard)
-        assert_same_rows(r.shard, p.shard)
+        assert r.follower.done.wait(10)
+        assert isinstance(r.follower.error, PermissionDeniedError)
+        assert "replica token" in str(r.follower.error)
+        assert not r.follower.bootstrapped
+    assert p.shard.snapshots() == []
 
 
 def test_a_primary_data_dir_and_a_wrong_shard_are_refused(primary, tmp_path) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import http.client
 import itertools
 import json
+import logging
 import signal
 import subprocess
 import sys
@@ -330,6 +331,37 @@ def test_bad_grpc_requests_get_precise_errors_and_the_server_stays_up(start: Any
         )
         == 1
     )
+
+
+def test_garbage_grpc_predict_is_invalid_argument_authenticated_first_and_logged_once(
+    start: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Bytes that are no PredictRequest: UNAUTHENTICATED without a token (never parsed),
+    INVALID_ARGUMENT with one; counted, one rate-limited warning, no traceback."""
+    server = start(tokens=TOKENS)
+    garbage = b"\x0a\xff\xff\xff\xff\x0f garbage \x80"
+    with grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+        raw = channel.unary_unary("/embeddb.v1.ModelService/Predict")
+        with pytest.raises(grpc.RpcError) as info:
+            raw(garbage, timeout=10)
+        assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        caplog.set_level(logging.INFO)
+        for _ in range(20):
+            with pytest.raises(grpc.RpcError) as info:
+                raw(garbage, metadata=(("authorization", f"Bearer {RO}"),), timeout=10)
+            assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "malformed PredictRequest" in (info.value.details() or "")
+    with ModelClient(f"127.0.0.1:{server.port}", token=RO) as client:
+        assert client.predict(rows(0, 2)).shape == (2,)  # still serving
+    assert (
+        sample(server, "embeddb_model_bad_requests_total", method="Predict", reason="malformed")
+        == 20
+    )
+    status = {"method": "Predict", "status": "INVALID_ARGUMENT"}
+    assert sample(server, "embeddb_model_requests_total", **status) == 20
+    warnings = [r for r in caplog.records if "malformed PredictRequest" in r.getMessage()]
+    assert len(warnings) == 1 and warnings[0].levelno == logging.WARNING
+    assert not any(r.exc_info for r in caplog.records)
 
 
 def test_bad_http_requests_get_400_or_413_and_the_server_stays_up(start: Any) -> None:

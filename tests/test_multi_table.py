@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import re
+import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +25,7 @@ from prometheus_client import CollectorRegistry
 
 from embeddb import wire
 from embeddb.client import AsyncClient, Client, UpdateResult
-from embeddb.client.batching import IdBatch, split_many
+from embeddb.client.batching import Budget, IdBatch, split_many
 from embeddb.config import EmbeddingConfig, OptimizerConfig, OptimizerKind, TableConfig
 from embeddb.errors import (
     FailedPreconditionError,
@@ -95,7 +97,9 @@ def serve(data_dir: Path, n: int, **server: Any) -> Iterator[Cluster]:
     cluster = Cluster()
     try:
         for k in range(n):
-            cluster.shards.append(Shard(config(), data_dir / f"shard-{k}"))
+            cluster.shards.append(
+                Shard(config(), data_dir / f"shard-{k}", shard_index=k, num_shards=n)
+            )
             cluster.registries.append(CollectorRegistry())
             cluster.servers.append(
                 build_server(
@@ -194,10 +198,93 @@ def test_one_call_per_shard_per_batch(pair: tuple[Cluster, Cluster]) -> None:
     assert per_table == np.unique(ids["ada"]).size
 
 
+def test_the_first_call_describes_every_shard_once(pair: tuple[Cluster, Cluster]) -> None:
+    _, many = pair
+    rng = np.random.default_rng(8)
+    ids = batch(rng)
+    with Client(many.addresses) as client:
+        start = threading.Barrier(4)
+
+        def first_call() -> dict[str, F32]:
+            start.wait()  # four first calls at once
+            return client.lookup_many(ids, train=False)
+
+        with ThreadPoolExecutor(4) as pool:
+            answers = [f.result() for f in [pool.submit(first_call) for _ in range(4)]]
+        assert all(a["sgd"].shape == (ids["sgd"].size, 4) for a in answers)
+        assert many.calls("DescribeShard") == [1, 1]
+        client.lookup("ada", ids["ada"])
+        client.apply_gradients_many({t: (i, gradients(rng, ids)[t]) for t, i in ids.items()})
+        client.stats()
+        assert many.calls("DescribeShard") == [1, 1]  # later calls ask no more
+        client.check_topology()  # asked for: it asks now
+        assert many.calls("DescribeShard") == [2, 2]
+    with Client(many.addresses) as checked:  # what the inference server does at start
+        checked.check_topology()
+        checked.lookup_many(ids, train=False)
+        assert many.calls("DescribeShard") == [3, 3]
+
+    async def gathered() -> None:
+        async with AsyncClient(many.addresses) as client:
+            await asyncio.gather(*(client.lookup_many(ids, train=False) for _ in range(4)))
+            assert many.calls("DescribeShard") == [4, 4]
+            await client.lookup("sgd", ids["sgd"], train=False)
+            await client.list_tables()
+            assert many.calls("DescribeShard") == [4, 4]
+            await client.check_topology()
+            assert many.calls("DescribeShard") == [5, 5]
+
+    asyncio.run(gathered())
+
+
+def test_split_many_follows_the_documented_example() -> None:
+    batches = {"a": IdBatch.of([10, 11, 12]), "b": IdBatch.of([20, 21, 22])}
+
+    def layout(requests: list[list[tuple[str, Any]]]) -> list[list[tuple[str, list[int]]]]:
+        return [[(t, p.rows.tolist()) for t, p in pieces] for pieces in requests]
+
+    assert layout(split_many(batches, [Budget(4)])) == [
+        [("a", [0, 1, 2]), ("b", [0])],
+        [("b", [1, 2])],
+    ]
+    costs = {"a": (16,), "b": (32,)}
+    assert layout(split_many(batches, [Budget(4, (64,))], costs)) == [
+        [("a", [0, 1, 2])],
+        [("b", [0, 1])],
+        [("b", [2])],
+    ]
+    # A row above the whole budget travels alone (the shard refuses it, naming its limit).
+    assert layout(split_many(batches, [Budget(4, (20,))], costs))[3:] == [
+        [("b", [0])],
+        [("b", [1])],
+        [("b", [2])],
+    ]
+
+
+def test_split_many_fits_each_shards_byte_budget() -> None:
+    rng = np.random.default_rng(7)
+    batches = {t: IdBatch.of(rng.choice(UNIVERSE, size=200)) for t in ("a", "b", "c")}
+    costs = {"a": (16, 24), "b": (64, 72), "c": (8, 8)}
+    budgets = [Budget(50, (1000, 4000)), Budget(1000, (300, 10_000)), Budget(7, (10**6, 10**6))]
+    requests = split_many(batches, budgets, costs)
+    sent: dict[str, list[npt.NDArray[np.uint64]]] = {t: [] for t in batches}
+    for pieces in requests:
+        shard = pieces[0][1].shard
+        assert all(p.shard == shard for _, p in pieces)
+        assert len({t for t, _ in pieces}) == len(pieces)
+        assert sum(p.rows.size for _, p in pieces) <= budgets[shard].ids
+        for i, capacity in enumerate(budgets[shard].bytes):
+            assert sum(p.rows.size * costs[t][i] for t, p in pieces) <= capacity
+        for t, p in pieces:
+            sent[t].append(batches[t].unique[p.rows])
+    for t, b in batches.items():  # every unique id exactly once
+        np.testing.assert_array_equal(np.sort(np.concatenate(sent[t])), np.sort(b.unique))
+
+
 def test_split_many_respects_the_limit_and_names_each_table_once() -> None:
     rng = np.random.default_rng(2)
     batches = {t: IdBatch.of(rng.choice(UNIVERSE, size=90)) for t in ("a", "b", "c")}
-    requests = split_many(batches, 3, 25)
+    requests = split_many(batches, [Budget(25)] * 3)
     sent: dict[str, list[npt.NDArray[np.uint64]]] = {t: [] for t in batches}
     for pieces in requests:
         tables = [t for t, _ in pieces]

@@ -252,9 +252,15 @@ def test_a_row_on_the_wrong_shard_is_refused(tmp_path: Path) -> None:
     partial output is removed."""
     ids = np.arange(1, 200, dtype=np.uint64)
     for i in range(N):
-        with Shard(config(), tmp_path / "src" / f"shard-{i}", shard_index=i, num_shards=N) as sh:
+        # A live shard refuses foreign ids, so shard 0's rows are written by a one-shard
+        # cluster and its manifest then claims the N-shard layout (a copied directory).
+        count = 1 if i == 0 else N
+        with Shard(
+            config(), tmp_path / "src" / f"shard-{i}", shard_index=i, num_shards=count
+        ) as sh:
             sh.lookup("t", ids if i == 0 else ids[:0])  # shard 0 holds every id
             sh.snapshot(SNAP)
+    _edit_manifest(tmp_path / "src" / "shard-0" / "snapshots" / SNAP, num_shards=N)
     with pytest.raises(CorruptDataError, match="which belongs to shard 1"):
         reshard(tmp_path / "src", tmp_path / "out", 3, SNAP)
     assert not (tmp_path / "out").exists()

@@ -6,18 +6,23 @@ published SplitMix64 finaliser and from the formulas in ``embeddb.routing``'s do
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from embeddb.errors import InvalidArgumentError
+from embeddb.errors import FailedPreconditionError, InvalidArgumentError
 from embeddb.routing import (
+    ROUTING_ALGORITHM,
     SHARD_SALT,
     STRIPE_SALT,
+    Topology,
     as_ids,
+    first_foreign,
     hash_stack,
     mix64,
     shard_of,
@@ -479,3 +484,76 @@ def test_as_ids_rejects_non_1d_input(bad: object) -> None:
 def test_as_ids_default_name_is_ids() -> None:
     with pytest.raises(InvalidArgumentError, match=r"^ids must be non-negative"):
         as_ids(np.array([-4], dtype=np.int64))
+
+
+# ---------------------------------------------------------------- the language-neutral contract
+VECTORS = (
+    Path(__file__).resolve().parents[1] / "proto" / "embeddb" / "v1" / "routing_test_vectors.json"
+)
+PROTO = VECTORS.with_name("embeddb.proto")
+
+
+def _spec_shard(x: int, num_shards: int, salt: int) -> tuple[int, int]:
+    """The algorithm exactly as the .proto's header comment writes it (Python ints)."""
+    z = ((x ^ salt) + 0x9E3779B97F4A7C15) & MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK64
+    h = z ^ (z >> 31)
+    return h, ((h >> 32) * num_shards) >> 32
+
+
+def test_the_routing_test_vectors_match_the_spec_and_shard_of() -> None:
+    doc = json.loads(VECTORS.read_text())
+    assert doc["algorithm"] == ROUTING_ALGORITHM
+    salt = int(doc["salt"], 16)
+    assert salt == int(SHARD_SALT)
+    vectors = doc["vectors"]
+    assert len(vectors) >= 40
+    ids = np.array([int(v["id"]) for v in vectors], dtype=np.uint64)
+    assert {0, MASK64, 1 << 63} <= {int(i) for i in ids}  # the edges are covered
+    for num_shards in range(1, 9):
+        got = shard_of(ids, num_shards)
+        for v, shard in zip(vectors, got.tolist(), strict=True):
+            h, spec = _spec_shard(int(v["id"]), num_shards, salt)
+            assert int(v["hash"], 16) == h == ref_mix64(int(v["id"]), salt)
+            assert v["shards"][num_shards - 1] == spec == shard, (v, num_shards)
+    for k in range(1, 9):  # the vectors exercise every shard of every cluster size
+        assert {v["shards"][k - 1] for v in vectors} == set(range(k))
+
+
+def test_the_proto_states_the_routing_constants() -> None:
+    text = PROTO.read_text()
+    for constant in ("0x5D1CE0DB5EED0001", "0x9E3779B97F4A7C15", "0xBF58476D1CE4E5B9",
+                     "0x94D049BB133111EB", ">> 30", ">> 27", ">> 31", ROUTING_ALGORITHM,
+                     "routing_test_vectors.json"):  # fmt: skip
+        assert constant in text, constant
+
+
+@given(st.lists(uint64s, min_size=1, max_size=50), st.integers(1, 40))
+@settings(max_examples=150)
+def test_first_foreign_finds_the_first_id_of_another_shard(
+    values: list[int], num_shards: int
+) -> None:
+    ids = u64(values)
+    owners = shard_of(ids, num_shards)
+    for index in range(min(num_shards, 4)):
+        foreign = np.flatnonzero(owners != index)
+        want = int(foreign[0]) if foreign.size else -1
+        assert first_foreign(ids, index, num_shards) == want
+        topology = Topology(index, num_shards)
+        if want < 0:
+            topology.check_owned(ids)
+        else:
+            with pytest.raises(FailedPreconditionError) as info:
+                topology.check_owned(ids, "lookups[2].ids")
+            message = str(info.value)
+            assert f"lookups[2].ids[{want}] = {values[want]} belongs to shard" in message
+            assert f"{owners[want]} of {num_shards}" in message
+            assert f"this server (shard {index} of {num_shards})" in message
+
+
+def test_a_topology_is_validated() -> None:
+    for index, count in ((0, 0), (2, 2), (-1, 3), (0, 1 << 32)):
+        with pytest.raises(InvalidArgumentError):
+            Topology(index, count)
+    assert str(Topology(1, 4)) == "shard 1 of 4"

@@ -5,13 +5,9 @@ follower's feed open)."""
 from __future__ import annotations
 
 import re
-import signal
-import subprocess
-import sys
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -24,6 +20,7 @@ from embeddb.client import Client
 from embeddb.config import EmbeddingConfig
 from embeddb.errors import FailedPreconditionError
 from embeddb.shard import Shard
+from tests.serve_process import ServeProcess, serve_processes
 
 DIM = 4
 START_TIMEOUT_S = 30.0
@@ -37,24 +34,6 @@ defaults:
 IDS = np.arange(1, 21, dtype=np.uint64)
 
 
-@dataclass
-class Served:
-    process: subprocess.Popen[bytes]
-    port: int
-    log: Path
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def output(self) -> str:
-        return self.log.read_text()
-
-    def stop(self, timeout: float = 15.0) -> int:
-        self.process.send_signal(signal.SIGTERM)
-        return self.process.wait(timeout=timeout)
-
-
 @pytest.fixture
 def config_file(tmp_path: Path) -> Path:
     path = tmp_path / "config.yaml"
@@ -63,35 +42,12 @@ def config_file(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def serve(tmp_path: Path, config_file: Path) -> Iterator[Callable[..., Served]]:
+def serve(tmp_path: Path, config_file: Path) -> Iterator[Callable[..., ServeProcess]]:
     """Start ``embeddb serve --port 0 --config CONFIG ...``; killed at teardown if still up."""
-    started: list[subprocess.Popen[bytes]] = []
-
-    def start(*args: str, expect_exit: bool = False) -> Served:
-        n = len(started)
-        port_file, log = tmp_path / f"port-{n}", tmp_path / f"serve-{n}.log"
-        cmd = [sys.executable, "-m", "embeddb.cli", "serve", "--port", "0", "--config",
-               str(config_file), "--port-file", str(port_file), *args]  # fmt: skip
-        with log.open("wb") as out:
-            process = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
-        started.append(process)
-        if expect_exit:
-            process.wait(timeout=START_TIMEOUT_S)
-            return Served(process, 0, log)
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while not port_file.exists():
-            if process.poll() is not None:
-                pytest.fail(f"serve exited with {process.returncode}:\n{log.read_text()}")
-            if time.monotonic() > deadline:
-                pytest.fail(f"serve did not write its port file:\n{log.read_text()}")
-            time.sleep(0.05)
-        return Served(process, int(port_file.read_text()), log)
-
-    yield start
-    for process in started:
-        if process.poll() is None:
-            process.kill()
-        process.wait(timeout=10)
+    starts = serve_processes(tmp_path)
+    start = next(starts)
+    yield lambda *args, **kw: start("--config", str(config_file), *args, **kw)
+    next(starts, None)
 
 
 def vectors(value: float, n: int = IDS.size) -> np.ndarray:
@@ -163,14 +119,16 @@ def scrape(url: str) -> dict[str, float]:
 
 
 def test_serve_follow_replicates_a_primary_process(serve, tmp_path) -> None:
-    rw, ro = "rw-token-" + "r" * 20, "ro-token-" + "o" * 20
+    rw, ro, rep = "rw-token-" + "r" * 20, "ro-token-" + "o" * 20, "replica-token-" + "p" * 20
     tokens = tmp_path / "tokens"
-    tokens.write_text(f"rw {rw}\nro {ro}\n")
-    ro_file = tmp_path / "ro-token"
-    ro_file.write_text(f"{ro}\n")
+    tokens.write_text(f"rw {rw}\nro {ro}\nreplica {rep}\n")
+    tokens.chmod(0o600)
+    replica_file = tmp_path / "replica-token"
+    replica_file.write_text(f"{rep}\n")
+    replica_file.chmod(0o600)
     primary = serve("--data-dir", str(tmp_path / "primary"), "--tokens-file", str(tokens),
                     "--grace", "20")  # fmt: skip
-    follower = serve("--follow", primary.address, "--primary-token-file", str(ro_file),
+    follower = serve("--follow", primary.address, "--primary-token-file", str(replica_file),
                      "--data-dir", str(tmp_path / "follower"), "--tokens-file", str(tokens),
                      "--metrics-port", "0")  # fmt: skip
     deadline = time.monotonic() + START_TIMEOUT_S
@@ -226,7 +184,12 @@ def test_durability_options_that_exclude_each_other_are_usage_errors(tmp_path) -
         assert result.exit_code == 2 and message in result.output, result.output
     tokens = tmp_path / "tokens"
     tokens.write_text("# a server's tokens file\nrw first-token-0123456789\nro other\n")
+    with pytest.raises(Exception, match="chmod 600"):
+        _read_token(tokens)  # a token file others may read is refused
+    tokens.chmod(0o600)
     assert _read_token(tokens) == "first-token-0123456789"
+    tokens.write_text("replica replica-token-0123456789\n")
+    assert _read_token(tokens) == "replica-token-0123456789"
     tokens.write_text("  only-a-token-0123456789  # comment\n")
     assert _read_token(tokens) == "only-a-token-0123456789"
     tokens.write_text("three words here\n")

@@ -33,6 +33,7 @@ from tests.conftest import one_table_config
 DIM = 4
 RW = "rw-token-" + "a" * 20
 RO = "ro-token-" + "b" * 20
+REPLICA = "replica-token-" + "c" * 20
 
 
 def config(dim: int = DIM, **store: object) -> EmbeddingConfig:
@@ -141,22 +142,48 @@ def test_a_failed_checkpoint_names_the_shard_and_the_others_keep_theirs(start) -
     assert [s.snapshot_id for s in nodes[0].shard.snapshots()] == ["taken"]
 
 
-def test_read_only_tokens_may_read_snapshots_and_the_log_but_not_take_snapshots(start) -> None:
-    node = start(tokens=Tokens(frozenset({RW}), frozenset({RO})))
+def test_read_only_tokens_list_snapshots_but_never_stream_the_log_or_snapshots(start) -> None:
+    """ro: evaluation reads and metadata only. Subscribe (every logged row, deleted ones too)
+    and FetchSnapshot (every row with its optimizer state) are PERMISSION_DENIED, and an ro
+    token can never make the primary take a snapshot."""
+    node = start(tokens=Tokens(frozenset({RW}), frozenset({RO}), frozenset({REPLICA})))
     assign(node.shard, [1], 1.0)
     with Client([node.address], token=RO) as ro:
         with pytest.raises(PermissionDeniedError, match="may not call Snapshot"):
             ro.snapshot("nope")
         assert ro.list_snapshots() == [[]]
     metadata = (("authorization", f"Bearer {RO}"),)
+    for request in (pb.FetchSnapshotRequest(take_new=True), pb.FetchSnapshotRequest()):
+        with pytest.raises(grpc.RpcError) as info:
+            list(node.stub.FetchSnapshot(request, metadata=metadata))
+        assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert "replica token is needed" in (info.value.details() or "")
     with pytest.raises(grpc.RpcError) as info:
-        list(node.stub.FetchSnapshot(pb.FetchSnapshotRequest(take_new=True), metadata=metadata))
+        list(node.stub.Subscribe(pb.SubscribeRequest(from_seq=0), metadata=metadata))
     assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert node.shard.snapshots() == []  # no snapshot was taken for an ro caller
+
+
+def test_replica_tokens_stream_the_log_and_snapshots_but_never_write(start) -> None:
+    node = start(tokens=Tokens(frozenset({RW}), frozenset({RO}), frozenset({REPLICA})))
+    assign(node.shard, [1], 1.0)
+    metadata = (("authorization", f"Bearer {REPLICA}"),)
     chunks = list(node.stub.FetchSnapshot(pb.FetchSnapshotRequest(), metadata=metadata))
     assert chunks[-1].path == "manifest.json"  # the first snapshot was taken for it
     feed = node.stub.Subscribe(pb.SubscribeRequest(from_seq=0), metadata=metadata)
     assert next(feed).seq == 1
     feed.cancel()
+    _, before = node.shard.peek("t", [1, 2])
+    with Client([node.address], token=REPLICA) as replica:
+        with pytest.raises(PermissionDeniedError, match="may not call Snapshot"):
+            replica.snapshot("nope")
+        with pytest.raises(PermissionDeniedError, match="may not call Assign"):
+            replica.assign("t", [2], np.ones((1, DIM), np.float32))
+        with pytest.raises(PermissionDeniedError, match="training lookup"):
+            replica.lookup("t", [2])
+        assert replica.lookup("t", [1], train=False).any()
+    _, after = node.shard.peek("t", [1, 2])
+    assert after.tobytes() == before.tobytes()
     with Client([node.address], token=RW) as rw:
         assert rw.snapshot("by-rw")[0].snapshot_id == "by-rw"
 

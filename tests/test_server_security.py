@@ -1,4 +1,4 @@
-"""Server security on a real port: bearer tokens with two roles, and TLS."""
+"""Server security on a real port: bearer tokens with three roles, token files, and TLS."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from embeddb import wire
 from embeddb.config import EmbeddingConfig, OptimizerConfig, OptimizerKind, TableConfig
 from embeddb.errors import ConfigError
+from embeddb.secrets import read_token_file
 from embeddb.server import SERVICE_NAME, ServerConfig, ShardServer, build_server
 from embeddb.server.auth import Role, Tokens
 from embeddb.shard import Shard
@@ -30,7 +31,15 @@ from embeddb.v1 import embeddb_pb2_grpc as pb_grpc
 DIM = 4
 RW = "rw-token-0123456789abcdef"
 RO = "ro-token-fedcba9876543210"
-TOKENS = Tokens(read_write=frozenset({RW}), read_only=frozenset({RO}))
+REPLICA = "replica-token-00112233445566"
+TOKENS = Tokens(read_write=frozenset({RW}), read_only=frozenset({RO}), replica=frozenset({REPLICA}))
+
+
+def write_secret(path: Path, text: str) -> Path:
+    """A token file as an operator writes it: private to its owner."""
+    path.write_text(text, encoding="utf-8")
+    path.chmod(0o600)
+    return path
 
 
 def ids_tensor(*values: int) -> pb.Tensor:
@@ -179,7 +188,8 @@ def test_read_only_token_may_not_write(
     stats_before = shard.stats().tables["t"]
     error = code_of(lambda: READ_ONLY_REFUSED[case](stub, bearer(RO)))
     assert error.code() == grpc.StatusCode.PERMISSION_DENIED
-    assert "read-only" in (error.details() or "") and RO not in (error.details() or "")
+    assert "read-only (ro)" in (error.details() or "") and "may not" in (error.details() or "")
+    assert RO not in (error.details() or "")
     found_after, after = shard.peek("t", [1, 2, 50])
     assert found_after.tolist() == found_before.tolist() == [True, True, False]
     assert after.tobytes() == before.tobytes()
@@ -262,31 +272,45 @@ def test_role_of_matches_each_token_to_its_role() -> None:
 
 
 def test_tokens_from_file(tmp_path: Path) -> None:
-    path = tmp_path / "tokens"
-    path.write_text(
-        f"# embeddb tokens\n\nrw {RW}\n   ro {RO}   # the dashboard\nrw {RW}2\n",
-        encoding="utf-8",
+    path = write_secret(
+        tmp_path / "tokens",
+        f"# embeddb tokens\n\nrw {RW}\n   ro {RO}   # the dashboard\nrw {RW}2\nreplica {REPLICA}\n",
     )
     tokens = Tokens.from_file(path)
-    assert tokens == Tokens(frozenset({RW, RW + "2"}), frozenset({RO}))
+    assert tokens == Tokens(frozenset({RW, RW + "2"}), frozenset({RO}), frozenset({REPLICA}))
+    assert tokens.role_of(REPLICA) is Role.REPLICA
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o640, 0o604, 0o660, 0o606])
+def test_a_token_file_others_may_read_is_refused_naming_chmod(tmp_path: Path, mode: int) -> None:
+    path = write_secret(tmp_path / "tokens", f"rw {RW}\n")
+    path.chmod(mode)
+    for read in (Tokens.from_file, read_token_file):
+        with pytest.raises(ConfigError, match="chmod 600") as info:
+            read(path)
+        assert f"{mode:04o}" in str(info.value) and RW not in str(info.value)
+    path.chmod(0o600)
+    assert read_token_file(path) == RW
+    path.chmod(0o400)
+    assert Tokens.from_file(path).role_of(RW) is Role.READ_WRITE
 
 
 @pytest.mark.parametrize(
     ("text", "where", "message"),
     [
-        (f"rw {RW}\nadmin {RO}\n", ":2", "expected 'rw TOKEN' or 'ro TOKEN'"),
-        (f"rw {RW}\n\n{RO}\n", ":3", "expected 'rw TOKEN' or 'ro TOKEN'"),
-        (f"rw {RW} extra\n", ":1", "expected 'rw TOKEN' or 'ro TOKEN'"),
+        (f"rw {RW}\nadmin {RO}\n", ":2", "expected 'rw TOKEN', 'ro TOKEN' or 'replica TOKEN'"),
+        (f"rw {RW}\n\n{RO}\n", ":3", "expected 'rw TOKEN', 'ro TOKEN' or 'replica TOKEN'"),
+        (f"rw {RW} extra\n", ":1", "expected 'rw TOKEN', 'ro TOKEN' or 'replica TOKEN'"),
         ("# nothing\nro short\n", ":2", "fewer than 16"),
-        (f"rw {RW}\nro {RW}\n", "tokens", "both read-write and read-only"),
+        (f"rw {RW}\nro {RW}\n", "tokens", "listed under two roles"),
+        (f"replica {RW}\nrw {RW}\n", "tokens", "listed under two roles"),
         ("# only comments\n\n", "tokens", "holds no tokens"),
     ],
 )
 def test_bad_token_files_name_the_line_and_hide_the_token(
     tmp_path: Path, text: str, where: str, message: str
 ) -> None:
-    path = tmp_path / "tokens"
-    path.write_text(text, encoding="utf-8")
+    path = write_secret(tmp_path / "tokens", text)
     with pytest.raises(ConfigError) as info:
         Tokens.from_file(path)
     text_of_error = str(info.value)
@@ -308,7 +332,9 @@ def test_tokens_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
     assert Tokens.from_env() == Tokens(frozenset({RW}), frozenset({RO, RO + "2"}))
     env = {"SHARD7_RO_TOKEN": RO}
     assert Tokens.from_env("SHARD7", env) == Tokens(frozenset(), frozenset({RO}))
-    with pytest.raises(ConfigError, match="neither SHARD8_RW_TOKEN nor SHARD8_RO_TOKEN"):
+    env = {"SHARD9_REPLICA_TOKEN": REPLICA}
+    assert Tokens.from_env("SHARD9", env) == Tokens(frozenset(), frozenset(), frozenset({REPLICA}))
+    with pytest.raises(ConfigError, match="none of SHARD8_RW_TOKEN, SHARD8_RO_TOKEN, SHARD8_REPL"):
         Tokens.from_env("SHARD8", {})
     with pytest.raises(ConfigError) as info:
         Tokens.from_env("X", {"X_RW_TOKEN": "tiny-secret"})

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import stat
 import threading
 from collections.abc import Callable
 
@@ -10,13 +12,17 @@ import pytest
 
 from embeddb.config import EmbeddingConfig, StoreConfig, TableConfig
 from embeddb.errors import (
+    ConfigError,
+    CorruptDataError,
     EmbeddbError,
+    FailedPreconditionError,
     InvalidArgumentError,
     TableNotFoundError,
     UnavailableError,
 )
+from embeddb.routing import shard_of
 from embeddb.shard import Shard
-from tests.conftest import MakeShard, ids, sgd
+from tests.conftest import MakeShard, ids, one_table_config, sgd
 
 UNIVERSE = np.arange(30, dtype=np.uint64)
 
@@ -187,3 +193,80 @@ def test_concurrent_updates_are_neither_lost_nor_torn(tmp_path) -> None:
         stats = shard.stats().tables["t"]
         assert stats.rows == 200 and stats.ram_rows <= 64
         assert stats.evicted > 0 and stats.promoted > 0
+
+
+# ---------------------------------------------------------------- ownership and topology
+def _owned_and_foreign(index: int, count: int) -> tuple[np.ndarray, np.ndarray]:
+    universe = np.arange(1, 1000, dtype=np.uint64)
+    owner = shard_of(universe, count)
+    return universe[owner == index][:30], universe[owner != index][:30]
+
+
+FOREIGN_CALLS: dict[str, Callable[[Shard, np.ndarray], object]] = {
+    "training lookup": lambda s, i: s.lookup("t", i),
+    "evaluation lookup": lambda s, i: s.lookup("t", i, train=False),
+    "lookup_many": lambda s, i: s.lookup_many([("t", i, False)]),
+    "apply_gradients": lambda s, i: s.apply_gradients("t", i, np.ones((i.size, 4), np.float32)),
+    "apply_gradients_many": lambda s, i: s.apply_gradients_many(
+        [("t", i, np.ones((i.size, 4), np.float32))]
+    ),
+    "assign": lambda s, i: s.assign("t", i, np.ones((i.size, 4), np.float32)),
+    "delete": lambda s, i: s.delete("t", i),
+}
+
+
+@pytest.mark.parametrize("call", sorted(FOREIGN_CALLS))
+def test_every_data_call_refuses_an_id_another_shard_owns(tmp_path, call: str) -> None:
+    owned, foreign = _owned_and_foreign(2, 3)
+    with Shard(one_table_config(capacity=100), tmp_path / "s", shard_index=2, num_shards=3) as s:
+        s.assign("t", owned, np.full((owned.size, 4), 0.5, np.float32))
+        found_before, before = s.peek("t", np.concatenate([owned, foreign]))
+        stats_before = s.stats().tables["t"]
+        seq = s.seq
+        batch = np.concatenate([owned[:3], foreign[:2], owned[3:]])
+        with pytest.raises(FailedPreconditionError) as info:
+            FOREIGN_CALLS[call](s, batch)
+        message = str(info.value)
+        owner = int(shard_of(foreign[:1], 3)[0])
+        assert f"[3] = {int(foreign[0])} belongs to shard {owner} of 3" in message
+        assert "this server (shard 2 of 3)" in message
+        found_after, after = s.peek("t", np.concatenate([owned, foreign]))
+        assert found_after.tolist() == found_before.tolist()
+        assert after.tobytes() == before.tobytes()
+        assert s.stats().tables["t"] == stats_before and s.seq == seq
+        FOREIGN_CALLS[call](s, owned)  # its own ids go through
+
+
+def test_a_directory_records_its_topology_and_refuses_another(tmp_path) -> None:
+    data = tmp_path / "s"
+    owned, _ = _owned_and_foreign(1, 4)
+    with Shard(one_table_config(), data, shard_index=1, num_shards=4) as s:
+        s.assign("t", owned[:5], np.ones((5, 4), np.float32))
+    assert json.loads((data / "topology.json").read_text())["num_shards"] == 4
+    assert stat.S_IMODE((data / "topology.json").stat().st_mode) == 0o600
+    for index, count, key in ((0, 1, "num_shards"), (2, 4, "shard_index"), (1, 5, "num_shards")):
+        with pytest.raises(ConfigError, match="--shard-index 1 --num-shards 4") as info:
+            Shard(one_table_config(), data, shard_index=index, num_shards=count)
+        assert info.value.key == key and "embeddb reshard" in str(info.value)
+    with Shard(one_table_config(), data, shard_index=1, num_shards=4) as s:
+        assert s.stats().tables["t"].rows == 5
+
+
+def test_a_directory_without_a_record_takes_its_snapshots_topology(tmp_path) -> None:
+    """A directory from before topology.json (or written by reshard) is checked against its
+    newest snapshot, then recorded."""
+    data = tmp_path / "s"
+    owned, _ = _owned_and_foreign(0, 2)
+    with Shard(one_table_config(), data, shard_index=0, num_shards=2) as s:
+        s.assign("t", owned[:5], np.ones((5, 4), np.float32))
+        s.snapshot("one")
+    (data / "topology.json").unlink()
+    with pytest.raises(ConfigError, match=r"holds shard 0 of 2 \(its snapshot one\)"):
+        Shard(one_table_config(), data)
+    assert not (data / "topology.json").exists()
+    with Shard(one_table_config(), data, shard_index=0, num_shards=2) as s:
+        assert s.stats().tables["t"].rows == 5
+    assert (data / "topology.json").exists()
+    (data / "topology.json").write_text('{"format_version": 1, "shard_index": "x"}')
+    with pytest.raises(CorruptDataError, match=r"topology\.json is unreadable"):
+        Shard(one_table_config(), data, shard_index=0, num_shards=2)

@@ -127,6 +127,16 @@ def test_missing_checkpoints_are_clear_errors(tmp_path: Path) -> None:
         read_checkpoint(tmp_path, "../x")
 
 
+def test_checkpoint_ids_follow_the_snapshot_id_rule_matched_whole(tmp_path: Path) -> None:
+    """A checkpoint id is the shards' snapshot id: no ``..``, no trailing newline."""
+    (tmp_path / "manifest.json").write_text("{}")  # what ".." would reach from checkpoints/
+    checkpoints = tmp_path / "checkpoints"
+    checkpoints.mkdir()
+    for bad in ("..", ".", "ckpt-1\n", "-x"):
+        with pytest.raises(InvalidArgumentError, match="checkpoint id"):
+            read_checkpoint(checkpoints, bad)
+
+
 def test_a_default_checkpoint_id_left_taken_by_a_killed_run_is_not_reused(tmp_path: Path) -> None:
     """A run killed between its shards' snapshot and the manifest leaves ``ckpt-<step>``
     taken on the shards (and maybe a folder without a manifest); reaching that step again

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -56,6 +57,105 @@ def test_the_job_file_is_validated_with_clear_errors(tmp_path: Path) -> None:
                 JobConfig.from_yaml(path)
     with pytest.raises(ConfigError, match="no such"):
         JobConfig.from_yaml(tmp_path / "missing.yaml")
+
+
+# ---------------------------------------------------------------------- tokens
+RW_TOKEN = "job-rw-token-0123456789abcdef"
+
+
+def private_file(path: Path, text: str, mode: int = 0o600) -> Path:
+    path.write_text(text)
+    path.chmod(mode)
+    return path
+
+
+def test_the_token_file_is_checked_when_the_job_loads(tmp_path: Path) -> None:
+    private_file(tmp_path / "rw.token", f"rw {RW_TOKEN}  # the job's token\n")
+    job = JobConfig.from_yaml(write_job(tmp_path, token_file="rw.token"))
+    assert job.token_file == tmp_path / "rw.token"  # relative to the job file
+    assert job.read_token() == RW_TOKEN
+    assert RW_TOKEN not in repr(job)
+    from embeddb.trainer.config import TrainerConfig
+
+    config = TrainerConfig(token=job.read_token())
+    assert config.embedding_worker().token == RW_TOKEN
+    assert RW_TOKEN not in repr(config) + repr(config.embedding_worker())
+    assert JobConfig.from_yaml(write_job(tmp_path)).read_token() is None
+    private_file(tmp_path / "shared.token", RW_TOKEN, mode=0o640)
+    private_file(tmp_path / "empty.token", "# nothing\n")
+    for name, match in [
+        ("missing.token", "token_file: .*cannot read"),
+        ("shared.token", "token_file: .*chmod 600"),
+        ("empty.token", "token_file: .*expected a token"),
+    ]:
+        with pytest.raises(ConfigError, match=match) as raised:
+            JobConfig.from_yaml(write_job(tmp_path, token_file=name))
+        assert raised.value.key == "token_file"
+
+
+@pytest.fixture
+def token_shard(tmp_path: Path) -> Iterator[str]:
+    """One Adult shard on port 0 that requires bearer tokens (the job's is its rw token)."""
+    from embeddb.config import EmbeddingConfig
+    from embeddb.server import ServerConfig, build_server
+    from embeddb.server.auth import Tokens
+    from embeddb.shard import Shard
+
+    config = EmbeddingConfig.from_yaml(
+        JobConfig.from_yaml(write_job(tmp_path)).embedding_config_path()
+    )
+    shard = Shard(config, tmp_path / "shard")
+    tokens = Tokens(read_write=frozenset({RW_TOKEN}), read_only=frozenset({"ro-" + RW_TOKEN}))
+    server = build_server(shard, ServerConfig(port=0, tokens=tokens))
+    try:
+        yield f"127.0.0.1:{server.port}"
+    finally:
+        server.stop(grace=0)
+        shard.close()
+
+
+def test_a_job_without_its_token_file_fails_fast_on_shards_requiring_tokens(
+    tmp_path: Path, token_shard: str
+) -> None:
+    job = write_job(tmp_path, addresses=f"[{token_shard}]")
+    started = time.monotonic()
+    proc = start(job)
+    out = finish(proc, job)
+    assert proc.returncode != 0, out
+    assert "UnauthenticatedError" in out and "set token_file in the job" in out
+    assert time.monotonic() - started < 60
+
+
+def test_a_job_with_its_token_file_trains_checkpoints_and_predicts_on_shards_requiring_tokens(
+    tmp_path: Path, token_shard: str
+) -> None:
+    private_file(tmp_path / "rw.token", RW_TOKEN + "\n")
+    job = write_job(
+        tmp_path, addresses=f"[{token_shard}]", token_file="rw.token", checkpoint_dir="ckpt"
+    )
+    proc = start(job, "--predict", "2")
+    out = finish(proc, job)
+    assert proc.returncode == 0, out
+    assert "test AUC" in out and out.count("prediction ") == 2
+    assert latest_checkpoint(tmp_path / "ckpt") is not None  # the snapshot call sent it too
+
+
+def test_local_shards_of_a_job_with_a_token_file_require_its_token(tmp_path: Path) -> None:
+    from embeddb.client import Client
+    from embeddb.errors import UnauthenticatedError
+    from embeddb.trainer.launch import _shards
+
+    private_file(tmp_path / "rw.token", RW_TOKEN)
+    job = JobConfig.from_yaml(write_job(tmp_path, token_file="rw.token"))
+    run_dir = tmp_path / "run"
+    run_dir.mkdir(mode=0o700)
+    with _shards(job, run_dir / "shards.txt", echo=lambda line: None):
+        addresses = (run_dir / "shards.txt").read_text().split()
+        assert (run_dir / "tokens.txt").stat().st_mode & 0o777 == 0o600
+        with Client(addresses, token=RW_TOKEN) as client:
+            assert client.list_tables()
+        with Client(addresses) as client, pytest.raises(UnauthenticatedError):
+            client.list_tables()
 
 
 # ---------------------------------------------------------------------- processes

@@ -285,14 +285,15 @@ def test_a_torn_last_record_is_cut_at_every_offset(
 
 
 @pytest.mark.parametrize("offset", [0, 3, 8, 15, 20, 21, 40, RECORD - 1])
-def test_a_corrupt_final_record_with_nothing_after_it_is_a_torn_tail(
+def test_a_corrupt_final_record_is_cut_as_corruption_under_point_in_time(
     tmp_path: Path, offset: int
 ) -> None:
     fill(tmp_path, 3)
     [path] = segments(tmp_path)
     flip(path, TAIL_START + offset)
-    with UpdateLog(tmp_path, NEVER) as log:
+    with UpdateLog(tmp_path, NEVER) as log:  # never: point_in_time (tests/test_log_scan.py)
         assert log.last_seq == 2
+        assert [cut.kind for cut in log.cuts] == ["corrupt"]
         assert log.append([b"next"]) == 3
 
 

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from embeddb import wire
-from embeddb.errors import InvalidArgumentError
+from embeddb.errors import InvalidArgumentError, ResourceExhaustedError
 from embeddb.v1 import embeddb_pb2 as pb
 
 
@@ -75,13 +75,28 @@ def _tensor(**kw: object) -> pb.Tensor:
             _tensor(data=lz4.frame.compress(b"\0" * 10**6), compression=pb.LZ4),
             "does not decompress",
         ),
-        (_tensor(compression=7), "unknown compression"),
+        (_tensor(compression=7), "ids.compression: 7 is not a Compression"),
+        (_tensor(dtype=99), "ids.dtype: 99 is not a DType"),
         (_tensor(shape=[10**6], data=b""), "more than the limit"),
+        (_tensor(shape=[1 << 40, 1 << 40], data=b""), "rank 1"),
     ],
 )
 def test_malformed_ids_are_rejected_with_the_field_named(tensor: pb.Tensor, message: str) -> None:
     with pytest.raises(InvalidArgumentError, match=message):
         wire.decode_ids(tensor, "ids", max_items=1000)
+
+
+def test_an_lz4_tensor_is_not_decompressed_beyond_the_bound() -> None:
+    """The size its shape claims is checked before decompression (a 4 MiB frame of zeros
+    that would decompress to 32 MiB)."""
+    packed = lz4.frame.compress(b"\0" * (32 << 20))
+    tensor = pb.Tensor(dtype=pb.UINT64, shape=[4 << 20], data=packed, compression=pb.LZ4)
+    with pytest.raises(ResourceExhaustedError, match="decompresses to 33554432 bytes"):
+        wire.decode_ids(tensor, "ids", max_lz4_bytes=16 << 20)
+    assert wire.decode_ids(tensor, "ids", max_lz4_bytes=32 << 20).size == 4 << 20
+    grads = pb.Tensor(dtype=pb.FLOAT32, shape=[1 << 20, 8], data=packed, compression=pb.LZ4)
+    with pytest.raises(ResourceExhaustedError, match="max_response_bytes 1024"):
+        wire.decode_matrix(grads, "grads", max_lz4_bytes=1024)
 
 
 @pytest.mark.parametrize(

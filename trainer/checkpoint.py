@@ -55,7 +55,8 @@ __all__ = [
 
 MANIFEST = "manifest.json"
 DENSE_FILE = "dense.pt"
-_ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
+# The shards' snapshot id rule (embeddb.durability.snapshot.check_id), matched whole.
+_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
 @dataclass(frozen=True)
@@ -111,9 +112,16 @@ def free_checkpoint_id(
 
 
 def check_id(checkpoint_id: str) -> str:
-    if not isinstance(checkpoint_id, str) or not _ID.match(checkpoint_id):
+    """``checkpoint_id`` if it is a valid checkpoint id, which is also the shards' snapshot id.
+
+    Raises:
+        InvalidArgumentError: anything but 1-128 letters, digits or ``._-`` starting with a
+            letter or digit (a path, ``..``, a trailing newline).
+    """
+    if not isinstance(checkpoint_id, str) or _ID.fullmatch(checkpoint_id) is None:
         raise InvalidArgumentError(
-            f"a checkpoint id needs 1-128 letters, digits or ._-, got {checkpoint_id!r}"
+            f"a checkpoint id needs 1-128 letters, digits or ._-, starting with a letter or "
+            f"digit, got {checkpoint_id!r}"
         )
     return checkpoint_id
 
@@ -186,7 +194,7 @@ def latest_checkpoint(directory: str | os.PathLike[str]) -> CheckpointInfo | Non
     found = [
         read_checkpoint(root, p.name)
         for p in root.iterdir()
-        if p.is_dir() and _ID.match(p.name) and (p / MANIFEST).is_file()
+        if p.is_dir() and _ID.fullmatch(p.name) and (p / MANIFEST).is_file()
     ]
     return max(found, key=lambda c: (c.step, c.created), default=None)
 

@@ -62,6 +62,10 @@ class TrainerConfig:
         start_timeout: seconds the embedding worker may take to start.
         close_timeout: seconds ``close`` waits for pending gradient pushes.
         worker_log_level: logging level of the embedding worker process.
+        token: the bearer token every client of the context sends to the shards (the
+            embedding worker's lookups and pushes, ``save_checkpoint``'s snapshot calls): a
+            read-write token; ``None`` when the shards require none. Never in ``repr``. Read
+            it from a file at the composition root (the job's ``token_file``).
     """
 
     mode: Mode = Mode.HYBRID
@@ -79,6 +83,7 @@ class TrainerConfig:
     start_timeout: float = 120.0
     close_timeout: float = 120.0
     worker_log_level: str = "WARNING"
+    token: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         try:
@@ -129,4 +134,5 @@ class TrainerConfig:
             pooling=self.pooling,
             metrics_port=port,
             log_level=self.worker_log_level,
+            token=self.token,
         )

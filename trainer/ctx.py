@@ -449,7 +449,7 @@ class TrainCtx(_EmbeddingCtx):
         failure: BaseException | None = None
         if self.dist_env.rank == 0:
             try:
-                with Client(self.addresses) as client:
+                with Client(self.addresses, token=self.config.token) as client:
                     if pick_free_id:
                         name = ckpt.free_checkpoint_id(name, directory, client.list_snapshots())
                     client.snapshot(name)

@@ -109,6 +109,8 @@ class EmbeddingWorkerConfig:
         pooling: per-feature pooling overriding the config (e.g. ``{"title": Pooling.MEAN}``).
         metrics_port: serve the worker's Prometheus metrics on this port (``None``: not served).
         log_level: the worker process's logging level.
+        token: the bearer token its client sends to the shards (a read-write one: training
+            lookups and pushes write); ``None`` when the shards require none. Never in ``repr``.
     """
 
     max_staleness: int = 4
@@ -120,8 +122,11 @@ class EmbeddingWorkerConfig:
     pooling: Mapping[str, Pooling] = field(default_factory=dict)
     metrics_port: int | None = None
     log_level: str = "WARNING"
+    token: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
+        if self.token is not None and (not isinstance(self.token, str) or not self.token):
+            raise ConfigError("token", "must be a non-empty string or None")
         if not isinstance(self.max_staleness, int) or self.max_staleness < 1:
             raise ConfigError("max_staleness", f"must be an integer >= 1, got {self.max_staleness}")
         for name in ("batch_timeout", "shard_timeout"):

@@ -20,6 +20,7 @@ Schema (every key optional except ``model``; relative paths are relative to the 
     threads: 1                     # torch threads per NN worker
     shards: 1                      # local shard processes started by the launcher ...
     addresses: null                # ... or the shards' host:port list (then none is started)
+    token_file: null               # private file with the rw bearer token the job's clients send
     workers: 1                     # NN worker processes on this machine (--nproc_per_node)
     max_restarts: 3                # restarts of all NN workers after one dies (torchrun's)
     checkpoint_dir: null           # checkpoints here (and the local shards' data in /shards)
@@ -37,6 +38,13 @@ Datasets (train / test splits; each file plain or ``.gz``):
   are in time order, so the first ``train_rows`` rows train and the later ones test.
 * ``movielens``: the ``ml-100k`` folder; ratings ``{split}.base`` train and ``{split}.test``
   test (:class:`~embeddb.trainer.data.MovieLensReader`; rating >= 4 is a positive).
+
+Tokens: shards that require bearer tokens (``embeddb serve --tokens-file``) need
+``token_file``, a file private to its owner (``chmod 600``; anything group- or world-readable is
+refused) holding a read-write token, alone on its first line or as ``rw TOKEN``. It is checked
+when the job is loaded, and every client of the job sends it: the embedding workers' lookups
+and gradient pushes, the checkpoints' snapshot calls and the ``--predict`` lookups. Local shards
+(no ``addresses``) then require that token too.
 
 Criteo and MovieLens may not be redistributed, so no copy ships with embeddb: their examples
 read ``../shared/data`` of a development checkout, and set ``skip_missing_data`` so that a
@@ -57,6 +65,7 @@ from typing import Any
 import yaml
 
 from embeddb.errors import ConfigError
+from embeddb.secrets import read_token_file
 
 from .data import AdultReader, CriteoReader, MovieLensReader, Reader, RowRange
 
@@ -92,6 +101,7 @@ class JobConfig:
     threads: int = 1
     shards: int = 1
     addresses: tuple[str, ...] | None = None
+    token_file: Path | None = None
     workers: int = 1
     max_restarts: int = 3
     checkpoint_dir: Path | None = None
@@ -130,6 +140,8 @@ class JobConfig:
             not self.addresses or not all(isinstance(a, str) for a in self.addresses)
         ):
             raise ConfigError("addresses", f"must be a list of host:port, got {self.addresses!r}")
+        if self.token_file is not None:
+            self.read_token()  # unreadable, not private or holding no token: refused now
 
     @classmethod
     def from_yaml(cls, path: str | os.PathLike[str]) -> JobConfig:
@@ -157,7 +169,7 @@ class JobConfig:
             raise ConfigError("model", "is required (FILE.py:NAME or module:NAME)")
         base = source.parent
         values = dict(raw)
-        for key in ("data_dir", "checkpoint_dir", "export_dir", "metrics_file"):
+        for key in ("data_dir", "checkpoint_dir", "export_dir", "metrics_file", "token_file"):
             if values.get(key) is not None:
                 values[key] = (base / str(values[key])).resolve()
         if values.get("addresses") is not None:
@@ -165,6 +177,21 @@ class JobConfig:
                 raise ConfigError("addresses", "must be a list of host:port")
             values["addresses"] = tuple(values["addresses"])
         return cls(**values, base_dir=base)
+
+    def read_token(self) -> str | None:
+        """The bearer token in ``token_file`` (read now, never kept in the job), or ``None``
+        without one. Read by the composition roots (the launcher, each NN worker's entry point).
+
+        Raises:
+            ConfigError: naming ``token_file``: the file is missing or unreadable, group or
+                others may access it, or its first line holds no token (never shown).
+        """
+        if self.token_file is None:
+            return None
+        try:
+            return read_token_file(Path(self.token_file))
+        except ConfigError as exc:
+            raise ConfigError("token_file", str(exc)) from exc
 
     def _check_dataset(self) -> None:
         if self.dataset in ("criteo", "movielens") and self.data_dir is None:

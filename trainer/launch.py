@@ -5,7 +5,8 @@ What it starts, in order (torch is imported by the NN workers only, never here):
     launcher (this process)
       ├── embeddb cluster      S local shards (embeddb serve, supervised), unless the job
       │                        lists ``addresses``; rows under checkpoint_dir/shards when
-      │                        the job checkpoints, else ephemeral
+      │                        the job checkpoints, else ephemeral; requiring the job's
+      │                        token when it has a ``token_file``
       └── torchrun             python -m torch.distributed.run --standalone --nproc_per_node W
             └── rank 0..W-1    python -m embeddb.trainer.run JOB.yaml --addresses FILE
                   └── its embedding worker (spawned by the training context)
@@ -136,6 +137,9 @@ def _shards(job: JobConfig, address_file: Path, echo: Callable[[str], None]) -> 
     command += [f"--config={config_path}", "--base-port=0", f"--address-file={address_file}"]
     command += ["--log-level=warning"]
     command += ["--ephemeral"] if data_dir is None else [f"--data-dir={data_dir}"]
+    token = job.read_token()
+    if token is not None:  # the local shards require the job's token too
+        command.append(f"--tokens-file={_private_tokens_file(address_file.parent, token)}")
     cluster = subprocess.Popen(command)
     try:
         deadline = time.monotonic() + _CLUSTER_START_S
@@ -156,6 +160,15 @@ def _shards(job: JobConfig, address_file: Path, echo: Callable[[str], None]) -> 
             log.warning("the local shards did not stop in %.0f s; killing them", _STOP_S)
             cluster.kill()
             cluster.wait()
+
+
+def _private_tokens_file(directory: Path, token: str) -> Path:
+    """A server token file (``rw TOKEN``, mode 0600) in the job's private run directory."""
+    path = directory / "tokens.txt"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(f"rw {token}\n")
+    return path
 
 
 @contextlib.contextmanager

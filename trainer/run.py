@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from embeddb.config import EmbeddingConfig
+from embeddb.errors import UnauthenticatedError
 
 from .batch import Batch
 from .checkpoint import latest_checkpoint
@@ -99,10 +100,21 @@ def train(job: JobConfig, addresses: Path, predict: int) -> dict[str, Any]:
         mode=job.mode,  # type: ignore[arg-type]
         max_staleness=job.max_staleness,
         metrics_port=job.metrics_port,
+        token=job.read_token(),
     )
     loss_fn = nn.BCEWithLogitsLoss()
     epoch_batches = list(_reader(job, "train", job.batch_size, True))
-    with TrainCtx(model, optimizer, embedding_config, addresses, config) as ctx:
+    try:
+        started_ctx = TrainCtx(model, optimizer, embedding_config, addresses, config)
+    except UnauthenticatedError as exc:
+        hint = (
+            "the shards require a bearer token; set token_file in the job: a private file "
+            "holding a read-write token"
+            if job.token_file is None
+            else f"the shards refused the token of token_file {job.token_file}"
+        )
+        raise UnauthenticatedError(f"{exc}. {hint}") from exc
+    with started_ctx as ctx:
         env = ctx.dist_env
         lead = env.rank == 0
         per_epoch = len(epoch_batches) // env.world_size

@@ -357,7 +357,11 @@ class _Server:
         ).start()
         cfg = self._config
         client = AsyncClient(
-            self._addresses, timeout=cfg.shard_timeout, retries=cfg.retries, fp16=cfg.fp16
+            self._addresses,
+            timeout=cfg.shard_timeout,
+            retries=cfg.retries,
+            fp16=cfg.fp16,
+            token=cfg.token,
         )
         metrics = WorkerMetrics(cfg.max_staleness)
         worker = EmbeddingWorker(

@@ -43,6 +43,19 @@ class OptimizerKind(str, enum.Enum):
     ADAM = "adam"
 
 
+class LogRecovery(str, enum.Enum):
+    """What opening the update log does with a corrupt tail (YAML ``store.log_recovery``).
+
+    A *torn* tail (a write a crash interrupted, never acknowledged) is always cut; a *corrupt*
+    one (complete bytes that fail their checks) may hold acknowledged updates. Named after
+    RocksDB's WAL recovery modes.
+    """
+
+    AUTO = "auto"  # ABSOLUTE_CONSISTENCY with fsync: always, else POINT_IN_TIME
+    ABSOLUTE_CONSISTENCY = "absolute_consistency"  # refuse to start unless told to cut
+    POINT_IN_TIME = "point_in_time"  # cut, logged at ERROR, counted and recorded
+
+
 class InitializerKind(str, enum.Enum):
     """How a table fills the vector of a row on first access (YAML ``initializer.type``)."""
 
@@ -354,6 +367,12 @@ class StoreConfig:
         log_segment_mb: size at which an update log segment is sealed and a new one begun.
         log_lz4_min_bytes: log records at least this large are LZ4-compressed when that shrinks
             them (0: never).
+        log_recovery: what opening the update log does when its last segment ends in a
+            corrupt record (complete on disk, failing its checksum; a torn write is always cut):
+            ``absolute_consistency`` refuses to start (``embeddb serve --cut-corrupt-log-tail``
+            cuts it), ``point_in_time`` cuts it, logged at ERROR, counted and recorded in
+            ``log-cuts.jsonl``; ``auto`` (default) is the first with ``fsync: always`` and the
+            second otherwise.
         snapshot_retention: complete snapshots kept per shard; older ones (and the log segments
             only they needed) are deleted when a new snapshot lands.
         export_dir: write the rows the shard changes, every ``export_interval_s``, as numpy
@@ -376,6 +395,7 @@ class StoreConfig:
     fsync_interval_ms: float = 5.0
     log_segment_mb: int = 64
     log_lz4_min_bytes: int = 4096
+    log_recovery: LogRecovery = LogRecovery.AUTO
     snapshot_retention: int = 3
     export_dir: str | None = None
     export_interval_s: float = 10.0
@@ -410,6 +430,8 @@ class StoreConfig:
             "log_lz4_min_bytes",
             _as_int(self.log_lz4_min_bytes, "log_lz4_min_bytes", minimum=0),
         )
+        recovery = _as_kind(LogRecovery, self.log_recovery, "log_recovery", "log recovery mode")
+        _set(self, "log_recovery", recovery)
         _set(
             self,
             "snapshot_retention",
@@ -645,13 +667,18 @@ class EmbeddingConfig:
                 name: list(members) for name, members in self.feature_groups.items()
             },
             "tables": {name: _table_to_dict(t) for name, t in self.tables.items()},
-            "store": {f.name: getattr(self.store, f.name) for f in fields(self.store)},
+            "store": {f.name: _plain(getattr(self.store, f.name)) for f in fields(self.store)},
         }
 
 
 # --------------------------------------------------------------------------------------------
 # Consistency rules shared by EmbeddingConfig and the parser
 # --------------------------------------------------------------------------------------------
+
+
+def _plain(value: object) -> object:
+    """``value`` as YAML-safe plain data (an enum as its value)."""
+    return value.value if isinstance(value, enum.Enum) else value
 
 
 def _by_name(items: object, kind: type, key: str) -> Mapping[str, Any]:

@@ -32,6 +32,7 @@ from embeddb.config.model import (
     FeatureConfig,
     InitializerConfig,
     InitializerKind,
+    LogRecovery,
     OptimizerConfig,
     OptimizerKind,
     StoreConfig,
@@ -117,6 +118,7 @@ def _type_text(annotation: object) -> str:
     enums: Mapping[str, type[enum.Enum]] = {
         "OptimizerKind": OptimizerKind,
         "InitializerKind": InitializerKind,
+        "LogRecovery": LogRecovery,
     }
     if text in enums:
         return " \\| ".join(f"`{member.value}`" for member in enums[text])

@@ -69,7 +69,8 @@ _STORE_KEYS = frozenset(
     {
         "stripes", "eviction_chunk", "min_stripe_rows", "disk_cache_mb", "threads",
         "parallel_min_ids", "update_log", "fsync", "fsync_interval_ms", "log_segment_mb",
-        "log_lz4_min_bytes", "snapshot_retention", "export_dir", "export_interval_s",
+        "log_lz4_min_bytes", "log_recovery", "snapshot_retention", "export_dir",
+        "export_interval_s",
     }
 )  # fmt: skip
 _FEATURE_KEY_ALIASES = types.MappingProxyType(

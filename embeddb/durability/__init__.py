@@ -4,7 +4,8 @@ followers read while it grows.
 
 Modules: :mod:`~embeddb.durability.log` (the update log), :mod:`~embeddb.durability.records`
 (what a log record holds), :mod:`~embeddb.durability.snapshot` (self-checking snapshots),
-:mod:`~embeddb.durability.reshard` (a checkpoint of N shards rewritten into M) and
+:mod:`~embeddb.durability.manifest` (a snapshot's manifest, its checks, and where the files it
+lists are), :mod:`~embeddb.durability.reshard` (a checkpoint of N shards rewritten into M) and
 :mod:`~embeddb.durability.export` (changed rows exported as numpy files).
 
 This package is core: it never imports grpc or torch.

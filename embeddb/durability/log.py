@@ -68,22 +68,28 @@ everything appended (``never`` included).
 
 Torn tail or corruption
 -----------------------
-Opening a directory validates every record of every segment:
+Opening a directory validates every record of every segment (:mod:`.log_scan`). Only the end
+of the **last** segment may hold bytes that are not an intact record:
 
-- A **torn tail** is cut: the file is truncated to the end of its last intact record (with a
-  warning naming the file and the bytes cut) and appends continue with the next seq. A torn tail
-  is an invalid record in the **last** segment (incomplete header or payload at the end of the
-  file, or a checksum mismatch) with **no intact record anywhere after it** — what a crash in
-  the middle of a ``write(2)`` leaves.
-- Anything else is **corruption** and raises :class:`~embeddb.errors.CorruptDataError` naming
-  the file and byte offset, never skipped: an invalid record in an earlier segment, an invalid
-  record followed by an intact one, a gap or repeat in the seqs between records or segments,
-  a segment header that does not match its name.
+- A **torn tail** is a prefix of the next record — fewer than 21 bytes, a plausible header of
+  the next seq whose payload runs past the end of the file, or all zero bytes (pages a power
+  loss left unwritten). It was never acknowledged: it is cut with a warning under every mode,
+  and appends continue with the next seq.
+- A **corrupt tail** — a complete record (header and ``stored`` payload bytes within the file)
+  that fails its checksum, a header that is present but implausible (another seq, fields that
+  disagree), invalid bytes followed by an intact record — may hold acknowledged updates.
+  ``LogConfig.recovery`` decides, after RocksDB's WAL recovery modes: ``absolute_consistency``
+  (the default under ``always``) refuses to open with :class:`~embeddb.errors.CorruptDataError`
+  naming the file, the byte offset and the seq; ``point_in_time`` (the default under
+  ``interval`` and ``never``, whose power-loss window allows it) cuts it, logged at ERROR.
+  ``LogConfig.cut_corrupt_tail`` (``embeddb serve --cut-corrupt-log-tail``) cuts it under
+  either mode; it is also the only way past a hole (invalid bytes, then intact records).
 
-After a power loss under ``interval`` or ``never``, the unsynced end of the last segment can come
-back with holes (the kernel writes pages back in any order): an invalid record followed by
-intact ones. That is reported as corruption too rather than guessed at; an operator who accepts
-losing the records from the reported offset on can truncate the file there.
+Every cut is recorded before the file is truncated, so nothing is destroyed silently: a JSON
+line in ``log-cuts.jsonl`` and the cut bytes in ``log-cuts/<segment>-<offset>.bin``, in
+``LogConfig.cuts_dir``; :attr:`UpdateLog.cuts` lists the cuts of this opening. Anything else is
+corruption under every mode: an invalid record or header in an earlier segment, a gap or
+repeat in the seqs between records or segments, a segment header that does not match its name.
 
 Failures while appending
 ------------------------
@@ -103,20 +109,32 @@ import errno
 import fcntl
 import logging
 import os
-import re
-import struct
 import threading
 import time
 import zlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, NamedTuple, TypeAlias
+from typing import NamedTuple, TypeAlias
 
 import lz4.frame
-import numpy as np
-import numpy.typing as npt
 
+from embeddb.config import LogRecovery
+from embeddb.durability.log_scan import (
+    FIELDS,
+    FILE_MODE,
+    LZ4,
+    RECORD_HEADER,
+    SEGMENT_HEADER,
+    LogCut,
+    Segment,
+    TailPolicy,
+    decode,
+    os_error,
+    read_record,
+    scan_log,
+    segment_header,
+)
 from embeddb.errors import (
     ConfigError,
     CorruptDataError,
@@ -126,22 +144,13 @@ from embeddb.errors import (
     UnavailableError,
 )
 
-__all__ = ["FsyncPolicy", "LogConfig", "LogRecord", "LogTruncatedError", "UpdateLog"]
+__all__ = ["FsyncPolicy", "LogConfig", "LogCut", "LogRecord", "LogTruncatedError", "UpdateLog"]
 
 _logger = logging.getLogger(__name__)
 
 PayloadPart: TypeAlias = bytes | bytearray | memoryview
 
-_MAGIC = b"EMBDBLOG"
-_VERSION = 1
-_SEGMENT_HEADER = struct.Struct("<8sIQI")  # magic, version, first_seq, crc32 of those 20 bytes
-_RECORD_HEADER = struct.Struct("<IIQIB")  # crc32, stored, seq, length, flags
-_FIELDS = struct.Struct("<IQIB")  # the record header after its crc32
-_SEQ_AT = 8  # offset of seq in a record header
-_LZ4 = 0x01
 _MAX_LENGTH = 0xFFFF_FFFF
-_NAME = re.compile(r"(\d{20})\.log")
-_MARK_BYTES = 256 << 10  # a segment remembers the offset of a record every 256 KiB, for read()
 _PROBE_BYTES = 64 << 10  # payloads of 4x this are probed before a full LZ4 attempt
 _IOV_MAX = 1000  # below the kernel's 1024 buffers per writev
 _TIMES = 1 << 14  # append times remembered (a ring indexed by seq), for followers' lag
@@ -167,6 +176,13 @@ class LogConfig:
             record larger than this gets a segment of its own).
         lz4_min_bytes: payloads of at least this many bytes are stored LZ4-compressed when that
             shrinks them; 0 turns compression off.
+        recovery: what opening does with a corrupt tail (see the module docstring); ``auto``
+            is ``absolute_consistency`` under ``always``, else ``point_in_time``. A string is
+            converted.
+        cut_corrupt_tail: cut a corrupt tail of the last segment whatever ``recovery`` says:
+            the operator accepts losing its records (the cut is recorded).
+        cuts_dir: where cuts are recorded (``log-cuts.jsonl``, ``log-cuts/``); None: the
+            log's directory.
 
     Raises:
         ConfigError: a value is out of range.
@@ -176,6 +192,9 @@ class LogConfig:
     interval_ms: float = 5.0
     segment_bytes: int = 64 << 20
     lz4_min_bytes: int = 4096
+    recovery: LogRecovery = LogRecovery.AUTO
+    cut_corrupt_tail: bool = False
+    cuts_dir: Path | None = None
 
     def __post_init__(self) -> None:
         try:
@@ -184,12 +203,26 @@ class LogConfig:
             raise ConfigError(
                 "fsync", f"must be always, interval or never, got {self.fsync!r}"
             ) from None
+        try:
+            object.__setattr__(self, "recovery", LogRecovery(self.recovery))
+        except ValueError:
+            modes = ", ".join(m.value for m in LogRecovery)
+            raise ConfigError("recovery", f"must be {modes}, got {self.recovery!r}") from None
         if not self.interval_ms > 0:
             raise ConfigError("interval_ms", f"must be > 0, got {self.interval_ms!r}")
         if self.segment_bytes < 1:
             raise ConfigError("segment_bytes", f"must be > 0, got {self.segment_bytes!r}")
         if self.lz4_min_bytes < 0:
             raise ConfigError("lz4_min_bytes", f"must be >= 0, got {self.lz4_min_bytes!r}")
+
+    @property
+    def tail_recovery(self) -> LogRecovery:
+        """``recovery`` in force: ``auto`` resolved by the fsync policy."""
+        if self.recovery is not LogRecovery.AUTO:
+            return self.recovery
+        if self.fsync is FsyncPolicy.ALWAYS:
+            return LogRecovery.ABSOLUTE_CONSISTENCY
+        return LogRecovery.POINT_IN_TIME
 
 
 class LogRecord(NamedTuple):
@@ -219,27 +252,6 @@ class LogTruncatedError(OutOfRangeError, StorageError):
         )
 
 
-class _Segment:
-    """One segment file. ``size`` counts complete records only (readers stop there)."""
-
-    __slots__ = ("first_seq", "mark_offsets", "mark_seqs", "path", "sealed", "size")
-
-    def __init__(self, path: Path, first_seq: int, size: int, sealed: bool) -> None:
-        self.path = path
-        self.first_seq = first_seq
-        self.size = size
-        self.sealed = sealed
-        # Sparse index: record ``mark_seqs[i]`` starts at byte ``mark_offsets[i]``.
-        self.mark_seqs: list[int] = []
-        self.mark_offsets: list[int] = []
-
-    def mark(self, seq: int, offset: int) -> None:
-        last = self.mark_offsets[-1] if self.mark_offsets else 0
-        if offset - last >= _MARK_BYTES:
-            self.mark_seqs.append(seq)
-            self.mark_offsets.append(offset)
-
-
 class UpdateLog:
     """The append-only, segmented, checksummed update log of one shard.
 
@@ -254,8 +266,8 @@ class UpdateLog:
     Raises:
         StorageError: the directory cannot be created, opened or locked, or an existing log ends
             before ``start_seq``.
-        CorruptDataError: a segment fails validation (see the module docstring); torn tails are
-            cut instead.
+        CorruptDataError: a segment fails validation (see the module docstring); torn tails,
+            and corrupt ones where ``config`` allows it, are cut instead (:attr:`cuts`).
 
     All methods are thread-safe.
     """
@@ -277,17 +289,18 @@ class UpdateLog:
         self._appended = threading.Condition(self._lock)  # notified by append when _waiting
         self._waiting = 0
         self._times: list[float] = [0.0] * _TIMES  # wall-clock append time of seq, at seq % _TIMES
+        self._cuts: tuple[LogCut, ...] = ()
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
             self._dir_fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except OSError as exc:
-            raise _os_error(f"cannot open update log directory {self.directory}", exc) from exc
+            raise os_error(f"cannot open update log directory {self.directory}", exc) from exc
         self._fd = -1
         try:
             try:
                 fcntl.flock(self._dir_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError as exc:
-                raise _os_error(
+                raise os_error(
                     f"update log directory {self.directory} is in use by another UpdateLog", exc
                 ) from exc
             self._segments, self._last_seq = self._recover(start_seq)
@@ -298,7 +311,7 @@ class UpdateLog:
                 _fdatasync(self._fd)
                 os.fsync(self._dir_fd)
             except OSError as exc:
-                raise _os_error(f"cannot open update log segment {active.path}", exc) from exc
+                raise os_error(f"cannot open update log segment {active.path}", exc) from exc
         except BaseException:
             if self._fd >= 0:
                 os.close(self._fd)
@@ -322,6 +335,11 @@ class UpdateLog:
     def last_seq(self) -> int:
         """The highest seq appended (``start_seq``, 0 by default, for an empty log)."""
         return self._last_seq
+
+    @property
+    def cuts(self) -> tuple[LogCut, ...]:
+        """The tails cut off the last segment when this log opened (also in ``log-cuts.jsonl``)."""
+        return self._cuts
 
     @property
     def durable_seq(self) -> int:
@@ -360,30 +378,27 @@ class UpdateLog:
         if min_bytes and length >= min_bytes:
             packed = _compress(parts, length)
             if packed is not None:
-                parts, flags = [packed], _LZ4
+                parts, flags = [packed], LZ4
         if len(parts) > _IOV_MAX:
             parts = [b"".join(parts)]
         stored = len(parts[0]) if flags else length
         crc = 0
         for p in parts:
             crc = zlib.crc32(p, crc)
-        size = _RECORD_HEADER.size + stored
+        size = RECORD_HEADER.size + stored
         with self._lock:
             self._check_writable()
             seq = self._last_seq + 1
             active = self._segments[-1]
-            if (
-                active.size > _SEGMENT_HEADER.size
-                and active.size + size > self.config.segment_bytes
-            ):
+            if active.size > SEGMENT_HEADER.size and active.size + size > self.config.segment_bytes:
                 active = self._roll(seq)
-            fields = _FIELDS.pack(stored, seq, length, flags)
-            header = _RECORD_HEADER.pack(zlib.crc32(fields, crc), stored, seq, length, flags)
+            fields = FIELDS.pack(stored, seq, length, flags)
+            header = RECORD_HEADER.pack(zlib.crc32(fields, crc), stored, seq, length, flags)
             try:
                 _write_all(self._fd, [header, *parts], size)
             except OSError as exc:
                 self._cut_back(active, exc)
-                raise _os_error(
+                raise os_error(
                     f"update log segment {active.path}: cannot append seq {seq}", exc
                 ) from exc
             active.mark(seq, active.size)
@@ -494,7 +509,7 @@ class UpdateLog:
                 seq, offset = (
                     (segment.mark_seqs[k], segment.mark_offsets[k])
                     if k >= 0
-                    else (segment.first_seq, _SEGMENT_HEADER.size)
+                    else (segment.first_seq, SEGMENT_HEADER.size)
                 )
             try:
                 f = open(segment.path, "rb", buffering=1 << 16)  # noqa: SIM115 (closed by the with below)
@@ -505,7 +520,7 @@ class UpdateLog:
                     raise LogTruncatedError(self.directory, next_seq - 1, self._first_seq) from None
                 raise
             except OSError as exc:
-                raise _os_error(f"cannot read update log segment {segment.path}", exc) from exc
+                raise os_error(f"cannot read update log segment {segment.path}", exc) from exc
             with f:
                 f.seek(offset)
                 while True:
@@ -516,7 +531,7 @@ class UpdateLog:
                             break  # on to the next segment
                         return  # caught up with the writer
                     while offset < end:
-                        record = _read_record(f, offset, end)
+                        record = read_record(f, offset, end)
                         if isinstance(record, str):
                             raise CorruptDataError(
                                 f"update log segment {segment.path}: {record} at offset {offset}"
@@ -528,10 +543,10 @@ class UpdateLog:
                                 f"{offset} has seq {got}, expected {seq}"
                             )
                         if seq >= next_seq:
-                            payload = _decode(segment.path, offset, flags, length, stored)
+                            payload = decode(segment.path, offset, flags, length, stored)
                             next_seq = seq + 1
                             yield LogRecord(seq, payload)
-                        offset += _RECORD_HEADER.size + len(stored)
+                        offset += RECORD_HEADER.size + len(stored)
                         seq += 1
 
     # --------------------------------------------------------------------------- housekeeping
@@ -555,7 +570,7 @@ class UpdateLog:
             with self._lock:
                 if self._closed:
                     raise UnavailableError(f"update log {self.directory} is closed")
-                doomed: list[_Segment] = []
+                doomed: list[Segment] = []
                 while len(self._segments) > 1 and self._segments[1].first_seq <= seq:
                     doomed.append(self._segments.pop(0))
                 self._first_seq = self._segments[0].first_seq
@@ -632,20 +647,20 @@ class UpdateLog:
             self._failed = err
             _logger.error("update log %s failed, appends now raise: %s", self.directory, err)
 
-    def _cut_back(self, segment: _Segment, exc: OSError) -> None:
+    def _cut_back(self, segment: Segment, exc: OSError) -> None:
         """After a failed write (under ``_lock``): cut the partial record off, or fail the log."""
         try:
             os.ftruncate(self._fd, segment.size)
         except OSError as cut_exc:
             self._fail(
-                _os_error(
+                os_error(
                     f"update log segment {segment.path}: cannot cut a partial record back to "
                     f"offset {segment.size} after '{exc}'",
                     cut_exc,
                 )
             )
 
-    def _roll(self, seq: int) -> _Segment:
+    def _roll(self, seq: int) -> Segment:
         """Seal the active segment and start one at ``seq`` (under ``_lock``). On failure the
         old segment stays active.
 
@@ -667,27 +682,28 @@ class UpdateLog:
                 self._sync_lock.release()
         return segment
 
-    def _create_segment(self, first_seq: int) -> tuple[_Segment, int]:
+    def _create_segment(self, first_seq: int) -> tuple[Segment, int]:
         """Create an empty segment (header written, directory fsynced); returns it and its fd."""
         path = self.directory / f"{first_seq:020d}.log"
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC)
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC
+            fd = os.open(path, flags, FILE_MODE)
         except OSError as exc:
-            raise _os_error(f"cannot create update log segment {path}", exc) from exc
+            raise os_error(f"cannot create update log segment {path}", exc) from exc
         try:
-            header = _segment_header(first_seq)
+            header = segment_header(first_seq)
             _write_all(fd, [header], len(header))
             os.fsync(self._dir_fd)
         except OSError as exc:
             os.close(fd)
-            err = _os_error(f"cannot create update log segment {path}", exc)
+            err = os_error(f"cannot create update log segment {path}", exc)
             try:
                 path.unlink()
             except OSError:
                 # A stray segment would break the seq order on reopen.
                 self._fail(err)
             raise err from exc
-        return _Segment(path, first_seq, len(header), sealed=False), fd
+        return Segment(path, first_seq, len(header), sealed=False), fd
 
     def _close_retired(self) -> None:
         for fd in self._retired:  # callers have fsynced them, or need not (``never``)
@@ -711,7 +727,7 @@ class UpdateLog:
         except OSError as exc:
             with self._lock:
                 self._retired = retired + self._retired
-            err = _os_error(f"update log {self.directory}: fsync of a sealed segment failed", exc)
+            err = os_error(f"update log {self.directory}: fsync of a sealed segment failed", exc)
             with self._lock:
                 self._fail(err)
             raise err from exc
@@ -720,7 +736,7 @@ class UpdateLog:
         try:
             _fdatasync(fd)  # stays open: only a _sync_lock holder closes fds
         except OSError as exc:
-            err = _os_error(f"update log {self.directory}: fsync failed", exc)
+            err = os_error(f"update log {self.directory}: fsync failed", exc)
             with self._lock:
                 self._fail(err)
             raise err from exc
@@ -738,35 +754,18 @@ class UpdateLog:
 
     # -------------------------------------------------------------------------------- recovery
 
-    def _recover(self, start_seq: int) -> tuple[list[_Segment], int]:
-        """Scan and validate the segments, cutting a torn tail; create the first segment of a
-        new log. Returns the segments and the last seq."""
-        try:
-            names = sorted(
-                (int(m[1]), name)
-                for name in os.listdir(self.directory)
-                if (m := _NAME.fullmatch(name)) is not None
-            )
-        except OSError as exc:
-            raise _os_error(f"cannot list update log directory {self.directory}", exc) from exc
-        if not names:
+    def _recover(self, start_seq: int) -> tuple[list[Segment], int]:
+        """Scan and validate the segments, cutting what the config allows (:mod:`.log_scan`);
+        create the first segment of a new log. Returns the segments and the last seq."""
+        cfg = self.config
+        policy = TailPolicy(cfg.tail_recovery, cfg.cut_corrupt_tail, cfg.cuts_dir or self.directory)
+        segments, next_seq, cuts = scan_log(self.directory, policy)
+        self._cuts = tuple(cuts)
+        if not segments:
             segment, fd = self._create_segment(start_seq + 1)
             os.close(fd)
             return [segment], start_seq
-        segments: list[_Segment] = []
-        expected = names[0][0]
-        for i, (first_seq, name) in enumerate(names):
-            path = self.directory / name
-            if first_seq != expected:
-                raise CorruptDataError(
-                    f"update log segment {path} starts at seq {first_seq}, but the segment "
-                    f"before it ends at seq {expected - 1}"
-                )
-            last = i == len(names) - 1
-            segment = _Segment(path, first_seq, 0, sealed=not last)
-            expected = _scan(segment, last)
-            segments.append(segment)
-        last_seq = expected - 1
+        last_seq = next_seq - 1
         if start_seq > last_seq:
             raise StorageError(
                 f"update log {self.directory} ends at seq {last_seq}, before start_seq "
@@ -776,14 +775,6 @@ class UpdateLog:
 
 
 # ------------------------------------------------------------------------------------ helpers
-
-
-def _os_error(message: str, exc: OSError) -> StorageError:
-    """``StorageError("message: [Errno N] strerror")`` carrying the errno of ``exc``."""
-    reason = f"[Errno {exc.errno}] {exc.strerror}" if exc.strerror else str(exc)
-    err = StorageError(f"{message}: {reason}")
-    err.errno = exc.errno
-    return err
 
 
 def _close_quietly(fd: int) -> None:
@@ -843,198 +834,3 @@ def _write_all(fd: int, buffers: list[bytes | memoryview], total: int) -> None:
         buffers = rest
         total = sum(len(b) for b in rest)
         done = os.writev(fd, buffers)
-
-
-def _segment_header(first_seq: int) -> bytes:
-    body = struct.pack("<8sIQ", _MAGIC, _VERSION, first_seq)
-    return body + struct.pack("<I", zlib.crc32(body))
-
-
-def _check_segment_header(path: Path, head: bytes, first_seq: int) -> str | None:
-    """Why ``head`` is not the header of segment ``path`` when a torn write could explain it
-    (None: it is the header).
-
-    Raises:
-        StorageError: an intact header of another format version.
-        CorruptDataError: an intact header of another segment.
-    """
-    if len(head) < _SEGMENT_HEADER.size:
-        return "incomplete segment header"
-    magic, version, got, crc = _SEGMENT_HEADER.unpack(head)
-    if magic != _MAGIC or zlib.crc32(head[:-4]) != crc:
-        return "invalid segment header"
-    if version != _VERSION:
-        raise StorageError(
-            f"update log segment {path} has format version {version}; this embeddb reads "
-            f"version {_VERSION}"
-        )
-    if got != first_seq:
-        raise CorruptDataError(
-            f"update log segment {path}: its header says first seq {got}, its name {first_seq}"
-        )
-    return None
-
-
-def _read_record(f: BinaryIO, offset: int, end: int) -> tuple[int, int, int, bytes] | str:
-    """Read the record at ``offset`` (``f`` is positioned there), which must end by ``end``.
-
-    Returns:
-        ``(seq, flags, length, stored bytes)``, or why the bytes there are not an intact record.
-    """
-    head = f.read(_RECORD_HEADER.size)
-    if len(head) < _RECORD_HEADER.size or offset + _RECORD_HEADER.size > end:
-        return "incomplete record header"
-    crc, stored, seq, length, flags = _RECORD_HEADER.unpack(head)
-    if not _plausible(stored, length, flags):
-        return "invalid record header"
-    if offset + _RECORD_HEADER.size + stored > end:
-        return "incomplete record payload"
-    data = f.read(stored)
-    if len(data) < stored:
-        return "incomplete record payload"
-    if zlib.crc32(memoryview(head)[4:], zlib.crc32(data)) != crc:
-        return "checksum mismatch"
-    return seq, flags, length, data
-
-
-def _plausible(stored: int, length: int, flags: int) -> bool:
-    if flags == 0:
-        return stored == length
-    return flags == _LZ4 and length > 0
-
-
-def _decode(path: Path, offset: int, flags: int, length: int, stored: bytes) -> bytes:
-    if not flags & _LZ4:
-        return stored
-    try:
-        decompressor = lz4.frame.LZ4FrameDecompressor()
-        payload: bytes = decompressor.decompress(stored, max_length=length)
-        complete = decompressor.eof
-    except RuntimeError as exc:
-        raise CorruptDataError(
-            f"update log segment {path}: corrupt LZ4 frame in the record at offset {offset}: {exc}"
-        ) from exc
-    if not complete or len(payload) != length:
-        raise CorruptDataError(
-            f"update log segment {path}: the LZ4 frame of the record at offset {offset} does "
-            f"not decompress to its {length} bytes"
-        )
-    return payload
-
-
-def _scan(segment: _Segment, last: bool) -> int:
-    """Validate every record of ``segment``, setting its size and index; in the last segment,
-    cut a torn tail. Returns the seq after its last record."""
-    path, first_seq = segment.path, segment.first_seq
-    try:
-        with open(path, "rb") as f:
-            file_size = os.fstat(f.fileno()).st_size
-            problem = _check_segment_header(path, f.read(_SEGMENT_HEADER.size), first_seq)
-            offset, seq = 0, first_seq
-            if problem is None:
-                offset = _SEGMENT_HEADER.size
-                while offset < file_size:
-                    record = _read_record(f, offset, file_size)
-                    if isinstance(record, str):
-                        problem = record
-                        break
-                    if record[0] != seq:
-                        raise CorruptDataError(
-                            f"update log segment {path}: the record at offset {offset} has seq "
-                            f"{record[0]}, expected {seq}"
-                        )
-                    segment.mark(seq, offset)
-                    offset += _RECORD_HEADER.size + len(record[3])
-                    seq += 1
-            if problem is not None:
-                if not last:
-                    raise CorruptDataError(
-                        f"update log segment {path}: {problem} at offset {offset}"
-                    )
-                f.seek(offset)
-                tail = f.read()
-                found = _find_record(tail, seq)
-                if found is not None:
-                    raise CorruptDataError(
-                        f"update log segment {path}: {problem} at offset {offset}, followed by an "
-                        f"intact record at offset {offset + found}"
-                    )
-    except OSError as exc:
-        if isinstance(exc, StorageError):
-            raise
-        raise _os_error(f"cannot read update log segment {path}", exc) from exc
-    if problem is not None:
-        _cut_tail(path, offset, first_seq, file_size, problem, seq - first_seq)
-        offset = max(offset, _SEGMENT_HEADER.size)
-    segment.size = offset
-    return seq
-
-
-def _cut_tail(
-    path: Path, offset: int, first_seq: int, file_size: int, problem: str, kept: int
-) -> None:
-    """Truncate the last segment to ``offset`` (rewriting a torn segment header)."""
-    _logger.warning(
-        "update log segment %s: cut a torn tail of %d bytes at offset %d (%s); %d records kept",
-        path,
-        file_size - offset,
-        offset,
-        problem,
-        kept,
-    )
-    try:
-        with open(path, "r+b") as f:
-            f.truncate(offset)
-            if offset == 0:
-                f.write(_segment_header(first_seq))
-            f.flush()
-            os.fsync(f.fileno())
-    except OSError as exc:
-        raise _os_error(f"cannot cut the torn tail of update log segment {path}", exc) from exc
-
-
-def _find_record(buf: bytes, min_seq: int) -> int | None:
-    """The offset (> 0) in ``buf`` of the first intact record with a seq of at least ``min_seq``,
-    or None: what tells a torn tail (nothing intact after it) from corruption.
-
-    Any record after a failure point has a seq in ``[min_seq, min_seq + len(buf) // 21]``, so
-    candidates are the offsets where such a value sits (found with numpy, 8 alignments of u64);
-    the header fields of each are checked, vectorized, and the survivors' checksums verified.
-    """
-    n, h = len(buf), _RECORD_HEADER.size
-    if n <= h:
-        return None
-    max_seq = min_seq + n // h
-    found: list[npt.NDArray[np.int64]] = []
-    for r in range(8):
-        count = (n - r) // 8
-        if count <= 0:
-            continue
-        seqs = np.frombuffer(buf, dtype="<u8", count=count, offset=r)
-        hit = np.flatnonzero((seqs >= min_seq) & (seqs <= max_seq)).astype(np.int64)
-        found.append(hit * 8 + (r - _SEQ_AT))
-    starts = np.sort(np.concatenate(found))
-    starts = starts[(starts >= 1) & (starts <= n - h)]
-    if starts.size == 0:
-        return None
-    raw = np.frombuffer(buf, dtype=np.uint8)
-    stored = _u32_at(raw, starts + 4)
-    length = _u32_at(raw, starts + 16)
-    flags = raw[starts + 20]
-    plausible = (((flags == 0) & (stored == length)) | ((flags == _LZ4) & (length > 0))) & (
-        starts + h + stored.astype(np.int64) <= n
-    )
-    view = memoryview(buf)
-    for start in starts[plausible].tolist():
-        crc, size = struct.unpack_from("<II", buf, start)
-        body = view[start + h : start + h + size]
-        if zlib.crc32(view[start + 4 : start + h], zlib.crc32(body)) == crc:
-            return int(start)
-    return None
-
-
-def _u32_at(raw: npt.NDArray[np.uint8], at: npt.NDArray[np.int64]) -> npt.NDArray[np.uint32]:
-    out = raw[at].astype(np.uint32)
-    for k in range(1, 4):
-        out |= raw[at + k].astype(np.uint32) << np.uint32(8 * k)
-    return out

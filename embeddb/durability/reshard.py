@@ -32,7 +32,10 @@ Streaming, per source shard and table:
 
 1. :func:`open_checkpoint` reads every manifest, checks that they agree (same N, indices
    0..N-1 all present, same tables) and :func:`~embeddb.durability.snapshot.verify` checks
-   every file of every snapshot, before anything is written.
+   every file of every snapshot, before anything is written. Every file read afterwards is
+   resolved inside its snapshot directory too (:func:`~embeddb.durability.snapshot.table_files`;
+   the read-only disk tier confines itself): a manifest or a symbolic link that leads out of
+   it is refused.
 2. The table's resident ids (``ram/<table>.ids``) are loaded and sorted.
 3. The disk checkpoint is opened **read-only** (:class:`~embeddb.storage.DiskTier` with
    ``read_only=True``: nothing is written into the snapshot, whose SST files are hard links
@@ -122,7 +125,7 @@ class SourceShard:
         return int(self.manifest["tables"][table].get("disk_rows", 0))
 
     def ram_rows(self, table: str) -> int:
-        return (self.path / "ram" / f"{table}.ids").stat().st_size // 8
+        return snapshot.table_files(self.path, table)[0].stat().st_size // 8
 
 
 @dataclass(frozen=True)
@@ -366,7 +369,8 @@ class _Mover:
 
     def move_shard(self, src: SourceShard) -> None:
         widths = {name: spec.width for name, spec in self.specs.items()}
-        disk = DiskTier(src.path / "disk", widths, _READ_CACHE_MB, read_only=True)
+        checkpoint = snapshot.entry_path(src.path, "disk")  # refused if it leads out
+        disk = DiskTier(checkpoint, widths, _READ_CACHE_MB, read_only=True)
         try:
             for name in self.specs:
                 self._move_table(src, disk, name)
@@ -375,11 +379,11 @@ class _Mover:
 
     def _move_table(self, src: SourceShard, disk: DiskTier, name: str) -> None:
         width = self.specs[name].width
-        base = src.path / "ram" / name
-        resident = np.fromfile(base.with_suffix(".ids"), dtype="<u8").astype(np.uint64, copy=False)
+        ids_file, rows_file, flags_file = snapshot.table_files(src.path, name)
+        resident = np.fromfile(ids_file, dtype="<u8").astype(np.uint64, copy=False)
         n_ram = resident.size
-        rows_bytes = base.with_suffix(".rows").stat().st_size
-        if rows_bytes != 4 * width * n_ram or base.with_suffix(".flags").stat().st_size != n_ram:
+        rows_bytes = rows_file.stat().st_size
+        if rows_bytes != 4 * width * n_ram or flags_file.stat().st_size != n_ram:
             raise CorruptDataError(
                 f"table {name!r} of snapshot {src.path}: the RAM files do not agree on "
                 f"{n_ram} rows of width {width}"
@@ -401,8 +405,8 @@ class _Mover:
         del resident
         if n_ram == 0:
             return  # np.memmap cannot map an empty file
-        ids_map = np.memmap(base.with_suffix(".ids"), dtype="<u8", mode="r", shape=(n_ram,))
-        rows_map = np.memmap(base.with_suffix(".rows"), dtype="<f4", mode="r", shape=(n_ram, width))
+        ids_map = np.memmap(ids_file, dtype="<u8", mode="r", shape=(n_ram,))
+        rows_map = np.memmap(rows_file, dtype="<f4", mode="r", shape=(n_ram, width))
         try:
             for start in range(0, n_ram, self.chunk_rows):
                 stop = min(start + self.chunk_rows, n_ram)

@@ -21,29 +21,61 @@ truncated file anywhere is reported with its path; nothing is loaded unverified.
 
 Sending a snapshot to another machine (a follower's bootstrap): :class:`SnapshotReader` opens
 every file of a complete snapshot and cuts them into ``(path, offset, data)`` chunks, the
-manifest last; :class:`SnapshotReceiver` writes the chunks into a temporary directory and, on
+manifest last, checking each file's size and CRC32 against the manifest as it goes;
+:class:`SnapshotReceiver` writes the chunks into a temporary directory and, on
 :meth:`~SnapshotReceiver.commit`, verifies the whole snapshot before renaming it into place.
+
+The manifest's format and checks (:func:`verify`, :func:`read_manifest`, :func:`check_id`,
+:func:`load_table`) live in :mod:`embeddb.durability.manifest`; they are importable from here.
+
+**Paths.** A snapshot directory may be copied in by hand (``snapshots/`` is where a checkpoint
+is imported) or received from another machine, so its manifest is data, not a list of paths
+to trust. Every reader — :func:`verify` (restore, crash recovery, a received snapshot),
+:class:`SnapshotReader`, :func:`load_table`, :func:`table_files` and :func:`entry_path`
+(reshard), :func:`copy_disk` — resolves each listed file inside the snapshot directory with
+:func:`embeddb.storage.paths.resolve_inside` and refuses, with :class:`CorruptDataError`, an
+absolute path, a ``..`` component or a symbolic link that leads out of it. The directory itself
+may be a symbolic link (``snapshots/ckpt-1 -> /backups/ckpt-1``): its target is the boundary.
+
+**Privacy.** The files written here are created 0600 and their directories 0700, whatever the
+umask; the disk checkpoint's files (hard links of the live RocksDB files) are made 0600 too.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
+import stat
 import tempfile
 import time
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from types import TracebackType
 from typing import Any, BinaryIO, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
 
+from embeddb.durability.manifest import (
+    FORMAT_VERSION,
+    MANIFEST,
+    check_id,
+    checksum,
+    describe,
+    entry_path,
+    load_table,
+    manifest_crc,
+    read_manifest,
+    read_manifest_text,
+    table_entries,
+    table_files,
+    verify,
+)
 from embeddb.errors import CorruptDataError, InvalidArgumentError, StorageError
+from embeddb.storage.paths import confined_root, open_inside, resolve_inside, walk_inside
 
 __all__ = [
     "FORMAT_VERSION",
@@ -53,19 +85,22 @@ __all__ = [
     "SnapshotReader",
     "SnapshotReceiver",
     "SnapshotWriter",
+    "check_id",
+    "copy_disk",
+    "entry_path",
     "list_snapshots",
     "load_table",
     "prune",
     "read_manifest",
     "remove_incomplete",
+    "table_files",
     "verify",
 ]
 
-FORMAT_VERSION = 1
-MANIFEST = "manifest.json"
 _TMP_PREFIX = ".tmp-"
-_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-_CHUNK = 8 << 20
+_manifest_crc = manifest_crc  # its former name, still used by tools and tests
+_FILE_MODE = 0o600
+_DIR_MODE = 0o700
 
 
 @dataclass(frozen=True)
@@ -77,20 +112,6 @@ class SnapshotInfo:
     path: Path
     bytes: int
     created: float
-
-
-def check_id(snapshot_id: str) -> str:
-    """``snapshot_id`` if it is a safe directory name (letters, digits, ``._-``; ≤ 128).
-
-    Raises:
-        InvalidArgumentError: anything else (a path, an empty or hidden name).
-    """
-    if not isinstance(snapshot_id, str) or not _ID.match(snapshot_id):
-        raise InvalidArgumentError(
-            f"snapshot id must be 1-128 letters, digits, '.', '_' or '-' and not start with "
-            f"'.', '_' or '-'; got {snapshot_id!r}"
-        )
-    return snapshot_id
 
 
 class SnapshotWriter:
@@ -109,8 +130,9 @@ class SnapshotWriter:
         self.root = root
         self.snapshot_id = check_id(snapshot_id)
         self.final, self.tmp = _temporary_dir(root, snapshot_id, "create")
+        self._owner = f"snapshot {snapshot_id!r} being written in {self.tmp}"
         try:
-            (self.tmp / "ram").mkdir()
+            _private_dir(self.tmp / "ram")
         except OSError as exc:
             raise StorageError(f"cannot create a snapshot in {root}: {exc}") from exc
         self.disk_dir = self.tmp / "disk"  # the RocksDB checkpoint goes here (must not exist)
@@ -122,11 +144,15 @@ class SnapshotWriter:
         rows: npt.NDArray[np.float32],
         flags: npt.NDArray[np.uint8],
     ) -> None:
-        """Write one table's captured RAM tier."""
-        base = self.tmp / "ram" / name
-        for suffix, arr in (("ids", ids.astype("<u8")), ("rows", rows.astype("<f4"))):
-            _write_file(base.with_suffix(f".{suffix}"), arr)
-        _write_file(base.with_suffix(".flags"), flags.astype(np.uint8))
+        """Write one table's captured RAM tier.
+
+        Raises:
+            CorruptDataError: ``name`` would put a file outside the snapshot (``..``, ``/``).
+        """
+        root = confined_root(self.tmp, self._owner)
+        arrays = (ids.astype("<u8"), rows.astype("<f4"), flags.astype(np.uint8))
+        for entry, arr in zip(table_entries(name), arrays, strict=True):
+            _write_file(resolve_inside(root, entry, self._owner), arr)
 
     def commit(self, seq: int, meta: dict[str, Any]) -> SnapshotInfo:
         """Checksum every file, write the manifest (with ``seq`` and ``meta``), fsync, rename.
@@ -135,14 +161,16 @@ class SnapshotWriter:
             StorageError: a write failed (the temporary directory is removed).
         """
         try:
+            _make_private(self.disk_dir)  # hard links of the live files: those become 0600 too
             files = {}
             total = 0
             for path in sorted(p for p in self.tmp.rglob("*") if p.is_file()):
                 rel = path.relative_to(self.tmp).as_posix()
-                size, crc = _checksum(path)
+                with open(path, "rb") as f:
+                    size, crc = checksum(f)
+                    os.fsync(f.fileno())
                 files[rel] = {"size": size, "crc32": crc}
                 total += size
-                _fsync_file(path)
             created = time.time()
             manifest = {
                 "format_version": FORMAT_VERSION,
@@ -152,10 +180,10 @@ class SnapshotWriter:
                 **meta,
                 "files": files,
             }
-            manifest["checksum"] = _manifest_crc(manifest)
+            manifest["checksum"] = manifest_crc(manifest)
             text = json.dumps(manifest, indent=1, sort_keys=True).encode()
             manifest_path = self.tmp / MANIFEST
-            with open(manifest_path, "wb") as f:
+            with _create_private(manifest_path) as f:
                 f.write(text)
                 f.flush()
                 os.fsync(f.fileno())
@@ -182,56 +210,112 @@ class Chunk(NamedTuple):
     data: bytes
 
 
+class _Listed(NamedTuple):
+    """A file of a snapshot being sent: its entry, the open file, the manifest's size and CRC."""
+
+    path: str
+    file: BinaryIO
+    size: int
+    crc32: int
+
+
 class SnapshotReader:
     """The files of one complete snapshot, opened for sending.
 
     :meth:`open` opens every file the manifest lists, so the snapshot is read whole even if
-    it is pruned meanwhile (an unlinked file stays readable while open).
+    it is pruned meanwhile (an unlinked file stays readable while open). :meth:`chunks` checks
+    every file against the manifest while it reads it.
 
     Args:
         info: the snapshot.
-        files: its files as ``(relative path, open file)``, the manifest last.
+        files: its listed files, in the order to send them.
+        manifest: the manifest's bytes, as verified (sent last).
     """
 
-    def __init__(self, info: SnapshotInfo, files: list[tuple[str, BinaryIO]]) -> None:
+    def __init__(self, info: SnapshotInfo, files: list[_Listed], manifest: bytes) -> None:
         self.info = info
         self._files = files
+        self._manifest = manifest
+        self._owner = describe(info.path)
 
     @classmethod
     def open(cls, info: SnapshotInfo) -> SnapshotReader:
-        """Open the files of the complete snapshot ``info``.
+        """Open the files of the complete snapshot ``info``; its manifest is read again and
+        checked (its own checksum included), and every listed file resolved inside it.
 
         Raises:
-            CorruptDataError: its manifest is unreadable or a listed file is missing.
+            CorruptDataError: its manifest is unreadable, or a listed file is missing, not a
+                regular file, or escapes the snapshot directory.
         """
-        manifest = read_manifest(info.path)
-        files: list[tuple[str, BinaryIO]] = []
+        owner = describe(info.path)
+        root = confined_root(info.path, owner)
+        text, manifest = read_manifest_text(root, info.path)
+        files: list[_Listed] = []
         try:
-            for rel in [*sorted(manifest["files"]), MANIFEST]:
-                files.append((rel, open(info.path / rel, "rb")))  # noqa: SIM115 (closed by close())
-        except OSError as exc:
-            for _, f in files:
-                f.close()
-            raise CorruptDataError(f"cannot open snapshot {info.path}: {exc}") from exc
-        return cls(info, files)
+            for rel, want in sorted(manifest["files"].items()):
+                f = open_inside(root, rel, owner)
+                files.append(_Listed(rel, f, want["size"], want["crc32"]))
+        except BaseException:
+            for listed in files:
+                listed.file.close()
+            raise
+        return cls(info, files, text)
 
     def chunks(self, chunk_bytes: int = 1 << 20) -> Iterator[Chunk]:
         """The files in chunks of at most ``chunk_bytes``, in order, the manifest last; an empty
-        file is one chunk without data."""
-        for rel, f in self._files:
-            offset = 0
-            while True:
-                data = f.read(chunk_bytes)
-                if data or offset == 0:
-                    yield Chunk(rel, offset, data)
-                if len(data) < chunk_bytes:
-                    break
-                offset += len(data)
+        file is one chunk without data.
+
+        Raises:
+            CorruptDataError: (while iterating) a file is shorter or longer than its manifest
+                says, or fails its CRC32: it changed since the snapshot was taken. No byte
+                beyond the listed size is ever yielded, and a file's last chunk only once its
+                whole content matched.
+        """
+        if chunk_bytes < 1:
+            raise InvalidArgumentError(f"chunk_bytes must be >= 1, got {chunk_bytes}")
+        for listed in self._files:
+            yield from self._checked(listed, chunk_bytes)
+        for offset in range(0, len(self._manifest), chunk_bytes):
+            yield Chunk(MANIFEST, offset, self._manifest[offset : offset + chunk_bytes])
+
+    def _checked(self, listed: _Listed, chunk_bytes: int) -> Iterator[Chunk]:
+        offset = crc = 0
+        while True:
+            wanted = min(chunk_bytes, listed.size - offset)
+            try:
+                data = listed.file.read(wanted) if wanted else b""
+                last = offset + len(data) == listed.size
+                grown = last and listed.file.read(1) != b""
+            except OSError as exc:
+                raise CorruptDataError(f"{self._where(listed)} is unreadable: {exc}") from exc
+            crc = zlib.crc32(data, crc)
+            if len(data) < wanted:
+                raise CorruptDataError(
+                    f"{self._where(listed)} ends after {offset + len(data)} bytes, its "
+                    f"manifest says {listed.size}: it changed since the snapshot was taken"
+                )
+            if grown:
+                raise CorruptDataError(
+                    f"{self._where(listed)} is longer than the {listed.size} bytes its manifest "
+                    f"says: it changed since the snapshot was taken"
+                )
+            if last and crc != listed.crc32:
+                raise CorruptDataError(
+                    f"{self._where(listed)} fails its CRC32 checksum: it changed since the "
+                    f"snapshot was taken"
+                )
+            yield Chunk(listed.path, offset, data)
+            if last:
+                return
+            offset += len(data)
+
+    def _where(self, listed: _Listed) -> str:
+        return f"{self._owner}: file {listed.path!r}"
 
     def close(self) -> None:
         """Close every file. Idempotent."""
-        for _, f in self._files:
-            f.close()
+        for listed in self._files:
+            listed.file.close()
 
     def __enter__(self) -> SnapshotReader:
         return self
@@ -264,6 +348,8 @@ class SnapshotReceiver:
         self.root = root
         self.snapshot_id = check_id(snapshot_id)
         self.final, self.tmp = _temporary_dir(root, snapshot_id, "receive")
+        self._owner = f"snapshot {snapshot_id!r} being received in {self.tmp}"
+        self._root = confined_root(self.tmp, self._owner)
         self._open: dict[str, tuple[BinaryIO, int]] = {}  # path -> (file, bytes written)
         self.bytes = 0
 
@@ -271,10 +357,12 @@ class SnapshotReceiver:
         """Write one chunk; the chunks of a file must arrive in order.
 
         Raises:
-            CorruptDataError: an unsafe path (absolute, ``..``) or a chunk out of order.
+            CorruptDataError: an unsafe path (absolute, ``..``, see
+                :func:`~embeddb.storage.paths.resolve_inside`) or a chunk out of order.
             StorageError: the write failed.
         """
-        rel = _safe_path(chunk.path)
+        target = resolve_inside(self._root, chunk.path, self._owner)
+        rel = chunk.path
         entry = self._open.get(rel)
         written = 0 if entry is None else entry[1]
         if chunk.offset != written:
@@ -284,9 +372,8 @@ class SnapshotReceiver:
             )
         try:
             if entry is None:
-                target = self.tmp / rel
-                target.parent.mkdir(parents=True, exist_ok=True)
-                f: BinaryIO = open(target, "xb")  # noqa: SIM115 (closed by commit or abort)
+                _private_dirs(self._root, target.parent)
+                f = _create_private(target)  # closed by commit or abort
             else:
                 f = entry[0]
             f.write(chunk.data)
@@ -329,96 +416,6 @@ class SnapshotReceiver:
         for f, _ in self._open.values():
             f.close()
         self._open.clear()
-
-
-def _safe_path(path: str) -> str:
-    """``path`` if it is a plain relative path inside a snapshot; CorruptDataError otherwise."""
-    parts = PurePosixPath(path).parts
-    if (
-        not parts
-        or path.startswith("/")
-        or any(p in ("", ".", "..") for p in parts)
-        or ("\\" in path)
-    ):
-        raise CorruptDataError(f"snapshot chunk path {path!r} is not a relative path inside it")
-    return "/".join(parts)
-
-
-def read_manifest(path: Path) -> dict[str, Any]:
-    """The manifest of the snapshot directory ``path`` (structure checked, files not).
-
-    Raises:
-        CorruptDataError: missing, unreadable or malformed manifest, or an unknown format.
-    """
-    file = path / MANIFEST
-    try:
-        manifest = json.loads(file.read_bytes())
-        if not isinstance(manifest, dict):
-            raise ValueError("not a JSON object")
-        if manifest.get("format_version") != FORMAT_VERSION:
-            raise ValueError(f"unsupported format_version {manifest.get('format_version')!r}")
-        if manifest.get("checksum") != _manifest_crc(manifest):
-            raise ValueError("its checksum does not match its content")
-        for key, kind in (("seq", int), ("files", dict), ("tables", dict), ("snapshot_id", str)):
-            if not isinstance(manifest.get(key), kind):
-                raise ValueError(f"field {key!r} missing or not a {kind.__name__}")
-    except (OSError, ValueError) as exc:
-        raise CorruptDataError(f"{file} is unreadable: {exc}") from exc
-    return manifest
-
-
-def verify(path: Path) -> dict[str, Any]:
-    """Check every file of the snapshot at ``path`` against its manifest; return the manifest.
-
-    Raises:
-        CorruptDataError: naming the first file that is missing, of another size, fails its
-            checksum, or is present but not listed.
-    """
-    manifest = read_manifest(path)
-    listed = manifest["files"]
-    for rel, want in sorted(listed.items()):
-        file = path / rel
-        try:
-            size, crc = _checksum(file)
-        except OSError as exc:
-            raise CorruptDataError(f"snapshot file {file} is unreadable: {exc}") from exc
-        if size != want.get("size"):
-            raise CorruptDataError(
-                f"snapshot file {file} has {size} bytes, its manifest says {want.get('size')}"
-            )
-        if crc != want.get("crc32"):
-            raise CorruptDataError(f"snapshot file {file} fails its CRC32 checksum")
-    extra = sorted(
-        p.relative_to(path).as_posix()
-        for p in path.rglob("*")
-        if p.is_file() and p.name != MANIFEST and p.relative_to(path).as_posix() not in listed
-    )
-    if extra:
-        raise CorruptDataError(f"snapshot {path} holds files its manifest does not list: {extra}")
-    return manifest
-
-
-def load_table(
-    path: Path, name: str, width: int
-) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.float32], npt.NDArray[np.uint8]]:
-    """A table's captured RAM tier from a verified snapshot.
-
-    Raises:
-        CorruptDataError: the three files disagree on the row count or the width.
-    """
-    base = path / "ram" / name
-    try:
-        ids = np.fromfile(base.with_suffix(".ids"), dtype="<u8").astype(np.uint64, copy=False)
-        flat = np.fromfile(base.with_suffix(".rows"), dtype="<f4").astype(np.float32, copy=False)
-        flags = np.fromfile(base.with_suffix(".flags"), dtype=np.uint8)
-    except OSError as exc:
-        raise CorruptDataError(f"cannot read table {name!r} of snapshot {path}: {exc}") from exc
-    if flat.size != ids.size * width or flags.size != ids.size:
-        raise CorruptDataError(
-            f"table {name!r} of snapshot {path}: {ids.size} ids, {flat.size} floats (width "
-            f"{width}) and {flags.size} flags do not match"
-        )
-    return ids, flat.reshape(ids.size, width), flags
 
 
 def list_snapshots(root: Path) -> list[SnapshotInfo]:
@@ -468,19 +465,30 @@ def remove_incomplete(root: Path) -> list[Path]:
 
 def copy_disk(snapshot: Path, target: Path) -> None:
     """Make ``target`` a live copy of the snapshot's disk checkpoint: SST files (immutable) are
-    hard-linked when possible, everything else copied. ``target`` must not exist."""
-    source = snapshot / "disk"
+    hard-linked when possible, everything else copied. ``target`` must not exist.
 
-    def link_or_copy(src: str, dst: str) -> None:
-        if src.endswith(".sst"):
+    Only regular files inside the snapshot directory are copied (see the module docstring).
+
+    Raises:
+        CorruptDataError: an entry of ``disk/`` escapes the snapshot directory or is not a
+            regular file.
+        OSError: reading or writing failed.
+    """
+    owner = describe(snapshot)
+    root = confined_root(snapshot, owner)
+    os.makedirs(target)
+    for entry, real in walk_inside(root, owner, under="disk"):
+        if not stat.S_ISREG(os.stat(real).st_mode):
+            raise CorruptDataError(f"{owner}: entry {entry!r} is not a regular file")
+        dst = target.joinpath(*entry.split("/")[1:])
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        if entry.endswith(".sst"):
             try:
-                os.link(src, dst)
-                return
+                os.link(real, dst)
+                continue
             except OSError:
                 pass
-        shutil.copy2(src, dst)
-
-    shutil.copytree(source, target, copy_function=link_or_copy)
+        shutil.copy2(real, dst)
 
 
 # ----------------------------------------------------------------------------------- helpers
@@ -494,37 +502,58 @@ def _temporary_dir(root: Path, snapshot_id: str, verb: str) -> tuple[Path, Path]
     if final.exists():
         raise InvalidArgumentError(f"snapshot {snapshot_id!r} already exists in {root}")
     try:
-        root.mkdir(parents=True, exist_ok=True)
+        root.mkdir(mode=_DIR_MODE, parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f"{_TMP_PREFIX}{snapshot_id}-", dir=root))
+        os.chmod(tmp, _DIR_MODE)
     except OSError as exc:
         raise StorageError(f"cannot {verb} a snapshot in {root}: {exc}") from exc
     return final, tmp
 
 
-def _manifest_crc(manifest: dict[str, Any]) -> int:
-    """CRC32 of the manifest's canonical JSON without its own ``checksum`` field."""
-    body = {k: v for k, v in manifest.items() if k != "checksum"}
-    return zlib.crc32(json.dumps(body, sort_keys=True).encode())
-
-
 def _write_file(path: Path, arr: npt.NDArray[Any]) -> None:
-    with open(path, "wb") as f:
+    with _create_private(path) as f:
         f.write(np.ascontiguousarray(arr).reshape(-1).view(np.uint8).data)
 
 
-def _checksum(path: Path) -> tuple[int, int]:
-    crc = 0
-    size = 0
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            crc = zlib.crc32(chunk, crc)
-            size += len(chunk)
-    return size, crc
+def _create_private(path: Path) -> BinaryIO:
+    """A new file (it must not exist; never through a symbolic link), mode 0600 whatever the
+    umask, open for writing."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        os.fchmod(fd, _FILE_MODE)  # the umask may have taken bits away
+        return os.fdopen(fd, "wb")
+    except BaseException:
+        os.close(fd)
+        raise
 
 
-def _fsync_file(path: Path) -> None:
-    with open(path, "rb") as f:
-        os.fsync(f.fileno())
+def _private_dir(path: Path) -> None:
+    """Create directory ``path``, mode 0700 whatever the umask."""
+    path.mkdir(mode=_DIR_MODE)
+    os.chmod(path, _DIR_MODE)
+
+
+def _private_dirs(root: Path, directory: Path) -> None:
+    """Create ``directory`` (inside ``root``) and its missing parents below ``root``, 0700."""
+    missing = []
+    while directory != root and not directory.exists():
+        missing.append(directory)
+        directory = directory.parent
+    for d in reversed(missing):
+        _private_dir(d)
+
+
+def _make_private(directory: Path) -> None:
+    """Mode 0700 for ``directory`` and every directory under it, 0600 for every file (links,
+    which this module never writes, are left alone)."""
+    if not directory.is_dir():
+        return
+    for current, _, names in os.walk(directory):
+        os.chmod(current, _DIR_MODE)
+        for name in names:
+            file = os.path.join(current, name)
+            if not os.path.islink(file):
+                os.chmod(file, _FILE_MODE)
 
 
 def _fsync_dir(path: Path) -> None:

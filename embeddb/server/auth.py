@@ -1,40 +1,46 @@
-"""Bearer-token authentication and read-only authorisation, as a gRPC server interceptor.
+"""Bearer tokens, roles and what each role may call (enforced by
+:class:`~embeddb.server.boundary.Boundary`).
 
 A caller sends ``authorization: Bearer <token>`` metadata (what
-``grpc.access_token_call_credentials`` sends). Each token has one of two roles:
+``grpc.access_token_call_credentials`` sends). Each token has one role:
 
-======================  ==================================================================
-role                    may call
-======================  ==================================================================
-``Role.READ_WRITE``     everything
-``Role.READ_ONLY``      ``Lookup`` with ``train=false``, ``LookupMany`` whose every part has
-                        ``train=false``, ``ListTables``, ``DescribeTable``, ``Stats``,
-                        ``ListSnapshots``, ``Subscribe``, ``FetchSnapshot`` with
-                        ``take_new=false``
-======================  ==================================================================
+=========================  ==============================================================
+role                       may call (``EmbeddingStore``)
+=========================  ==============================================================
+``Role.READ_WRITE`` (rw)   everything
+``Role.REPLICA`` (replica) what ``ro`` may, plus ``Subscribe`` (the update log) and
+                           ``FetchSnapshot`` (snapshot files, ``take_new`` included): a
+                           follower's token
+``Role.READ_ONLY`` (ro)    ``Lookup`` with ``train=false``, ``LookupMany`` whose every part
+                           has ``train=false``, ``ListTables``, ``DescribeTable``,
+                           ``DescribeShard``, ``Stats``, ``ListSnapshots``
+=========================  ==============================================================
 
 A training lookup is a write: it creates admitted rows, promotes disk rows and refreshes
-recency, so a read-only caller gets ``PERMISSION_DENIED`` for it. So is ``Snapshot``, and
-``FetchSnapshot`` with ``take_new``: a new snapshot costs a pause of the mutations and can prune
-older snapshots (retention). A read-only token is enough for a follower: it reads the update
-log (which shows no more than evaluation lookups could) and the newest snapshot; a primary
-without any snapshot takes its first one for it (that prunes nothing). A missing, malformed or
-unknown token gets ``UNAUTHENTICATED``. Services named in ``open_services`` (health checking
-and reflection, so orchestrators can probe) need no token. Denied calls never reach the
-servicer.
+recency, so a read-only caller gets ``PERMISSION_DENIED`` for it. ``Subscribe`` and
+``FetchSnapshot`` read far more than evaluation lookups can — every logged row since any seq
+(rows deleted since included), every row of a snapshot with its optimizer state — and
+``FetchSnapshot`` may make the primary take a snapshot (a pause of the mutations): only
+``replica`` and ``rw`` tokens may call them, so an ``ro`` token can never trigger a snapshot.
+A missing, malformed or unknown token gets ``UNAUTHENTICATED``. Services named in
+``open_services`` (health checking and reflection, so orchestrators can probe) need no token.
 
 Tokens are secrets: they are compared with :func:`hmac.compare_digest` over their SHA-256
-digests, and never appear in logs, error details or ``repr``.
+digests, and never appear in logs, error details or ``repr``. A token file must be private to
+its owner (no permission bits for group or others): anything else is refused with a message
+naming ``chmod 600``.
 
 Token file format (``Tokens.from_file``), one token per line::
 
     # comments and blank lines are ignored
-    rw 3q2+7w...   read-write token
-    ro Zm9v...     read-only token
+    rw 3q2+7w...        read-write token
+    ro Zm9v...          read-only token
+    replica cmVw...     replica token (followers)
 """
 
 from __future__ import annotations
 
+import contextvars
 import enum
 import hashlib
 import hmac
@@ -45,48 +51,38 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import grpc
+from embeddb.errors import ConfigError, PermissionDeniedError, UnauthenticatedError
+from embeddb.secrets import check_private_file
 
-from embeddb.errors import (
-    ConfigError,
-    EmbeddbError,
-    PermissionDeniedError,
-    UnauthenticatedError,
-)
-from embeddb.server.interceptors import abort_with, rewrap
-from embeddb.v1 import embeddb_pb2 as pb
-
-__all__ = ["MIN_TOKEN_CHARS", "AuthInterceptor", "Role", "Tokens", "authenticate"]
+__all__ = [
+    "CALLER_ROLE",
+    "MIN_TOKEN_CHARS",
+    "STORE_POLICY",
+    "AccessPolicy",
+    "Role",
+    "Tokens",
+    "authenticate",
+]
 
 log = logging.getLogger(__name__)
 
 MIN_TOKEN_CHARS = 16
 _HINT = "generate one with: python -c 'import secrets; print(secrets.token_urlsafe(32))'"
 
-_STORE = pb.DESCRIPTOR.services_by_name["EmbeddingStore"].full_name
-_LOOKUP = f"/{_STORE}/Lookup"
-_LOOKUP_MANY = f"/{_STORE}/LookupMany"
-_FETCH_SNAPSHOT = f"/{_STORE}/FetchSnapshot"
-_READ_ONLY_METHODS = frozenset(
-    f"/{_STORE}/{name}"
-    for name in (
-        "Lookup",
-        "LookupMany",
-        "ListTables",
-        "DescribeTable",
-        "Stats",
-        "ListSnapshots",
-        "Subscribe",
-        "FetchSnapshot",
-    )
-)
-
 
 class Role(enum.Enum):
-    """What a token allows."""
+    """What a token allows (see the module docstring)."""
 
     READ_WRITE = "rw"
     READ_ONLY = "ro"
+    REPLICA = "replica"
+
+
+CALLER_ROLE: contextvars.ContextVar[Role | None] = contextvars.ContextVar(
+    "embeddb_caller_role", default=None
+)
+"""The role of the caller of the call being served (None when tokens are off); set by the
+boundary for the duration of each call (gRPC runs every call in a context of its own)."""
 
 
 def _check_token(token: object, where: str) -> None:
@@ -114,35 +110,45 @@ class Tokens:
     Args:
         read_write: tokens allowed every call.
         read_only: tokens allowed reads only (see the module docstring).
+        replica: tokens of followers: reads plus the update log and snapshots.
 
     Raises:
-        ConfigError: a token is too short or not printable ASCII, a token has both roles, or
+        ConfigError: a token is too short or not printable ASCII, a token has two roles, or
             there is no token at all (that would lock every caller out).
     """
 
     read_write: frozenset[str]
     read_only: frozenset[str]
+    replica: frozenset[str] = frozenset()
     _digests: tuple[tuple[bytes, Role], ...] = field(init=False, compare=False, default=())
 
     def __post_init__(self) -> None:
-        for name in ("read_write", "read_only"):
+        for name in _ROLE_FIELDS.values():
             value = getattr(self, name)
             if isinstance(value, str) or not isinstance(value, Iterable):
                 raise ConfigError(name, "must be a set of token strings")
             object.__setattr__(self, name, frozenset(value))
             for token in getattr(self, name):
                 _check_token(token, name)
-        if self.read_write & self.read_only:
-            raise ConfigError("tokens", "a token is listed as both read-write and read-only")
-        if not self.read_write and not self.read_only:
+        seen: set[str] = set()
+        for name in _ROLE_FIELDS.values():
+            if seen & getattr(self, name):
+                raise ConfigError("tokens", "a token is listed under two roles")
+            seen |= getattr(self, name)
+        if not seen:
             raise ConfigError("tokens", "no tokens given; every call would be refused")
-        digests = tuple((_digest(t), Role.READ_WRITE) for t in sorted(self.read_write)) + tuple(
-            (_digest(t), Role.READ_ONLY) for t in sorted(self.read_only)
+        digests = tuple(
+            (_digest(t), role)
+            for role, name in _ROLE_FIELDS.items()
+            for t in sorted(getattr(self, name))
         )
         object.__setattr__(self, "_digests", digests)
 
     def __repr__(self) -> str:
-        return f"Tokens(read_write=<{len(self.read_write)}>, read_only=<{len(self.read_only)}>)"
+        return (
+            f"Tokens(read_write=<{len(self.read_write)}>, read_only=<{len(self.read_only)}>, "
+            f"replica=<{len(self.replica)}>)"
+        )
 
     def role_of(self, token: str) -> Role | None:
         """The role of ``token``, or None when it is not accepted.
@@ -158,39 +164,41 @@ class Tokens:
 
     @classmethod
     def from_file(cls, path: str | os.PathLike[str]) -> Tokens:
-        """Read a token file: lines ``rw TOKEN`` or ``ro TOKEN``; ``#`` starts a comment.
+        """Read a token file: lines ``rw TOKEN``, ``ro TOKEN`` or ``replica TOKEN``; ``#``
+        starts a comment. The file must be private (see :func:`check_private_file`).
 
         Raises:
-            ConfigError: the file cannot be read, or a line is malformed (the message names
-                the line number, never the line's content), or see :class:`Tokens`.
+            ConfigError: the file cannot be read, group or others may access it, or a line is
+                malformed (the message names the line number, never the line's content), or
+                see :class:`Tokens`.
         """
         p = Path(path)
+        check_private_file(p, "token file")
         try:
             text = p.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             raise ConfigError(str(p), f"cannot read the token file: {exc}") from exc
-        read_write: set[str] = set()
-        read_only: set[str] = set()
+        found: dict[Role, set[str]] = {role: set() for role in Role}
         for number, line in enumerate(text.splitlines(), start=1):
             where = f"{p}:{number}"
             fields = line.split("#", 1)[0].split()
             if not fields:
                 continue
-            if len(fields) != 2 or fields[0] not in ("rw", "ro"):
+            if len(fields) != 2 or fields[0] not in _ROLE_NAMES:
                 raise ConfigError(
                     where,
-                    "expected 'rw TOKEN' or 'ro TOKEN' (the line is not shown: it may hold a "
-                    "token)",
+                    "expected 'rw TOKEN', 'ro TOKEN' or 'replica TOKEN' (the line is not "
+                    "shown: it may hold a token)",
                 )
             _check_token(fields[1], where)
-            (read_write if fields[0] == "rw" else read_only).add(fields[1])
-        if not read_write and not read_only:
+            found[_ROLE_NAMES[fields[0]]].add(fields[1])
+        if not any(found.values()):
             raise ConfigError(str(p), "the token file holds no tokens")
-        return cls(frozenset(read_write), frozenset(read_only))
+        return cls(**{_ROLE_FIELDS[role]: frozenset(v) for role, v in found.items()})
 
     @classmethod
     def from_env(cls, prefix: str = "EMBEDDB", environ: Mapping[str, str] | None = None) -> Tokens:
-        """Read ``{prefix}_RW_TOKEN`` and ``{prefix}_RO_TOKEN``.
+        """Read ``{prefix}_RW_TOKEN``, ``{prefix}_RO_TOKEN`` and ``{prefix}_REPLICA_TOKEN``.
 
         Each variable holds one token, or several separated by commas or whitespace (to rotate
         tokens without downtime). Call it at the composition root only.
@@ -212,11 +220,12 @@ class Tokens:
             for token in tokens:
                 _check_token(token, name)
             found[role] = tokens
-        if not found[Role.READ_WRITE] and not found[Role.READ_ONLY]:
+        if not any(found.values()):
             raise ConfigError(
-                f"{prefix}_RW_TOKEN", f"neither {prefix}_RW_TOKEN nor {prefix}_RO_TOKEN is set"
+                f"{prefix}_RW_TOKEN",
+                f"none of {prefix}_RW_TOKEN, {prefix}_RO_TOKEN, {prefix}_REPLICA_TOKEN is set",
             )
-        return cls(found[Role.READ_WRITE], found[Role.READ_ONLY])
+        return cls(**{_ROLE_FIELDS[role]: v for role, v in found.items()})
 
 
 def _bearer(metadata: Iterable[tuple[str, str | bytes]] | None) -> str:
@@ -253,61 +262,50 @@ def authenticate(tokens: Tokens, metadata: Iterable[tuple[str, str | bytes]] | N
 Check = Callable[[Any], None]
 
 
-class AuthInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
-    """Refuses calls without an accepted token, and writes by read-only tokens.
+@dataclass(frozen=True)
+class AccessPolicy:
+    """What each role may call: per role, the methods (short names) it may call (None: every
+    method), and per ``(role, method)`` a check of the decoded request.
 
-    Args:
-        tokens: the accepted tokens.
-        open_services: full service names callable without a token (health, reflection).
-        read_only_methods: full method names (``/package.Service/Method``) a read-only token
-            may call; ``None``: the ``EmbeddingStore`` reads of the module docstring. (The
-            model server passes its ``Predict``.)
+    Raises (from the methods):
+        PermissionDeniedError: the role may not make this call.
     """
 
-    def __init__(
-        self,
-        tokens: Tokens,
-        open_services: Iterable[str] = (),
-        read_only_methods: Iterable[str] | None = None,
-    ) -> None:
-        self._tokens = tokens
-        self._open = frozenset(open_services)
-        self._read_only = (
-            _READ_ONLY_METHODS if read_only_methods is None else frozenset(read_only_methods)
-        )
+    allowed: Mapping[Role, frozenset[str] | None]
+    checks: Mapping[tuple[Role, str], Check] = field(default_factory=dict)
 
-    def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler | None],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler | None:
-        handler = continuation(handler_call_details)
-        method: str = handler_call_details.method
-        if handler is None or method.split("/")[1] in self._open:
-            return handler
-        try:
-            role = authenticate(self._tokens, handler_call_details.invocation_metadata)
-            if role is Role.READ_ONLY and method not in self._read_only:
-                raise PermissionDeniedError(
-                    f"a read-only token may not call {method.rsplit('/', 1)[-1]}"
-                )
-        except EmbeddbError as exc:
-            log.info("refused %s: %s", method, exc)
-            return _refusing(handler, exc)
-        if role is Role.READ_ONLY and method == _LOOKUP:
-            return _checked(handler, _refuse_training_lookup, method)
-        if role is Role.READ_ONLY and method == _LOOKUP_MANY:
-            return _checked(handler, _refuse_training_lookups, method)
-        if role is Role.READ_ONLY and method == _FETCH_SNAPSHOT:
-            return _checked(handler, _refuse_new_snapshot, method)
-        return handler
+    def authorize(self, role: Role, method: str) -> None:
+        """Whether ``role`` may call ``method`` at all (before the request is decoded)."""
+        allowed = self.allowed.get(role, frozenset())
+        if allowed is not None and method not in allowed:
+            raise PermissionDeniedError(
+                f"a {_DESCRIBED[role]} token may not call {method}{_WHY.get(method, '')}"
+            )
+
+    def check_request(self, role: Role, method: str, request: Any) -> None:
+        """The request-dependent rule of ``(role, method)``, if any."""
+        check = self.checks.get((role, method))
+        if check is not None:
+            check(request)
+
+
+_WHY = {
+    "Subscribe": " (it streams every logged row: a replica token is needed)",
+    "FetchSnapshot": " (it streams every row of a snapshot: a replica token is needed)",
+    "Snapshot": " (taking a snapshot pauses mutations: a read-write token is needed)",
+}
+
+_READS = frozenset(
+    {"Lookup", "LookupMany", "ListTables", "DescribeTable", "DescribeShard", "Stats"}
+    | {"ListSnapshots"}
+)
 
 
 def _refuse_training_lookup(request: Any) -> None:
     if request.train:
         raise PermissionDeniedError(
-            "a read-only token may not run a training lookup (train=true creates rows and "
-            "refreshes recency); send train=false or use a read-write token"
+            "a read-only (ro) or replica token may not run a training lookup (train=true "
+            "creates rows and refreshes recency); send train=false or use a read-write token"
         )
 
 
@@ -316,33 +314,27 @@ def _refuse_training_lookups(request: Any) -> None:
         _refuse_training_lookup(part)
 
 
-def _refuse_new_snapshot(request: Any) -> None:
-    if request.take_new:
-        raise PermissionDeniedError(
-            "a read-only token may not take a snapshot (FetchSnapshot take_new=true); fetch the "
-            "newest one or use a read-write token"
+STORE_POLICY = AccessPolicy(
+    allowed={
+        Role.READ_WRITE: None,
+        Role.REPLICA: _READS | {"Subscribe", "FetchSnapshot"},
+        Role.READ_ONLY: _READS,
+    },
+    checks={
+        (role, method): check
+        for role in (Role.READ_ONLY, Role.REPLICA)
+        for method, check in (
+            ("Lookup", _refuse_training_lookup),
+            ("LookupMany", _refuse_training_lookups),
         )
+    },
+)
+"""The ``EmbeddingStore`` policy of the module docstring."""
 
-
-def _refusing(handler: grpc.RpcMethodHandler, error: EmbeddbError) -> grpc.RpcMethodHandler:
-    """A handler of the same shape as ``handler`` that aborts every call with ``error``."""
-
-    def refuse(request: Any, context: grpc.ServicerContext) -> Any:
-        abort_with(context, error)
-
-    return rewrap(handler, refuse)
-
-
-def _checked(handler: grpc.RpcMethodHandler, check: Check, method: str) -> grpc.RpcMethodHandler:
-    """``handler`` (unary request) with ``check(request)`` run first; its error aborts the call."""
-    inner = handler.unary_unary or handler.unary_stream
-
-    def guarded(request: Any, context: grpc.ServicerContext) -> Any:
-        try:
-            check(request)
-        except EmbeddbError as exc:
-            log.info("refused %s: %s", method, exc)
-            abort_with(context, exc)
-        return inner(request, context)
-
-    return rewrap(handler, guarded)
+_ROLE_FIELDS = {Role.READ_WRITE: "read_write", Role.READ_ONLY: "read_only", Role.REPLICA: "replica"}
+_ROLE_NAMES = {role.value: role for role in Role}
+_DESCRIBED = {
+    Role.READ_WRITE: "read-write (rw)",
+    Role.READ_ONLY: "read-only (ro)",
+    Role.REPLICA: "replica",
+}

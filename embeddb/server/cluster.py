@@ -43,7 +43,7 @@ self-signed certificate, and for a CA-issued one too: gRPC accepts the trusted l
 the name ``tls_server_name``, or ``host`` when it is unset. Health checks need no bearer token
 (the server leaves the health service open), so shards that require tokens are probed alike. With
 ``metrics_base_port`` shard ``i`` serves Prometheus text at
-``http://host:(metrics_base_port + i)/metrics``.
+``http://host:(metrics_base_port + i)/metrics`` (``metrics_host`` in place of ``host`` when set).
 """
 
 from __future__ import annotations
@@ -107,6 +107,8 @@ class ClusterConfig:
             does not name ``host`` (``grpc.ssl_target_name_override``); clients need the same.
         metrics_base_port: shard ``i`` serves Prometheus metrics on port
             ``metrics_base_port + i`` (kept across restarts); 0: no metrics endpoint.
+        metrics_host: the address every shard's metrics endpoint binds (``--metrics-host``);
+            None binds ``host``. Only with ``metrics_base_port``.
         log_level: ``--log-level`` of every shard.
         serve_args: extra ``embeddb serve`` options for every shard (``--workers 4``, ...).
         python: interpreter that runs ``-m embeddb.cli serve``; a wrapper script must ``exec``
@@ -130,6 +132,7 @@ class ClusterConfig:
     tls_key: Path | None = None
     tls_server_name: str | None = None
     metrics_base_port: int = 0
+    metrics_host: str | None = None
     log_level: str = "info"
     serve_args: tuple[str, ...] = ()
     python: str = field(default=sys.executable)
@@ -154,6 +157,8 @@ class ClusterConfig:
             raise ConfigError(
                 "metrics_base_port", f"ports {self.metrics_base_port}..+{n - 1} are not all valid"
             )
+        if self.metrics_host is not None and not self.metrics_base_port:
+            raise ConfigError("metrics_host", "only meaningful with metrics_base_port")
         if (
             self.base_port
             and self.metrics_base_port
@@ -386,6 +391,8 @@ class Cluster:
             cmd += ["--tls-cert", str(cfg.tls_cert), "--tls-key", str(cfg.tls_key)]
         if cfg.metrics_base_port:
             cmd += ["--metrics-port", str(cfg.metrics_base_port + member.index)]
+            if cfg.metrics_host is not None:
+                cmd += ["--metrics-host", cfg.metrics_host]
         return [*cmd, *cfg.serve_args]
 
     def _spawn(self, member: _Member) -> None:

@@ -3,9 +3,11 @@
 ``embeddb serve`` parses argv and files into config objects and calls :func:`run_daemon`, which
 reads nothing else. The life of the process::
 
-    open Shard(data_dir)          reopens after a clean shutdown, recovers after a crash
-                                  (newest verified snapshot + update log), or restores the
-                                  snapshot ``restore`` names
+    umask 0o077                   every file the process creates is 0600, every directory
+                                  0700 (restored when run_daemon returns)
+    open Shard(data_dir)          makes data_dir 0700; reopens after a clean shutdown,
+                                  recovers after a crash (newest verified snapshot + update
+                                  log), or restores the snapshot ``restore`` names
     build_server(shard)           health SERVING on every service
     write the port file           (temp file + rename) so a supervisor can find a port-0 server
     log "serving shard i/n on host:port (data dir ...)"
@@ -51,8 +53,9 @@ from embeddb.server.app import ServerConfig, ShardServer, build_server
 from embeddb.server.follower import Follower, FollowerOptions
 from embeddb.server.metrics import FollowerCollector
 from embeddb.shard import Shard
+from embeddb.storage.private import private_umask
 
-__all__ = ["DaemonOptions", "run_daemon", "stop_on_signals", "write_atomically"]
+__all__ = ["DaemonOptions", "private_umask", "run_daemon", "stop_on_signals", "write_atomically"]
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +78,8 @@ class DaemonOptions:
             and update log after it are set aside.
         fallback: if the newest snapshot fails verification during crash recovery, recover
             from the next older one (``Shard(fallback=True)``) instead of refusing to start.
+        cut_corrupt_log_tail: cut a corrupt update log tail (recorded in ``log-cuts.jsonl``)
+            instead of refusing to start (``Shard(cut_corrupt_log_tail=True)``).
         follow: serve a read-only follower of this primary instead of a shard of our own;
             ``data_dir`` (a temporary directory when None) then holds its replica.
     """
@@ -86,6 +91,7 @@ class DaemonOptions:
     parent_pid: int | None = None
     restore: str | None = None
     fallback: bool = False
+    cut_corrupt_log_tail: bool = False
     follow: FollowerOptions | None = None
 
 
@@ -139,6 +145,9 @@ def run_daemon(
 ) -> int:
     """Serve one shard until ``stop`` is set (by SIGTERM/SIGINT or by the caller); shut down.
 
+    Meanwhile the process umask is ``0o077`` (:func:`~embeddb.storage.private.private_umask`):
+    the umask is process-wide, so in-process callers (tests) see it too until this returns.
+
     Args:
         config: the embedding config of the shard's tables.
         server_config: how to serve it (host, port, shard index/count, limits).
@@ -156,8 +165,19 @@ def run_daemon(
         InvalidArgumentError: ``restore`` names no complete snapshot.
         OSError: the address cannot be bound or the port file cannot be written.
     """
-    if options.follow is not None:
-        return _run_follower(config, server_config, options, options.follow, stop)
+    with private_umask():  # every file this process creates is 0600, every directory 0700
+        if options.follow is not None:
+            return _run_follower(config, server_config, options, options.follow, stop)
+        return _run_shard(config, server_config, options, stop)
+
+
+def _run_shard(
+    config: EmbeddingConfig,
+    server_config: ServerConfig,
+    options: DaemonOptions,
+    stop: threading.Event | None,
+) -> int:
+    """:func:`run_daemon` for a shard of our own."""
     stop = stop if stop is not None else threading.Event()
     where = f"shard {server_config.shard_index}/{server_config.num_shards}"
     with stop_on_signals(stop, options.handle_signals):
@@ -168,6 +188,7 @@ def run_daemon(
             num_shards=server_config.num_shards,
             restore=options.restore,
             fallback=options.fallback,
+            cut_corrupt_log_tail=options.cut_corrupt_log_tail,
         )
         recovery = shard.recovery
         if recovery.source not in ("new", "clean"):
@@ -277,9 +298,8 @@ def _run_follower(
 
 def _log_extras(where: str, server_config: ServerConfig, served: ShardServer) -> None:
     if served.metrics_port is not None:
-        log.info(
-            "%s metrics on http://%s:%d/metrics", where, server_config.host, served.metrics_port
-        )
+        host = server_config.metrics_host or server_config.host
+        log.info("%s metrics on http://%s:%d/metrics", where, host, served.metrics_port)
     if server_config.tls or server_config.tokens is not None:
         log.info(
             "%s: TLS %s, bearer tokens %s",

@@ -22,8 +22,10 @@ The follower's shard refuses every mutation, training lookups included, with
 follower bootstraps again, and ``replica-*`` directories of an earlier run are removed at start.
 
 Errors that retrying cannot fix stop the follower (:attr:`Follower.error`; ``embeddb serve``
-then exits 1): the primary serves another shard index or count than the follower was given, or
-a verified snapshot that the follower's config cannot open (other tables or dims).
+then exits 1): the primary serves another shard index or count than the follower was given, a
+verified snapshot that the follower's config cannot open (other tables or dims), or the
+primary refuses the follower's token (UNAUTHENTICATED, or PERMISSION_DENIED: ``Subscribe`` and
+``FetchSnapshot`` need a ``replica`` or ``rw`` token; an ``ro`` token may not stream the log).
 """
 
 from __future__ import annotations
@@ -48,7 +50,9 @@ from embeddb.errors import (
     CorruptDataError,
     EmbeddbError,
     OutOfRangeError,
+    PermissionDeniedError,
     StorageError,
+    UnauthenticatedError,
     UnavailableError,
 )
 from embeddb.server.servicer import HEARTBEAT_S
@@ -70,7 +74,8 @@ class FollowerOptions:
 
     Attributes:
         primary: the primary shard's ``host:port``.
-        token: bearer token for the primary (a read-only one is enough).
+        token: bearer token for the primary: a ``replica`` token (``rw`` works too; ``ro`` may
+            not read the update log or snapshots).
         credentials: TLS channel credentials for the primary; None: plaintext.
         server_name: the name to expect in the primary's certificate when ``primary`` does not
             name it.
@@ -170,7 +175,8 @@ class Follower:
         self.num_shards = num_shards
         self.slot = slot or ShardSlot(
             empty_reason=f"this follower has not bootstrapped from its primary "
-            f"{options.primary} yet"
+            f"{options.primary} yet",
+            follower=True,
         )
         self.applied_records = 0
         self.reconnects = 0
@@ -301,6 +307,13 @@ class Follower:
                             raise
                         bootstrap = take_new = False
                     self._follow()
+                except (PermissionDeniedError, UnauthenticatedError) as exc:
+                    raise _Fatal(
+                        type(exc)(
+                            f"{exc} (the follower needs a replica token for the primary: "
+                            f"--primary-token-file holding 'replica TOKEN' or the token alone)"
+                        )
+                    ) from exc
                 except OutOfRangeError as exc:
                     log.warning("%s; bootstrapping again from a snapshot", exc)
                     bootstrap = True

@@ -1,8 +1,11 @@
-"""Cross-cutting server concerns as gRPC interceptors (STYLE.md §12)."""
+"""Cross-cutting server concerns as gRPC interceptors (STYLE.md §12), and a rate-limited log
+for what callers can trigger at will."""
 
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any, NoReturn
 
@@ -10,9 +13,46 @@ import grpc
 
 from embeddb.errors import EmbeddbError, status_of
 
-__all__ = ["ErrorInterceptor", "abort_with", "rewrap"]
+__all__ = ["ErrorInterceptor", "RateLimitedLog", "abort_with", "rewrap"]
 
 log = logging.getLogger(__name__)
+
+
+class RateLimitedLog:
+    """Logs the first event of each kind at once, then at most one line per ``interval``
+    seconds, counting the events it did not log.
+
+    Args:
+        logger: where to log.
+        interval: seconds between two lines of one kind.
+        clock: the time source (monotonic seconds).
+    """
+
+    def __init__(
+        self,
+        logger: logging.Logger,
+        interval: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._logger = logger
+        self._interval = interval
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._state: dict[str, tuple[float, int]] = {}  # kind -> (last logged at, suppressed)
+
+    def log(self, level: int, kind: str, message: str, *, exc_info: bool = False) -> bool:
+        """Log ``message`` unless a line of ``kind`` was logged within the interval. Returns
+        whether it was logged (with the count of those suppressed since the last line)."""
+        now = self._clock()
+        with self._lock:
+            last, suppressed = self._state.get(kind, (-float("inf"), 0))
+            if now - last < self._interval:
+                self._state[kind] = (last, suppressed + 1)
+                return False
+            self._state[kind] = (now, 0)
+        more = f" ({suppressed} more like it suppressed)" if suppressed else ""
+        self._logger.log(level, "%s%s", message, more, exc_info=exc_info)
+        return True
 
 
 def abort_with(context: grpc.ServicerContext, error: EmbeddbError) -> NoReturn:
@@ -25,9 +65,14 @@ class ErrorInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
     """Turns embeddb exceptions into gRPC statuses (``embeddb.errors.STATUS_BY_ERROR``).
 
     Unary calls and server-streaming calls (raised before or between the streamed messages).
-    An unexpected exception is logged with its traceback and answered with ``INTERNAL``; the
-    server keeps serving either way.
+    An unexpected exception is answered with ``INTERNAL`` and logged with its traceback, at
+    most once per ``log_interval`` seconds per method (a caller who found such a request cannot
+    flood the log); the server keeps serving either way. Non-blocking handlers (the health
+    service's ``Watch``, which answers through a callback and holds no thread) pass untouched.
     """
+
+    def __init__(self, log_interval: float = 10.0) -> None:
+        self._log = RateLimitedLog(log, log_interval)
 
     def intercept_service(
         self,
@@ -38,6 +83,9 @@ class ErrorInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
         if handler is None:
             return handler
         method = handler_call_details.method
+        unexpected = self._unexpected
+        if getattr(handler.unary_stream, "experimental_non_blocking", False):
+            return handler
         if handler.unary_stream is not None:
             streaming = handler.unary_stream
 
@@ -47,10 +95,7 @@ class ErrorInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
                 except EmbeddbError as exc:
                     abort_with(context, exc)
                 except Exception:
-                    log.exception("unexpected error in %s", method)
-                    context.abort(
-                        grpc.StatusCode.INTERNAL, f"internal error in {method}; see server log"
-                    )
+                    unexpected(method, context)
 
             return rewrap(handler, guarded_stream)
         if handler.unary_unary is None:
@@ -63,12 +108,15 @@ class ErrorInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
             except EmbeddbError as exc:
                 abort_with(context, exc)
             except Exception:
-                log.exception("unexpected error in %s", method)
-                context.abort(
-                    grpc.StatusCode.INTERNAL, f"internal error in {method}; see server log"
-                )
+                unexpected(method, context)
 
         return rewrap(handler, guarded)
+
+    def _unexpected(self, method: str, context: grpc.ServicerContext) -> NoReturn:
+        """Log the exception being handled (rate-limited) and answer INTERNAL."""
+        self._log.log(logging.ERROR, method, f"unexpected error in {method}", exc_info=True)
+        context.abort(grpc.StatusCode.INTERNAL, f"internal error in {method}; see server log")
+        raise AssertionError("unreachable: ServicerContext.abort raises")  # pragma: no cover
 
 
 def rewrap(handler: grpc.RpcMethodHandler, behaviour: Any) -> grpc.RpcMethodHandler:

@@ -13,6 +13,13 @@ Request metrics (recorded by :class:`MetricsInterceptor`, ``EmbeddingStore`` met
     embeddb_request_ids_total{method,table}         ids carried by successful calls (a
                                                     LookupMany/ApplyGradientsMany call counts
                                                     each part under its own table)
+    embeddb_bad_requests_total{method,reason}       requests refused before the servicer for
+                                                    what they hold: ``malformed`` (bytes that do
+                                                    not parse) or ``bad_enum`` (an enum value
+                                                    its enum does not define); any service
+    embeddb_streams{role}                           Subscribe/FetchSnapshot streams running
+    embeddb_streams_dropped_total{role}             streams whose caller stopped reading for
+                                                    longer than the stream idle timeout
 
 Shard metrics (read from ``Shard.stats()`` at scrape time by :class:`ShardStatsCollector`;
 label ``table``; named after the fields of ``embeddb.storage.TableStats``)::
@@ -36,6 +43,15 @@ label ``table``; named after the fields of ``embeddb.storage.TableStats``)::
     embeddb_gradient_id_miss_count_total  counter  gradient ids stored nowhere (ignored)
     embeddb_assigned_rows_total     counter   rows written by Assign
     embeddb_deleted_rows_total      counter   rows removed by Delete
+    embeddb_disk_data_loss_total    counter   disk-tier reads that failed RocksDB's checks
+                                              (answered DATA_LOSS; see docs/operations.md)
+
+Update log metrics (read from ``Shard.recovery.log_cuts`` at scrape time by
+:class:`LogCutsCollector`)::
+
+    embeddb_log_tail_cuts_total{kind}  counter  update log tails cut when the shard opened:
+                                                corrupt (acknowledged updates may be lost;
+                                                DATA_DIR/log-cuts.jsonl) or torn
 
 Follower metrics (read from a :class:`~embeddb.server.follower.Follower` at scrape time by
 :class:`FollowerCollector`; only on a server started with ``embeddb serve --follow``)::
@@ -70,33 +86,35 @@ counters):
 * ``embedding_staleness`` / ``staleness`` and ``batch_unique_indices_rate`` are trainer-side
   (embedding worker) quantities; a shard cannot observe them.
 
-The HTTP endpoint (:func:`serve_metrics`) is plain HTTP without authentication; bind it to
-loopback or a private network.
+The HTTP endpoint (:func:`serve_metrics`, from :mod:`embeddb.server.metrics_http`) serves
+``/metrics`` only, as plain HTTP without authentication; bind it to loopback or a private
+network.
 """
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import Any, Protocol
-from wsgiref.simple_server import WSGIServer
 
 import grpc
-from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from embeddb.errors import UnavailableError
+from embeddb.server.boundary import RefusedCall
 from embeddb.server.interceptors import rewrap
+from embeddb.server.metrics_http import MetricsEndpoint, serve_metrics
 from embeddb.server.slot import ShardSlot
+from embeddb.server.streams import StreamSlots
 from embeddb.shard import Shard
 from embeddb.v1 import embeddb_pb2 as pb
 
 __all__ = [
     "LATENCY_BUCKETS",
     "FollowerCollector",
+    "LogCutsCollector",
     "MetricsEndpoint",
     "MetricsInterceptor",
     "ShardMetrics",
@@ -145,6 +163,10 @@ _COUNTERS: dict[str, tuple[str, str]] = {
     ),
     "assigned_rows": ("assigned_rows", "Rows written by Assign."),
     "deleted_rows": ("deleted_rows", "Rows removed by Delete."),
+    "data_loss": (
+        "disk_data_loss",
+        "Disk-tier reads that failed RocksDB's checks, answered DATA_LOSS.",
+    ),
 }
 
 
@@ -198,6 +220,33 @@ class ShardStatsCollector(Collector):
         yield from (rows, tier_rows, capacity, hits, ratio, *counters.values())
 
 
+class LogCutsCollector(Collector):
+    """Counts the update log tails the shard cut when it opened, by kind (corrupt, torn)."""
+
+    def __init__(self, shard: Shard | ShardSlot, prefix: str = "embeddb") -> None:
+        self._slot = shard if isinstance(shard, ShardSlot) else ShardSlot(shard)
+        self._prefix = prefix
+
+    def describe(self) -> list[Any]:
+        return []
+
+    def collect(self) -> Iterator[Any]:
+        try:
+            with self._slot.use() as shard:
+                cuts = shard.recovery.log_cuts
+        except UnavailableError:
+            return
+        family = CounterMetricFamily(
+            f"{self._prefix}_log_tail_cuts",
+            "Update log tails cut when the shard opened: corrupt (acknowledged updates may be "
+            "lost; see DATA_DIR/log-cuts.jsonl) or torn (a write a crash interrupted).",
+            labels=["kind"],
+        )
+        for kind in ("corrupt", "torn"):
+            family.add_metric([kind], sum(1 for cut in cuts if cut.kind == kind))
+        yield family
+
+
 class ShardMetrics:
     """The request metrics of one server, registered in ``registry``.
 
@@ -240,10 +289,31 @@ class ShardMetrics:
             ["method", "table"],
             registry=registry,
         )
+        self.bad_requests = Counter(
+            f"{prefix}_bad_requests",
+            "Requests refused before the servicer for their content (malformed bytes, "
+            "undefined enum values).",
+            ["method", "reason"],
+            registry=registry,
+        )
+
+    def observe_refused(self, call: RefusedCall) -> None:
+        """Record one call refused at the boundary (before it reached the servicer)."""
+        if call.reason is not None:
+            self.bad_requests.labels(call.method, call.reason).inc()
+        if call.service == _STORE:
+            self.requests.labels(call.method, call.status).inc()
+            self.latency.labels(call.method, call.status).observe(call.seconds)
+            self.request_bytes.labels(call.method).inc(call.request_bytes)
+
+    def watch_streams(self, slots: StreamSlots) -> None:
+        """Export the running and dropped streams of ``slots``, read at scrape time."""
+        self.registry.register(_StreamCollector(slots, self.prefix))
 
     def watch(self, shard: Shard | ShardSlot) -> None:
-        """Export ``shard``'s table statistics, read at scrape time."""
+        """Export ``shard``'s table statistics and update log cuts, read at scrape time."""
         self.registry.register(ShardStatsCollector(shard, self.prefix))
+        self.registry.register(LogCutsCollector(shard, self.prefix))
 
     def observe(
         self, method: str, status: str, seconds: float, request: Any, response: Any | None
@@ -270,6 +340,35 @@ def _items(tensor: Any) -> int:
     for d in tensor.shape:
         n *= max(int(d), 0)
     return n
+
+
+class _StreamCollector(Collector):
+    """``embeddb_streams{role}`` and ``embeddb_streams_dropped_total{role}``."""
+
+    def __init__(self, slots: StreamSlots, prefix: str) -> None:
+        self._slots = slots
+        self._prefix = prefix
+
+    def describe(self) -> list[Any]:
+        return []
+
+    def collect(self) -> Iterator[Any]:
+        running = GaugeMetricFamily(
+            f"{self._prefix}_streams",
+            "Subscribe/FetchSnapshot streams running, by the caller's role.",
+            labels=["role"],
+        )
+        dropped = CounterMetricFamily(
+            f"{self._prefix}_streams_dropped",
+            "Streams dropped because their caller stopped reading (stream idle timeout).",
+            labels=["role"],
+        )
+        for role, n in sorted(self._slots.running().items()):
+            running.add_metric([role], n)
+        for role, n in sorted(self._slots.dropped().items()):
+            dropped.add_metric([role], n)
+        yield running
+        yield dropped
 
 
 class FollowerStatus(Protocol):
@@ -375,30 +474,3 @@ class MetricsInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
                 observe(method, status, time.perf_counter() - start, request, response)
 
         return rewrap(handler, observed)
-
-
-@dataclass
-class MetricsEndpoint:
-    """A running HTTP server exposing one registry at ``/metrics``."""
-
-    server: WSGIServer
-    thread: threading.Thread
-    port: int
-
-    def stop(self) -> None:
-        """Stop serving and close the socket."""
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join()
-
-
-def serve_metrics(
-    registry: CollectorRegistry, host: str = "127.0.0.1", port: int = 0
-) -> MetricsEndpoint:
-    """Expose ``registry`` over HTTP on ``host:port`` (0 picks a free port).
-
-    Raises:
-        OSError: the address cannot be bound.
-    """
-    server, thread = start_http_server(port, addr=host, registry=registry)
-    return MetricsEndpoint(server=server, thread=thread, port=int(server.server_port))

@@ -6,9 +6,11 @@ Errors raised by the shard or the codec propagate as :mod:`embeddb.errors` excep
 Every call borrows the shard from a :class:`~embeddb.server.slot.ShardSlot` (a follower swaps
 its shard when it bootstraps again). The two server-streaming calls, ``Subscribe`` (a
 follower's feed: :meth:`Shard.tail_log`) and ``FetchSnapshot`` (a snapshot's files), each hold
-a request thread while they run, so at most ``max_streams`` run at once (RESOURCE_EXHAUSTED
-beyond); :meth:`StoreServicer.stop_streams` ends them all with UNAVAILABLE within
-``STREAM_POLL_S`` when the server shuts down, so open streams never hold up the shutdown.
+a thread of the server's stream pool while they run, so at most ``max_streams`` per role run
+at once (RESOURCE_EXHAUSTED beyond), and a caller that stops reading is dropped after
+``stream_idle_timeout`` seconds (:mod:`embeddb.server.streams`);
+:meth:`StoreServicer.stop_streams` ends them all with UNAVAILABLE within ``STREAM_POLL_S`` when
+the server shuts down, so open streams never hold up the shutdown.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import closing, contextmanager
+from contextlib import closing
 from dataclasses import dataclass
 
 import grpc
@@ -24,9 +26,12 @@ import numpy as np
 import numpy.typing as npt
 
 from embeddb import wire
+from embeddb.allocator import Trimmer
 from embeddb.durability.log import LogRecord
 from embeddb.errors import ResourceExhaustedError, UnavailableError
+from embeddb.routing import ROUTING_ALGORITHM, SHARD_SALT, Topology
 from embeddb.server.slot import ShardSlot
+from embeddb.server.streams import StreamSlots
 from embeddb.shard import Shard
 from embeddb.v1 import embeddb_pb2 as pb
 from embeddb.v1 import embeddb_pb2_grpc as pb_grpc
@@ -51,12 +56,22 @@ class ServicerLimits:
 
     Attributes:
         max_ids_per_request: ids one request may carry.
-        max_streams: ``Subscribe`` and ``FetchSnapshot`` calls running at once (each holds a
-            request thread for as long as it runs).
+        max_streams: ``Subscribe`` and ``FetchSnapshot`` calls running at once, per role (each
+            holds a thread of the stream pool for as long as it runs).
+        stream_idle_timeout: seconds a stream's caller may leave a message unread before the
+            stream is dropped.
+        max_message_bytes: the largest request or response message (reported by
+            ``DescribeShard``; gRPC enforces it).
+        max_response_bytes: the largest answer, computed before any gathering (ids x dim x
+            bytes per value, all parts together); also the most bytes an LZ4-compressed request
+            tensor may decompress to.
     """
 
     max_ids_per_request: int = 1 << 22
     max_streams: int = 4
+    stream_idle_timeout: float = 30.0
+    max_message_bytes: int = 256 << 20
+    max_response_bytes: int = 64 << 20
 
 
 class StoreServicer(pb_grpc.EmbeddingStoreServicer):
@@ -64,8 +79,10 @@ class StoreServicer(pb_grpc.EmbeddingStoreServicer):
 
     Args:
         shard: the open shard, or the slot holding it (a follower's, swapped on re-bootstrap).
-        shard_index, num_shards: this shard's place in the cluster (reported by ``Stats``).
+        shard_index, num_shards: the cluster place reported while a follower's slot is empty
+            (a shard reports its own).
         limits: request limits.
+        trimmer: told the size of every large call, to give the memory of a burst back.
     """
 
     def __init__(
@@ -74,18 +91,22 @@ class StoreServicer(pb_grpc.EmbeddingStoreServicer):
         shard_index: int = 0,
         num_shards: int = 1,
         limits: ServicerLimits | None = None,
+        trimmer: Trimmer | None = None,
     ) -> None:
         self._slot = shard if isinstance(shard, ShardSlot) else ShardSlot(shard)
-        self._index = shard_index
-        self._count = num_shards
+        self._topology = Topology(shard_index, num_shards)
         self._limits = limits or ServicerLimits()
+        self._trimmer = trimmer
         self._stopping = threading.Event()
-        self._streams = 0
-        self._streams_lock = threading.Lock()
+        self.streams = StreamSlots(self._limits.max_streams, self._limits.stream_idle_timeout)
 
     def stop_streams(self) -> None:
         """End every running and future stream with UNAVAILABLE (the server is stopping)."""
         self._stopping.set()
+
+    def close(self) -> None:
+        """Stop the stream watchdog (after the server has stopped). Idempotent."""
+        self.streams.close()
 
     def _ids(self, tensor: pb.Tensor, field: str = "ids") -> npt.NDArray[np.uint64]:
         n = _items(tensor)
@@ -94,7 +115,7 @@ class StoreServicer(pb_grpc.EmbeddingStoreServicer):
                 f"{field} has {n} ids, more than max_ids_per_request "
                 f"{self._limits.max_ids_per_request}; split the request"
             )
-        return wire.decode_ids(tensor, field)
+        return wire.decode_ids(tensor, field, max_lz4_bytes=self._limits.max_response_bytes)
 
     def _many_ids(self, tensors: list[pb.Tensor], field: str) -> list[npt.NDArray[np.uint64]]:
         """The ids of every part; the parts' ids together count against the limit."""
@@ -104,7 +125,40 @@ class StoreServicer(pb_grpc.EmbeddingStoreServicer):
                 f"the {len(tensors)} parts of {field} have {n} ids together, more than "
                 f"max_ids_per_request {self._limits.max_ids_per_request}; split the request"
             )
-        return [wire.decode_ids(t, f"{field}[{i}].ids") for i, t in enumerate(tensors)]
+        return [
+            wire.decode_ids(t, f"{field}[{i}].ids", max_lz4_bytes=self._limits.max_response_bytes)
+            for i, t in enumerate(tensors)
+        ]
+
+    def _matrix(
+        self, tensor: pb.Tensor, field: str, rows: int, dim: int
+    ) -> npt.NDArray[np.float32]:
+        values = wire.decode_matrix(
+            tensor, field, rows, dim, max_lz4_bytes=self._limits.max_response_bytes
+        )
+        self._note(values.nbytes)
+        return values
+
+    def _check_answer(self, shard: Shard, parts: list[pb.LookupRequest], what: str) -> None:
+        """Refuse a lookup whose answer would exceed ``max_response_bytes``, computed from the
+        ids the request claims (after any decompression) before anything is decoded or
+        gathered."""
+        total = 0
+        for p in parts:
+            dim = self._dim(shard, p.table)
+            per_row = dim * 2 + 4 if p.encoding.fp16 else dim * 4
+            total += _items(p.ids) * per_row
+        limit = self._limits.max_response_bytes
+        if total > limit:
+            raise ResourceExhaustedError(
+                f"the answer to this {what} would hold {total} bytes of vectors, more than this "
+                f"server's max_response_bytes {limit}; split the request (DescribeShard reports "
+                f"the limits)"
+            )
+
+    def _note(self, nbytes: int) -> None:
+        if self._trimmer is not None:
+            self._trimmer.note(nbytes)
 
     @staticmethod
     def _dim(shard: Shard, table: str) -> int:
@@ -112,11 +166,16 @@ class StoreServicer(pb_grpc.EmbeddingStoreServicer):
 
     def Lookup(self, request: pb.LookupRequest, context: grpc.ServicerContext) -> wire.Encoded:
         """Answers an already serialized ``LookupResponse`` (one copy of the vectors)."""
-        ids = self._ids(request.ids)
         with self._slot.use() as shard:
+            self._check_answer(shard, [request], "Lookup")
+            ids = self._ids(request.ids)
             vectors = shard.lookup(request.table, ids, train=request.train)
         enc = request.encoding
-        return wire.encode_lookup_response(vectors, fp16=enc.fp16, lz4_min_bytes=enc.lz4_min_bytes)
+        answer = wire.encode_lookup_response(
+            vectors, fp16=enc.fp16, lz4_min_bytes=enc.lz4_min_bytes
+        )
+        self._note(answer.ByteSize())
+        return answer
 
     def ApplyGradients(
         self, request: pb.ApplyGradientsRequest, context: grpc.ServicerContext
@@ -124,7 +183,7 @@ class StoreServicer(pb_grpc.EmbeddingStoreServicer):
         ids = self._ids(request.ids)
         with self._slot.use() as shard:
             dim = self._dim(shard, request.table)
-            grads = wire.decode_matrix(request.grads, "grads", ids.size, dim)
+            grads = self._matrix(request.grads, "grads", ids.size, dim)
             result = shard.apply_gradients(request.table, ids, grads)
         return pb.ApplyGradientsResponse(
             applied=result.applied, nan_skipped=result.nan_skipped, missing=result.missing
@@ -135,12 +194,13 @@ class StoreServicer(pb_grpc.EmbeddingStoreServicer):
     ) -> wire.Encoded:
         """Every part validated before any is looked up (``Shard.lookup_many``)."""
         parts = request.lookups
-        ids = self._many_ids([p.ids for p in parts], "lookups")
         with self._slot.use() as shard:
+            self._check_answer(shard, list(parts), "LookupMany")
+            ids = self._many_ids([p.ids for p in parts], "lookups")
             vectors = shard.lookup_many(
                 [(p.table, i, p.train) for p, i in zip(parts, ids, strict=True)]
             )
-        return wire.encode_lookup_many_response(
+        answer = wire.encode_lookup_many_response(
             [
                 wire.encode_lookup_response(
                     v, fp16=p.encoding.fp16, lz4_min_bytes=p.encoding.lz4_min_bytes
@@ -148,6 +208,8 @@ class StoreServicer(pb_grpc.EmbeddingStoreServicer):
                 for p, v in zip(parts, vectors, strict=True)
             ]
         )
+        self._note(answer.ByteSize())
+        return answer
 
     def ApplyGradientsMany(
         self, request: pb.ApplyGradientsManyRequest, context: grpc.ServicerContext
@@ -157,9 +219,7 @@ class StoreServicer(pb_grpc.EmbeddingStoreServicer):
         ids = self._many_ids([p.ids for p in parts], "updates")
         with self._slot.use() as shard:
             grads = [
-                wire.decode_matrix(
-                    p.grads, f"updates[{k}].grads", i.size, self._dim(shard, p.table)
-                )
+                self._matrix(p.grads, f"updates[{k}].grads", i.size, self._dim(shard, p.table))
                 for k, (p, i) in enumerate(zip(parts, ids, strict=True))
             ]
             results = shard.apply_gradients_many(
@@ -178,7 +238,7 @@ class StoreServicer(pb_grpc.EmbeddingStoreServicer):
         ids = self._ids(request.ids)
         with self._slot.use() as shard:
             dim = self._dim(shard, request.table)
-            vectors = wire.decode_matrix(request.vectors, "vectors", ids.size, dim)
+            vectors = self._matrix(request.vectors, "vectors", ids.size, dim)
             return pb.AssignResponse(written=shard.assign(request.table, ids, vectors))
 
     def Delete(self, request: pb.DeleteRequest, context: grpc.ServicerContext) -> pb.DeleteResponse:
@@ -201,6 +261,7 @@ class StoreServicer(pb_grpc.EmbeddingStoreServicer):
     def Stats(self, request: pb.StatsRequest, context: grpc.ServicerContext) -> pb.StatsResponse:
         with self._slot.use() as shard:
             stats = shard.stats()
+            topology = shard.topology
         tables = [
             pb.TableStats(
                 table=name,
@@ -208,7 +269,28 @@ class StoreServicer(pb_grpc.EmbeddingStoreServicer):
             )
             for name, s in stats.tables.items()
         ]
-        return pb.StatsResponse(shard_index=self._index, num_shards=self._count, tables=tables)
+        return pb.StatsResponse(
+            shard_index=topology.shard_index, num_shards=topology.num_shards, tables=tables
+        )
+
+    def DescribeShard(
+        self, request: pb.DescribeShardRequest, context: grpc.ServicerContext
+    ) -> pb.DescribeShardResponse:
+        """Topology, routing and limits; answered even before a follower has bootstrapped."""
+        shard = self._slot.current
+        topology = shard.topology if shard is not None else self._topology
+        limits = self._limits
+        return pb.DescribeShardResponse(
+            shard_index=topology.shard_index,
+            num_shards=topology.num_shards,
+            routing=pb.Routing(algorithm=ROUTING_ALGORITHM, salt=int(SHARD_SALT)),
+            limits=pb.ServerLimits(
+                max_message_bytes=limits.max_message_bytes,
+                max_ids_per_request=limits.max_ids_per_request,
+                max_response_bytes=limits.max_response_bytes,
+            ),
+            follower=shard.follower if shard is not None else self._slot.follower,
+        )
 
     # ------------------------------------------------------------------ durability
     def Snapshot(
@@ -222,7 +304,7 @@ class StoreServicer(pb_grpc.EmbeddingStoreServicer):
             bytes=result.info.bytes,
             pause_ms=result.pause_s * 1000.0,
             seconds=result.seconds,
-            shard_index=self._index,
+            shard_index=shard.topology.shard_index,
         )
 
     def ListSnapshots(
@@ -245,10 +327,12 @@ class StoreServicer(pb_grpc.EmbeddingStoreServicer):
         """Records after ``from_seq``, then new ones as they are logged; a heartbeat (seq 0)
         after every ``HEARTBEAT_S`` without one. Ends when the caller cancels, or with
         UNAVAILABLE when the server stops or the shard closes."""
-        with self._stream(), self._slot.use() as shard:
+        with self.streams.hold(context) as ticket, self._slot.use() as shard:
             records = shard.tail_log(request.from_seq, idle_s=STREAM_POLL_S)
             with closing(records):
-                yield from self._feed(shard, records, context)
+                for message in self._feed(shard, records, context):
+                    with ticket.sending():
+                        yield message
 
     def _feed(
         self, shard: Shard, records: Iterator[LogRecord | None], context: grpc.ServicerContext
@@ -276,7 +360,7 @@ class StoreServicer(pb_grpc.EmbeddingStoreServicer):
         self, request: pb.FetchSnapshotRequest, context: grpc.ServicerContext
     ) -> Iterator[pb.SnapshotChunk]:
         """The files of a complete snapshot in chunks, the manifest last (see the proto)."""
-        with self._stream():
+        with self.streams.hold(context) as ticket:
             with self._slot.use() as shard:
                 reader = shard.open_snapshot(request.snapshot_id or None, request.take_new)
             with reader:
@@ -285,29 +369,14 @@ class StoreServicer(pb_grpc.EmbeddingStoreServicer):
                     self._check_stopping()
                     if not context.is_active():
                         return
-                    yield pb.SnapshotChunk(
-                        snapshot_id=info.snapshot_id,
-                        seq=info.seq,
-                        path=chunk.path,
-                        offset=chunk.offset,
-                        data=chunk.data,
-                    )
-
-    @contextmanager
-    def _stream(self) -> Iterator[None]:
-        """Count a running stream; RESOURCE_EXHAUSTED beyond ``max_streams``."""
-        with self._streams_lock:
-            if self._streams >= self._limits.max_streams:
-                raise ResourceExhaustedError(
-                    f"{self._streams} streams (Subscribe, FetchSnapshot) are running, the "
-                    f"server's max_streams; retry later"
-                )
-            self._streams += 1
-        try:
-            yield
-        finally:
-            with self._streams_lock:
-                self._streams -= 1
+                    with ticket.sending():
+                        yield pb.SnapshotChunk(
+                            snapshot_id=info.snapshot_id,
+                            seq=info.seq,
+                            path=chunk.path,
+                            offset=chunk.offset,
+                            data=chunk.data,
+                        )
 
     def _check_stopping(self) -> None:
         if self._stopping.is_set():

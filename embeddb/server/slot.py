@@ -26,12 +26,17 @@ class ShardSlot:
     Args:
         shard: the shard to serve; None: calls get ``UnavailableError`` until :meth:`swap`.
         empty_reason: the message of that error.
+        follower: whether the shards it will hold are a follower's (reported while empty).
     """
 
     def __init__(
-        self, shard: Shard | None = None, empty_reason: str = "the shard is not open yet"
+        self,
+        shard: Shard | None = None,
+        empty_reason: str = "the shard is not open yet",
+        follower: bool = False,
     ) -> None:
         self._shard = shard
+        self.follower = follower if shard is None else shard.follower
         self._empty_reason = empty_reason
         self._users: dict[int, int] = {}  # id(shard) -> calls using it
         self._changed = threading.Condition()

@@ -1,5 +1,6 @@
 """Storage tiers of one shard: the RAM tier (hash index + LRU), the RocksDB disk tier, and the
-tiered table that moves rows between them."""
+tiered table that moves rows between them; :mod:`embeddb.storage.paths` confines the file names
+that stored data gives (a manifest's, a checkpoint's listing) to their directory."""
 
 from __future__ import annotations
 

@@ -17,11 +17,20 @@ void-dtype views (``tolist`` on a ``V8`` array builds the list in C), never a pe
 nothing, but rocksdict rewrites its ``rocksdict-config.json`` on every open (read-only too), and
 a snapshot's files are checksummed and partly hard-linked with the live shard. So the tier opens
 a private *shadow* directory instead: symlinks to every file of ``path`` except that config file,
-removed again by :meth:`close`.
+removed again by :meth:`close`. Each file is resolved inside ``path``
+(:func:`embeddb.storage.paths.resolve_inside`): a symbolic link out of it is refused with
+:class:`CorruptDataError`.
+
+**Data loss.** A read that fails RocksDB's checks (a ``Corruption`` status: a block checksum
+mismatch, a torn file) raises :class:`CorruptDataError` (gRPC ``DATA_LOSS``); the tier logs one
+ERROR line naming the table and RocksDB's message, and counts the failed read per table
+(:meth:`data_loss`, shown as ``TableStats.data_loss``). Other rows keep serving: RocksDB checks
+each block as it reads it, so only reads that touch a damaged block fail.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import tempfile
@@ -34,8 +43,11 @@ import numpy.typing as npt
 import rocksdict
 
 from embeddb.errors import CorruptDataError, StorageError
+from embeddb.storage.paths import confined_root, resolve_inside
 
 __all__ = ["DiskTier"]
+
+log = logging.getLogger(__name__)
 
 _CF_PREFIX = "table."
 _ROCKSDICT_CONFIG = "rocksdict-config.json"  # written by rocksdict on every open
@@ -88,7 +100,8 @@ class DiskTier:
 
     Raises:
         StorageError: RocksDB cannot open the directory (locked, unwritable, corrupt).
-        CorruptDataError: (``read_only``) a table has no column family in the database.
+        CorruptDataError: (``read_only``) a table has no column family in the database, or
+            an entry of ``path`` is a symbolic link that resolves outside it.
     """
 
     def __init__(
@@ -110,6 +123,8 @@ class DiskTier:
         self._deleted_lock = threading.Lock()
         self._views: dict[str, rocksdict.Rdict] = {}
         self._cfs: dict[str, rocksdict.ColumnFamily] = {}
+        self._data_loss = dict.fromkeys(self._widths, 0)  # table -> reads failing RocksDB's checks
+        self._data_loss_lock = threading.Lock()
         try:
             if read_only:
                 self._db = self._open_read_only(cache_mb)
@@ -136,9 +151,13 @@ class DiskTier:
         shadow = Path(tempfile.mkdtemp(prefix="embeddb-readonly-"))
         self._shadow = shadow
         try:
-            for entry in self.path.iterdir():
-                if entry.name != _ROCKSDICT_CONFIG:
-                    os.symlink(entry.resolve(), shadow / entry.name)
+            # Only files inside the (resolved) directory: a link in a copied or planted
+            # checkpoint must not make RocksDB read a file from elsewhere.
+            owner = f"disk tier {self.path}"
+            root = confined_root(self.path, owner)
+            for name in sorted(os.listdir(root)):
+                if name != _ROCKSDICT_CONFIG:
+                    os.symlink(resolve_inside(root, name, owner), shadow / name)
             opt = _options(cache_mb)
             opt.create_if_missing(False)
             db = rocksdict.Rdict(str(shadow), opt, access_type=rocksdict.AccessType.read_only())
@@ -165,6 +184,11 @@ class DiskTier:
         Returns:
             ``(found, rows)``: ``found[i]`` tells whether ``ids[i]`` is stored; ``rows`` holds
             the found rows only, in the order of ``ids[found]``.
+
+        Raises:
+            CorruptDataError: a block holding one of ``ids`` failed RocksDB's checks (logged
+                and counted, see :meth:`data_loss`); the whole call fails.
+            StorageError: RocksDB failed otherwise.
         """
         width = self._widths[table]
         if ids.size == 0:
@@ -172,13 +196,25 @@ class DiskTier:
         try:
             values = self._views[table].get(_keys(ids))  # type: ignore[arg-type]
         except Exception as exc:
-            raise _storage_error(f"disk tier read failed for table {table!r}", exc) from exc
+            error = _storage_error(f"disk tier read failed for table {table!r}", exc)
+            if isinstance(error, CorruptDataError):
+                self._lost(table, exc)
+            raise error from exc
         found = np.array(values, dtype=object) != None  # noqa: E711 (element-wise, in C)
         blob = b"".join(filter(None, values))  # type: ignore[arg-type]
         rows = np.frombuffer(blob, dtype=np.float32).reshape(-1, width).copy()
         if rows.shape[0] != int(found.sum()):
             raise StorageError(f"disk tier of table {table!r} holds rows of the wrong width")
         return found, rows
+
+    def data_loss(self, table: str) -> int:
+        """Reads of ``table`` that failed RocksDB's checks since the tier opened."""
+        return self._data_loss[table]
+
+    def _lost(self, table: str, exc: Exception) -> None:
+        with self._data_loss_lock:
+            self._data_loss[table] += 1
+        log.error("disk tier data loss in table %r at %s: %s", table, self.path, exc)
 
     def put(self, table: str, ids: npt.NDArray[np.uint64], rows: npt.NDArray[np.float32]) -> None:
         """Write ``rows[i]`` under ``ids[i]`` in one write batch."""

@@ -68,6 +68,8 @@ class TableStats:
 
     ``rows`` is the number of distinct rows stored; ``ram_rows`` are resident; ``disk_rows`` are
     the rows with a disk-tier copy (a resident row may have one too, see the module docstring).
+    ``data_loss`` counts the disk-tier reads of this table that failed RocksDB's checks (each
+    answered ``DATA_LOSS``; see :class:`~embeddb.storage.disk_tier.DiskTier`).
     """
 
     table: str
@@ -92,6 +94,7 @@ class TableStats:
     missing_updates: int
     assigned_rows: int
     deleted_rows: int
+    data_loss: int
 
     def as_dict(self) -> dict[str, int | str]:
         return asdict(self)
@@ -279,6 +282,7 @@ class TieredTable:
             rows=total.disk_rows + sum(s.ram_only_rows() for s in self.stripes),
             ram_rows=sum(s.size for s in self.stripes),
             ram_capacity=sum(s.capacity for s in self.stripes),
+            data_loss=self._disk.data_loss(self.name),
             **counts,
         )
 

@@ -198,6 +198,42 @@ class StatsResponse(_message.Message):
     tables: _containers.RepeatedCompositeFieldContainer[TableStats]
     def __init__(self, shard_index: _Optional[int] = ..., num_shards: _Optional[int] = ..., tables: _Optional[_Iterable[_Union[TableStats, _Mapping]]] = ...) -> None: ...
 
+class DescribeShardRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class Routing(_message.Message):
+    __slots__ = ("algorithm", "salt")
+    ALGORITHM_FIELD_NUMBER: _ClassVar[int]
+    SALT_FIELD_NUMBER: _ClassVar[int]
+    algorithm: str
+    salt: int
+    def __init__(self, algorithm: _Optional[str] = ..., salt: _Optional[int] = ...) -> None: ...
+
+class ServerLimits(_message.Message):
+    __slots__ = ("max_message_bytes", "max_ids_per_request", "max_response_bytes")
+    MAX_MESSAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_IDS_PER_REQUEST_FIELD_NUMBER: _ClassVar[int]
+    MAX_RESPONSE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    max_message_bytes: int
+    max_ids_per_request: int
+    max_response_bytes: int
+    def __init__(self, max_message_bytes: _Optional[int] = ..., max_ids_per_request: _Optional[int] = ..., max_response_bytes: _Optional[int] = ...) -> None: ...
+
+class DescribeShardResponse(_message.Message):
+    __slots__ = ("shard_index", "num_shards", "routing", "limits", "follower")
+    SHARD_INDEX_FIELD_NUMBER: _ClassVar[int]
+    NUM_SHARDS_FIELD_NUMBER: _ClassVar[int]
+    ROUTING_FIELD_NUMBER: _ClassVar[int]
+    LIMITS_FIELD_NUMBER: _ClassVar[int]
+    FOLLOWER_FIELD_NUMBER: _ClassVar[int]
+    shard_index: int
+    num_shards: int
+    routing: Routing
+    limits: ServerLimits
+    follower: bool
+    def __init__(self, shard_index: _Optional[int] = ..., num_shards: _Optional[int] = ..., routing: _Optional[_Union[Routing, _Mapping]] = ..., limits: _Optional[_Union[ServerLimits, _Mapping]] = ..., follower: _Optional[bool] = ...) -> None: ...
+
 class SnapshotRequest(_message.Message):
     __slots__ = ("snapshot_id",)
     SNAPSHOT_ID_FIELD_NUMBER: _ClassVar[int]

@@ -79,6 +79,11 @@ class EmbeddingStoreStub:
                 request_serializer=embeddb_dot_v1_dot_embeddb__pb2.StatsRequest.SerializeToString,
                 response_deserializer=embeddb_dot_v1_dot_embeddb__pb2.StatsResponse.FromString,
                 _registered_method=True)
+        self.DescribeShard = channel.unary_unary(
+                '/embeddb.v1.EmbeddingStore/DescribeShard',
+                request_serializer=embeddb_dot_v1_dot_embeddb__pb2.DescribeShardRequest.SerializeToString,
+                response_deserializer=embeddb_dot_v1_dot_embeddb__pb2.DescribeShardResponse.FromString,
+                _registered_method=True)
         self.Snapshot = channel.unary_unary(
                 '/embeddb.v1.EmbeddingStore/Snapshot',
                 request_serializer=embeddb_dot_v1_dot_embeddb__pb2.SnapshotRequest.SerializeToString,
@@ -158,6 +163,12 @@ class EmbeddingStoreServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DescribeShard(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Snapshot(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -229,6 +240,11 @@ def add_EmbeddingStoreServicer_to_server(servicer, server):
                     servicer.Stats,
                     request_deserializer=embeddb_dot_v1_dot_embeddb__pb2.StatsRequest.FromString,
                     response_serializer=embeddb_dot_v1_dot_embeddb__pb2.StatsResponse.SerializeToString,
+            ),
+            'DescribeShard': grpc.unary_unary_rpc_method_handler(
+                    servicer.DescribeShard,
+                    request_deserializer=embeddb_dot_v1_dot_embeddb__pb2.DescribeShardRequest.FromString,
+                    response_serializer=embeddb_dot_v1_dot_embeddb__pb2.DescribeShardResponse.SerializeToString,
             ),
             'Snapshot': grpc.unary_unary_rpc_method_handler(
                     servicer.Snapshot,
@@ -494,6 +510,33 @@ class EmbeddingStore:
             '/embeddb.v1.EmbeddingStore/Stats',
             embeddb_dot_v1_dot_embeddb__pb2.StatsRequest.SerializeToString,
             embeddb_dot_v1_dot_embeddb__pb2.StatsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DescribeShard(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/embeddb.v1.EmbeddingStore/DescribeShard',
+            embeddb_dot_v1_dot_embeddb__pb2.DescribeShardRequest.SerializeToString,
+            embeddb_dot_v1_dot_embeddb__pb2.DescribeShardResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,6 +1,7 @@
 """The lifecycle of one ``embeddb serve-model`` process, like ``embeddb serve``'s
 (``embeddb.server.daemon``)::
 
+    umask 0o077                   every file the process creates is 0600 (restored at return)
     InferCtx(model_dir, shards)   load model.json, dense.pt, embedding.yaml; reach the shards
                                   and check they serve the model's tables
     build_model_server            gRPC (+ HTTP, metrics); health SERVING
@@ -20,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from embeddb.server.daemon import stop_on_signals, write_atomically
+from embeddb.server.daemon import private_umask, stop_on_signals, write_atomically
 
 from .infer import InferCtx
 from .server import ModelServerConfig, build_model_server
@@ -71,7 +72,8 @@ def run_model_server(
         embeddb errors of the client: the shards cannot be reached.
     """
     stop = stop if stop is not None else threading.Event()
-    with stop_on_signals(stop, options.handle_signals):
+    # private_umask: every file the process creates (the port file) is 0600, as embeddb serve's.
+    with private_umask(), stop_on_signals(stop, options.handle_signals):
         infer = InferCtx(
             options.model_dir,
             options.shards,

@@ -12,6 +12,9 @@
     embeddb_model_lookup_seconds                  histogram: the embedding lookups of one
                                                   micro-batch (InferCtx.on_lookup)
     embeddb_model_predictions_total               counter: samples scored
+    embeddb_model_bad_requests_total{method,reason}  requests refused for their content
+                                                  (gRPC: malformed, bad_enum; HTTP: see the
+                                                  HTTP frontend)
 
 Not exported: a count of unknown ids. The shards' lookup answer does not say which ids they
 store (an unknown id reads as zeros, see ``infer.py``), so the server cannot count them; a
@@ -22,9 +25,13 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
+from embeddb.server.boundary import RefusedCall
 from embeddb.server.metrics import LATENCY_BUCKETS
+from embeddb.v1 import model_pb2 as mpb
 
 __all__ = ["BATCH_BUCKETS", "ModelMetrics"]
+
+MODEL_SERVICE_NAME = mpb.DESCRIPTOR.services_by_name["ModelService"].full_name
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096, 16384, 65536)
 
@@ -66,11 +73,28 @@ class ModelMetrics:
             registry=registry,
         )
         self.predictions = Counter(f"{prefix}_predictions", "Samples scored.", registry=registry)
+        self.bad_requests = Counter(
+            f"{prefix}_bad_requests",
+            "Requests refused for their content (malformed bytes or JSON, undefined values).",
+            ["method", "reason"],
+            registry=registry,
+        )
 
     def observe(self, method: str, status: str, seconds: float) -> None:
         """One finished call."""
         self.requests.labels(method, status).inc()
         self.latency.labels(method).observe(seconds)
+
+    def observe_bad_request(self, method: str, reason: str) -> None:
+        """One request refused for its content (HTTP: ``method`` is the HTTP method)."""
+        self.bad_requests.labels(method, reason).inc()
+
+    def observe_refused(self, call: RefusedCall) -> None:
+        """One gRPC call refused before the servicer (``embeddb.server.boundary``)."""
+        if call.reason is not None:
+            self.observe_bad_request(call.method, call.reason)
+        if call.service == MODEL_SERVICE_NAME:
+            self.observe(call.method, call.status, call.seconds)
 
     def observe_batch(self, samples: int, seconds: float, ok: bool) -> None:
         """One ``predict`` call of the micro-batcher (``ok``: it succeeded)."""

@@ -1,0 +1,305 @@
+"""The server's trust boundary: one gRPC interceptor that runs before any request is parsed.
+
+For a call of a guarded service (every service but the open ones: health and reflection), in
+this order, before the servicer sees anything::
+
+    1 authenticate   the bearer token in the call's metadata → a role    UNAUTHENTICATED
+                     (done when the call's handler is looked up: not a byte of the request has
+                     been parsed yet, so an anonymous caller's garbage is never deserialized)
+    2 authorize      may this role call this method at all?             PERMISSION_DENIED
+    3 decode         the request bytes → the message                    INVALID_ARGUMENT
+                     ("malformed LookupRequest: ...")
+    4 enum values    every enum field holds a value its enum defines    INVALID_ARGUMENT
+                     (proto3 parses any number; the message names the field path)
+    5 authorize      request-dependent rules (a read-only caller's      PERMISSION_DENIED
+                     training lookup)
+    6 the servicer   with the caller's role in :data:`CALLER_ROLE`
+
+Open services (health, reflection) skip 1, 2 and 5 but their unary requests are decoded here
+too (3, 4), so garbage to a health check is INVALID_ARGUMENT as well. gRPC itself would answer
+undecodable bytes with INTERNAL and log a traceback per request: here every refusal is counted
+(``on_refused``, the ``embeddb_requests_total`` and ``embeddb_bad_requests_total`` metrics) and
+logged by a :class:`RateLimitedLog`: the first one of a kind at once, then at most one summary
+line per interval — a flood of bad requests cannot flood the log.
+
+The boundary also places calls on thread pools (gRPC's ``experimental_thread_pool`` handler
+attribute): methods named in ``dedicated_pools`` (the health check) run on their own executor,
+so data calls and streams can never starve them, and the server-streaming methods of guarded
+services (``Subscribe``, ``FetchSnapshot``) on ``stream_pool``, so long-lived streams cannot
+take the threads of data calls.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from concurrent import futures
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+import grpc
+from google.protobuf.descriptor import Descriptor, FieldDescriptor
+from google.protobuf.message import Message
+
+from embeddb.errors import EmbeddbError, InvalidArgumentError, status_of
+from embeddb.server.auth import CALLER_ROLE, AccessPolicy, Role, Tokens, authenticate
+from embeddb.server.interceptors import RateLimitedLog
+
+__all__ = ["Boundary", "RefusalObserver", "RefusedCall", "enum_problem"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RefusedCall:
+    """A call refused at the boundary, as told to the ``on_refused`` observer.
+
+    Attributes:
+        service: the full service name (``embeddb.v1.EmbeddingStore``).
+        method: the short method name.
+        status: the gRPC status name it was answered with.
+        seconds: time spent on it.
+        request_bytes: the size of its request as received (0 when refused before reading it).
+        reason: for a refusal caused by the request's content (``malformed``, ``bad_enum``),
+            the bad-request reason; None for authentication and authorisation refusals.
+    """
+
+    service: str
+    method: str
+    status: str
+    seconds: float
+    request_bytes: int
+    reason: str | None
+
+
+RefusalObserver = Callable[[RefusedCall], None]
+
+
+# ---------------------------------------------------------------------------- enum validation
+_ENUMS: dict[str, bool] = {}
+
+
+def _has_enums(descriptor: Descriptor) -> bool:
+    """Whether messages of ``descriptor`` can hold an enum field, directly or nested."""
+    known = _ENUMS.get(descriptor.full_name)
+    if known is None:
+        _ENUMS[descriptor.full_name] = False  # recursion guard for self-referencing messages
+        known = any(
+            f.type == FieldDescriptor.TYPE_ENUM
+            or (f.type == FieldDescriptor.TYPE_MESSAGE and _has_enums(f.message_type))
+            for f in descriptor.fields
+        )
+        _ENUMS[descriptor.full_name] = known
+    return known
+
+
+def enum_problem(message: Message, prefix: str = "") -> str | None:
+    """The first enum field of ``message`` (nested ones included) holding a number its enum
+    does not define, described as ``"path.to.field: value is not a Type"``; None if none."""
+    if not _has_enums(message.DESCRIPTOR):
+        return None
+    for field, value in message.ListFields():
+        repeated = field.is_repeated
+        if field.type == FieldDescriptor.TYPE_ENUM:
+            for k, number in enumerate(value if repeated else [value]):
+                if field.enum_type.values_by_number.get(number) is None:
+                    at = f"{prefix}{field.name}" + (f"[{k}]" if repeated else "")
+                    names = ", ".join(f"{v.name} = {v.number}" for v in field.enum_type.values)
+                    return f"{at}: {number} is not a {field.enum_type.name} ({names})"
+        elif field.type == FieldDescriptor.TYPE_MESSAGE and _has_enums(field.message_type):
+            if field.message_type.GetOptions().map_entry:
+                continue  # no map of ours holds enum values
+            items = value if repeated else [value]
+            for k, item in enumerate(items):
+                at = f"{prefix}{field.name}" + (f"[{k}]" if repeated else "")
+                problem = enum_problem(item, at + ".")
+                if problem is not None:
+                    return problem
+    return None
+
+
+# ------------------------------------------------------------------------------- the boundary
+class _Refusal(Exception):
+    """A call refused at the boundary: its error and the bad-request reason, if any."""
+
+    def __init__(self, error: EmbeddbError, reason: str | None = None) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.reason = reason
+
+
+class Boundary(grpc.ServerInterceptor):  # type: ignore[misc]
+    """The interceptor of the module docstring; place it first (outermost).
+
+    Args:
+        policy: what each role may call (see :class:`~embeddb.server.auth.AccessPolicy`).
+        tokens: the accepted bearer tokens; None serves every caller with full rights (no
+            role: :data:`CALLER_ROLE` holds None).
+        open_services: full service names callable without a token (health, reflection).
+        on_refused: told of every call refused here (counting; the servicer's own errors are
+            the metrics interceptor's).
+        dedicated_pools: full method names (``/pkg.Service/Method``) → the executor their
+            calls run on instead of the server's.
+        stream_pool: the executor of guarded server-streaming methods.
+        log_interval: seconds between two log lines about refused calls of one kind.
+    """
+
+    def __init__(
+        self,
+        policy: AccessPolicy,
+        tokens: Tokens | None = None,
+        open_services: Iterable[str] = (),
+        on_refused: RefusalObserver | None = None,
+        dedicated_pools: Mapping[str, futures.ThreadPoolExecutor] | None = None,
+        stream_pool: futures.ThreadPoolExecutor | None = None,
+        log_interval: float = 10.0,
+    ) -> None:
+        self._policy = policy
+        self._tokens = tokens
+        self._open = frozenset(open_services)
+        self._on_refused = on_refused
+        self._pools = dict(dedicated_pools or {})
+        self._stream_pool = stream_pool
+        self._log = RateLimitedLog(log, log_interval)
+
+    def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler | None],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler | None:
+        handler = continuation(handler_call_details)
+        if handler is None or handler.request_streaming:
+            return handler  # unknown methods: UNIMPLEMENTED; reflection's request stream
+        full: str = handler_call_details.method
+        service, _, method = full.lstrip("/").partition("/")
+        guarded = service not in self._open
+        role: Role | None = None
+        refusal: _Refusal | None = None
+        if guarded and self._tokens is not None:
+            try:
+                role = authenticate(self._tokens, handler_call_details.invocation_metadata)
+                self._policy.authorize(role, method)
+            except EmbeddbError as exc:
+                refusal = _Refusal(exc)
+        behaviour = handler.unary_unary or handler.unary_stream
+        decode = handler.request_deserializer
+        call = _Call(self, service, method, guarded, role, refusal, decode)
+        if handler.unary_stream is not None:
+            wrapped: Any = call.streaming(behaviour)
+            pool = self._pools.get(full, self._stream_pool if guarded else None)
+        else:
+            wrapped = call.unary(behaviour)
+            pool = self._pools.get(full)
+        if pool is not None:
+            wrapped.experimental_thread_pool = pool
+        make = (
+            grpc.unary_stream_rpc_method_handler
+            if handler.unary_stream is not None
+            else grpc.unary_unary_rpc_method_handler
+        )
+        return make(
+            wrapped, request_deserializer=None, response_serializer=handler.response_serializer
+        )
+
+    def refused(
+        self, service: str, method: str, refusal: _Refusal, seconds: float, size: int
+    ) -> None:
+        """Count and (rate-limited) log one refused call."""
+        status = status_of(refusal.error)
+        if self._on_refused is not None:
+            self._on_refused(RefusedCall(service, method, status, seconds, size, refusal.reason))
+        level = logging.WARNING if refusal.reason is not None else logging.INFO
+        kind = f"{method}:{refusal.reason or status}"
+        self._log.log(level, kind, f"refused {service}/{method}: {status}: {refusal.error}")
+
+
+class _Call:
+    """The checks of one call (one per call: the handler lookup creates it)."""
+
+    def __init__(
+        self,
+        boundary: Boundary,
+        service: str,
+        method: str,
+        guarded: bool,
+        role: Role | None,
+        refusal: _Refusal | None,
+        decode: Callable[[bytes], Any] | None,
+    ) -> None:
+        self.boundary = boundary
+        self.service = service
+        self.method = method
+        self.guarded = guarded
+        self.role = role
+        self.refusal = refusal
+        self.decode = decode
+
+    def admit(self, raw: Any) -> Any:
+        """Steps 3-5 of the module docstring; the decoded request or :class:`_Refusal`."""
+        if self.refusal is not None:
+            raise self.refusal
+        request = raw
+        if self.decode is not None:
+            try:
+                request = self.decode(raw)
+            except Exception as exc:  # google.protobuf.message.DecodeError and friends
+                kind = self.method + "Request"
+                raise _Refusal(
+                    InvalidArgumentError(f"malformed {kind}: the bytes do not parse ({exc})"),
+                    "malformed",
+                ) from None
+        if isinstance(request, Message):
+            problem = enum_problem(request)
+            if problem is not None:
+                raise _Refusal(InvalidArgumentError(problem), "bad_enum")
+        if self.guarded and self.role is not None:
+            try:
+                self.boundary._policy.check_request(self.role, self.method, request)
+            except EmbeddbError as exc:
+                raise _Refusal(exc) from None
+        return request
+
+    def refuse(self, refusal: _Refusal, raw: Any, started: float, context: Any) -> NoReturn:
+        size = len(raw) if isinstance(raw, (bytes, bytearray, memoryview)) else 0
+        self.boundary.refused(
+            self.service, self.method, refusal, time.perf_counter() - started, size
+        )
+        error = refusal.error
+        context.abort(getattr(grpc.StatusCode, status_of(error)), str(error))
+        raise AssertionError("unreachable: ServicerContext.abort raises")  # pragma: no cover
+
+    def unary(self, behaviour: Callable[..., Any]) -> Callable[..., Any]:
+        non_blocking = getattr(behaviour, "experimental_non_blocking", False)
+
+        def guarded(raw: Any, context: Any, *callback: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                request = self.admit(raw)
+            except _Refusal as refusal:
+                self.refuse(refusal, raw, started, context)
+            token = CALLER_ROLE.set(self.role)
+            try:
+                return behaviour(request, context, *callback)
+            finally:
+                CALLER_ROLE.reset(token)
+
+        if non_blocking:
+            guarded.experimental_non_blocking = True  # type: ignore[attr-defined]
+        return guarded
+
+    def streaming(self, behaviour: Callable[..., Any]) -> Callable[..., Any]:
+        non_blocking = getattr(behaviour, "experimental_non_blocking", False)
+        if non_blocking:  # health Watch: answers through the callback, holds no thread
+            return self.unary(behaviour)
+
+        def guarded(raw: Any, context: Any) -> Iterator[Any]:
+            started = time.perf_counter()
+            try:
+                request = self.admit(raw)
+            except _Refusal as refusal:
+                self.refuse(refusal, raw, started, context)
+            CALLER_ROLE.set(self.role)  # this generator runs in the call's own context
+            yield from behaviour(request, context)
+
+        return guarded
