@@ -62,3 +62,42 @@ def test_tuning_is_applied_once_and_reported() -> None:
 def test_invalid_thresholds_are_refused(mmap: int, trim: int) -> None:
     with pytest.raises(ValueError, match="threshold"):
         allocator.tune_allocator(mmap, trim)
+
+
+_ARENAS = textwrap.dedent(
+    """
+    import sys, threading
+    import numpy as np
+    from embeddb import allocator
+    if sys.argv[1] == "limited":
+        assert allocator.limit_arenas(1)
+    def work():
+        for _ in range(20):
+            np.ones(1 << 16)  # a 512 KiB block from this thread's arena
+    threads = [threading.Thread(target=work) for _ in range(8)]
+    for t in threads: t.start()
+    for t in threads: t.join()
+    import os
+    maps = open(f"/proc/{os.getpid()}/maps").read().splitlines()
+    # a non-main arena is a 64 MiB-aligned heap: count the distinct such reservations
+    heaps = {int(m.split("-")[0], 16) for m in maps if int(m.split("-")[0], 16) % (64 << 20) == 0}
+    print(len(heaps))
+    """
+)
+
+
+@glibc_only
+def test_limit_arenas_keeps_threads_off_new_arenas() -> None:
+    """Threads allocating at once get arenas of their own, whose heap tops malloc_trim never
+    returns; after limit_arenas(1) they share the main arena."""
+
+    def heaps(mode: str) -> int:
+        out = subprocess.run(
+            [sys.executable, "-c", _ARENAS, mode], capture_output=True, text=True, timeout=120
+        )
+        assert out.returncode == 0, out.stderr
+        return int(out.stdout)
+
+    assert heaps("limited") < heaps("default")
+    with pytest.raises(ValueError):
+        allocator.limit_arenas(0)

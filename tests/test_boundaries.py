@@ -423,3 +423,30 @@ def test_an_idle_connection_is_closed_by_the_server(serve) -> None:
         assert grpc.ChannelConnectivity.READY in states
         assert stub.DescribeShard(pb.DescribeShardRequest(), timeout=10).num_shards == 1
     assert served.stop() == 0
+
+
+def test_garbage_to_the_open_services_is_invalid_argument_without_a_traceback(
+    serve, tmp_path, tokens_file
+) -> None:
+    """Health and reflection need no token: their anonymous callers' garbage is decoded at the
+    boundary too (gRPC alone answers INTERNAL and logs a traceback per request)."""
+    served = serve("--ephemeral", "--tokens-file", str(tokens_file), metrics=True)
+    garbage = b"\xff\xff\xff garbage"
+    with served.channel() as channel:
+        reflect = channel.stream_stream(
+            "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo"
+        )
+        for _ in range(10):
+            error = error_of(lambda: reflect(iter([garbage])))
+            assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "malformed ServerReflectionRequest" in (error.details() or "")
+        watch = channel.unary_stream("/grpc.health.v1.Health/Watch")
+        assert error_of(lambda: watch(garbage)).code() == grpc.StatusCode.INVALID_ARGUMENT
+        status = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest())
+        assert status.status == health_pb2.HealthCheckResponse.SERVING
+    bad = served.metrics()["embeddb_bad_requests_total"]
+    assert bad[(("method", "ServerReflectionInfo"), ("reason", "malformed"))] == 10
+    assert bad[(("method", "Watch"), ("reason", "malformed"))] == 1
+    assert served.stop() == 0
+    log = served.output()
+    assert "Traceback" not in log and "Exception deserializing" not in log

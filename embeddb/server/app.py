@@ -20,7 +20,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import CollectorRegistry
 
-from embeddb.allocator import Trimmer, tune_allocator
+from embeddb.allocator import Trimmer, limit_arenas, tune_allocator
 from embeddb.errors import ConfigError
 from embeddb.server.assembly import ConnectionConfig, ServerPools, connection_options
 from embeddb.server.auth import STORE_POLICY, Tokens
@@ -214,6 +214,7 @@ def build_server(
     cfg = config or ServerConfig()
     if cfg.tune_allocator:
         tune_allocator()
+        limit_arenas(1)  # so that a burst's memory can be given back (embeddb.allocator)
     registry = cfg.metrics_registry
     if registry is None and cfg.metrics_port is not None:
         registry = CollectorRegistry()

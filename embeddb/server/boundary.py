@@ -15,8 +15,9 @@ this order, before the servicer sees anything::
                      training lookup)
     6 the servicer   with the caller's role in :data:`CALLER_ROLE`
 
-Open services (health, reflection) skip 1, 2 and 5 but their unary requests are decoded here
-too (3, 4), so garbage to a health check is INVALID_ARGUMENT as well. gRPC itself would answer
+Open services (health, reflection) skip 1, 2 and 5 but their requests are decoded here too
+(3, 4; each message of reflection's request stream as it is read), so an anonymous caller's
+garbage to a health check or to reflection is INVALID_ARGUMENT as well. gRPC itself would answer
 undecodable bytes with INTERNAL and log a traceback per request: here every refusal is counted
 (``on_refused``, the ``embeddb_requests_total`` and ``embeddb_bad_requests_total`` metrics) and
 logged by a :class:`RateLimitedLog`: the first one of a kind at once, then at most one summary
@@ -169,8 +170,8 @@ class Boundary(grpc.ServerInterceptor):  # type: ignore[misc]
         handler_call_details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler | None:
         handler = continuation(handler_call_details)
-        if handler is None or handler.request_streaming:
-            return handler  # unknown methods: UNIMPLEMENTED; reflection's request stream
+        if handler is None:
+            return handler  # an unknown method: gRPC answers UNIMPLEMENTED
         full: str = handler_call_details.method
         service, _, method = full.lstrip("/").partition("/")
         guarded = service not in self._open
@@ -182,22 +183,25 @@ class Boundary(grpc.ServerInterceptor):  # type: ignore[misc]
                 self._policy.authorize(role, method)
             except EmbeddbError as exc:
                 refusal = _Refusal(exc)
-        behaviour = handler.unary_unary or handler.unary_stream
-        decode = handler.request_deserializer
-        call = _Call(self, service, method, guarded, role, refusal, decode)
-        if handler.unary_stream is not None:
-            wrapped: Any = call.streaming(behaviour)
+        call = _Call(self, service, method, guarded, role, refusal, handler.request_deserializer)
+        pool = self._pools.get(full)
+        if handler.request_streaming:  # server reflection: every message decoded here too
+            make = (
+                grpc.stream_stream_rpc_method_handler
+                if handler.response_streaming
+                else grpc.stream_unary_rpc_method_handler
+            )
+            behaviour = handler.stream_stream or handler.stream_unary
+            wrapped: Any = call.request_stream(behaviour, bool(handler.response_streaming))
+        elif handler.unary_stream is not None:
+            make = grpc.unary_stream_rpc_method_handler
+            wrapped = call.streaming(handler.unary_stream)
             pool = self._pools.get(full, self._stream_pool if guarded else None)
         else:
-            wrapped = call.unary(behaviour)
-            pool = self._pools.get(full)
+            make = grpc.unary_unary_rpc_method_handler
+            wrapped = call.unary(handler.unary_unary)
         if pool is not None:
             wrapped.experimental_thread_pool = pool
-        make = (
-            grpc.unary_stream_rpc_method_handler
-            if handler.unary_stream is not None
-            else grpc.unary_unary_rpc_method_handler
-        )
         return make(
             wrapped, request_deserializer=None, response_serializer=handler.response_serializer
         )
@@ -244,7 +248,8 @@ class _Call:
             try:
                 request = self.decode(raw)
             except Exception as exc:  # google.protobuf.message.DecodeError and friends
-                kind = self.method + "Request"
+                kind = getattr(getattr(self.decode, "__self__", None), "__name__", None)
+                kind = kind or f"{self.method} request"
                 raise _Refusal(
                     InvalidArgumentError(f"malformed {kind}: the bytes do not parse ({exc})"),
                     "malformed",
@@ -303,3 +308,31 @@ class _Call:
             yield from behaviour(request, context)
 
         return guarded
+
+    def request_stream(self, behaviour: Callable[..., Any], streaming: bool) -> Callable[..., Any]:
+        """A handler of a request stream: each message goes through :meth:`admit` as the
+        servicer reads it; a bad one ends the call."""
+
+        def decoded(raw_requests: Iterator[Any]) -> Iterator[Any]:
+            for raw in raw_requests:
+                yield self.admit(raw)
+
+        def unary(raw_requests: Iterator[Any], context: Any) -> Any:
+            started = time.perf_counter()
+            token = CALLER_ROLE.set(self.role)
+            try:
+                return behaviour(decoded(raw_requests), context)
+            except _Refusal as refusal:
+                self.refuse(refusal, b"", started, context)
+            finally:
+                CALLER_ROLE.reset(token)
+
+        def stream(raw_requests: Iterator[Any], context: Any) -> Iterator[Any]:
+            started = time.perf_counter()
+            CALLER_ROLE.set(self.role)
+            try:
+                yield from behaviour(decoded(raw_requests), context)
+            except _Refusal as refusal:
+                self.refuse(refusal, b"", started, context)
+
+        return stream if streaming else unary

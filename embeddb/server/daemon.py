@@ -48,6 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
+from embeddb.allocator import limit_arenas
 from embeddb.config import EmbeddingConfig
 from embeddb.server.app import ServerConfig, ShardServer, build_server
 from embeddb.server.follower import Follower, FollowerOptions
@@ -165,6 +166,8 @@ def run_daemon(
         InvalidArgumentError: ``restore`` names no complete snapshot.
         OSError: the address cannot be bound or the port file cannot be written.
     """
+    if server_config.tune_allocator:
+        limit_arenas(1)  # before the shard's threads start (embeddb.allocator)
     with private_umask():  # every file this process creates is 0600, every directory 0700
         if options.follow is not None:
             return _run_follower(config, server_config, options, options.follow, stop)
