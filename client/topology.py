@@ -37,6 +37,7 @@ from typing import Any
 from embeddb.errors import ConfigError
 from embeddb.routing import ROUTING_ALGORITHM, SHARD_SALT
 from embeddb.v1 import embeddb_pb2 as pb
+from embeddb.wire import row_bytes
 
 from .batching import Budget
 from .calls import ShardCall
@@ -50,7 +51,6 @@ __all__ = [
     "describe_calls",
     "lookup_cost",
     "push_cost",
-    "row_bytes",
     "shard_limits",
 ]
 
@@ -154,11 +154,6 @@ def budget(limits: ShardLimits, options: ClientOptions) -> Budget:
         ids=min(options.max_ids_per_message, limits.max_ids_per_request),
         bytes=(limits.max_response_bytes, usable),
     )
-
-
-def row_bytes(dim: int, fp16: bool) -> int:
-    """Bytes of one vector on the wire: float32, or scaled float16 with its float32 scale."""
-    return dim * 2 + 4 if fp16 else dim * 4
 
 
 def lookup_cost(dim: int, fp16: bool) -> tuple[int, int]:

@@ -47,7 +47,7 @@ Two YAML files configure embeddb: the **embedding config** (tables, features, op
 store and its durability), read by `embeddb serve`, `embeddb cluster`, `embeddb restore` and
 the trainer, and the **training job** read by `embeddb train JOB`. Every key below is
 validated when the file is loaded; a mistake is a `ConfigError` naming the key's path. Worked
-examples: `embeddb/config/schema.py` (module docstring), `embeddb/presets/default.yaml`,
+examples: `embeddb/config/__init__.py` (package docstring), `embeddb/presets/default.yaml`,
 `examples/persia_embedding_config.yaml` (PERSIA's format) and `examples/adult/train.yaml`.
 
 ## Embedding config

@@ -73,15 +73,9 @@ def tune_allocator(
     with _lock:
         if _applied is not None:
             return True
-        if platform.libc_ver()[0] != "glibc":
+        mallopt = _glibc("mallopt", ctypes.c_int, ctypes.c_int)
+        if mallopt is None:
             return False
-        try:
-            libc = ctypes.CDLL(None)
-            mallopt = libc.mallopt
-        except (OSError, AttributeError):  # pragma: no cover - glibc always has mallopt
-            return False
-        mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
-        mallopt.restype = ctypes.c_int
         ok = mallopt(_M_MMAP_THRESHOLD, mmap_threshold) == 1
         ok = mallopt(_M_TRIM_THRESHOLD, min(trim_threshold, 2**31 - 1)) == 1 and ok
         if not ok:  # pragma: no cover - only with values glibc rejects, checked above
@@ -108,15 +102,8 @@ def limit_arenas(count: int = 1) -> bool:
     """
     if count < 1:
         raise ValueError("count must be >= 1")
-    if platform.libc_ver()[0] != "glibc":
-        return False
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):  # pragma: no cover - glibc always has mallopt
-        return False
-    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
-    mallopt.restype = ctypes.c_int
-    return bool(mallopt(_M_ARENA_MAX, count) == 1)
+    mallopt = _glibc("mallopt", ctypes.c_int, ctypes.c_int)
+    return mallopt is not None and mallopt(_M_ARENA_MAX, count) == 1
 
 
 def applied() -> tuple[int, int] | None:
@@ -151,7 +138,7 @@ class Trimmer:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._lock = threading.Lock()
-        self._trim = _malloc_trim()
+        self._trim = _glibc("malloc_trim", ctypes.c_size_t)
         self._thread: threading.Thread | None = None
 
     def note(self, nbytes: int) -> None:
@@ -200,14 +187,14 @@ class Trimmer:
 _TRIM_AFTER = (1, 5)
 
 
-def _malloc_trim() -> Any:
-    """glibc's ``malloc_trim``, or None elsewhere."""
+def _glibc(name: str, *argtypes: Any) -> Any:
+    """glibc's function ``name`` (returning int) with ``argtypes``, or None elsewhere."""
     if platform.libc_ver()[0] != "glibc":
         return None
     try:
-        trim = ctypes.CDLL(None).malloc_trim
-    except (OSError, AttributeError):  # pragma: no cover - glibc always has it
+        function = getattr(ctypes.CDLL(None), name)
+    except (OSError, AttributeError):  # pragma: no cover - glibc always has them
         return None
-    trim.argtypes = [ctypes.c_size_t]
-    trim.restype = ctypes.c_int
-    return trim
+    function.argtypes = list(argtypes)
+    function.restype = ctypes.c_int
+    return function

@@ -10,87 +10,68 @@ An ID batch as the shard sees it (table ``user``, ``dim = 2``)::
     lookup  → [[a0, a1], [b0, b1], [a0, a1]]    float32 (3, 2), row i is the vector of ids[i]
     grads   = [[g0, g1], [h0, h1], [k0, k1]]    float32 (3, 2); id 7 is updated once with g + k
 
-Data directory layout::
-
-    DATA_DIR/
-      disk/                 RocksDB: the disk tier (one column family per table)
-      log/                  the update log (embeddb.durability.log): every acknowledged mutation
-      snapshots/<id>/       complete snapshots (embeddb.durability.snapshot)
-      <export_dir>/         with store.export_dir relative: the incremental export of changed
-                            rows (embeddb.durability.export)
-      topology.json         which shard of how many the directory holds, recorded at its
-                            first start; a start as another shard is refused
-                            (embeddb.durability.topology)
-      clean-shutdown.json   present only after close(): the disk tier holds every row, at seq
-      base.json             the last clean shutdown's record, kept while the shard runs: the
-                            disk tier plus the log after its seq rebuild every row
-
 Durability (ARCHITECTURE.md §5). Every mutation — gradient push, assign, delete, rows created by
-a training lookup — is journaled while its stripe lock is held, as the resulting rows
-(:mod:`embeddb.storage.changes`), and appended to the update log with the next ``seq`` before
-the call returns; with ``fsync: always`` the call also waits for the fsync (group commit). On
-open, a directory without a clean-shutdown record is **recovered**: from the newest of (a) the
-newest complete snapshot — verified file by file — and (b) the last clean shutdown, then every
-log record after that seq is replayed. A snapshot that fails verification stops the start
-(``CorruptDataError`` naming the file) unless ``fallback=True`` lets the shard use the next
-older one. A log whose append fails (full or unwritable disk) puts the shard in read-only mode:
-reads go on, mutations raise :class:`FailedPreconditionError`, nothing stored is touched.
+a training lookup — is journaled while its stripe lock is held and appended to the update log
+with the next ``seq`` before the call returns; with ``fsync: always`` the call also waits for
+the fsync (:mod:`embeddb.shard_journal`). On open, a directory without a clean-shutdown record
+is **recovered** from its newest verified snapshot or last clean shutdown, then the log after
+it (:mod:`embeddb.shard_recovery`, which also draws the data directory's layout). A log whose
+append fails puts the shard in read-only mode: reads go on, mutations raise
+:class:`FailedPreconditionError`, nothing stored is touched.
 
-Feeding followers (``embeddb.server.follower``): :meth:`Shard.open_snapshot` opens a snapshot's
-files for sending (the bootstrap), :meth:`Shard.tail_log` yields every log record after a seq
-and then each new one as soon as it is appended (:meth:`Shard.wait_for_seq`), pinning the
-reader's position so that snapshots never truncate records a live reader still needs. A
-follower shard (``follower=True``) applies them with :meth:`Shard.apply_record`.
+:class:`Shard` is a facade: it keeps validation, the data plane and the lifecycle, and
+delegates the rest to parts that each take only the state they need::
+
+    embeddb.shard_recovery   ShardOpener: opens the directory, builds the disk tier, tables
+                             and update log the shard takes over; Recovery; shutdown records
+    embeddb.shard_journal    Journal: mutations into the update log; read-only mode
+    embeddb.shard_snapshot   ShardSnapshots: takes, lists and opens snapshots
+    embeddb.shard_feed       LogReaders, RecordApplier: followers' feed and the export
 """
 
 from __future__ import annotations
 
-import json
-import logging
 import os
 import shutil
 import tempfile
 import threading
 import time
 from collections.abc import Generator, Iterable, Iterator, Sequence
-from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from embeddb.config import EmbeddingConfig
-from embeddb.durability import records, snapshot, topology
+from embeddb.durability import snapshot
 from embeddb.durability.export import Exporter
-from embeddb.durability.log import FsyncPolicy, LogConfig, LogCut, LogRecord, UpdateLog
+from embeddb.durability.log import LogRecord, UpdateLog
 from embeddb.durability.snapshot import SnapshotInfo, SnapshotReader
 from embeddb.errors import (
-    ConfigError,
-    CorruptDataError,
     FailedPreconditionError,
     InvalidArgumentError,
-    NotFoundError,
-    OutOfRangeError,
-    StorageError,
     TableNotFoundError,
     UnavailableError,
 )
 from embeddb.routing import Topology, as_ids
+from embeddb.shard_feed import LogReaders, RecordApplier, start_export, stop_export
+from embeddb.shard_journal import Journal
+from embeddb.shard_recovery import (
+    BASE,
+    CLEAN_MARKER,
+    Recovery,
+    ShardOpener,
+    read_record,
+    shutdown_record,
+    write_record,
+)
+from embeddb.shard_snapshot import ShardSnapshots, SnapshotResult
 from embeddb.storage import DiskTier, TableStats, TieredTable, UpdateResult
-from embeddb.storage.changes import Change
 from embeddb.storage.parallel import StripePool, default_threads
-from embeddb.storage.private import private_dir
 
 __all__ = ["Recovery", "Shard", "ShardStats", "SnapshotInfo", "SnapshotResult", "UpdateResult"]
-
-log = logging.getLogger(__name__)
-
-_CLEAN_MARKER = "clean-shutdown.json"
-_BASE = "base.json"
-_FORMAT_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -107,40 +88,6 @@ class ShardStats:
                 if isinstance(value, int) and key != "dim":
                     out[key] = out.get(key, 0) + value
         return out
-
-
-@dataclass(frozen=True)
-class SnapshotResult:
-    """A snapshot just taken: the snapshot, how long serving paused and the whole call took."""
-
-    info: SnapshotInfo
-    pause_s: float
-    seconds: float
-
-
-@dataclass(frozen=True)
-class Recovery:
-    """How :class:`Shard` opened its directory.
-
-    Attributes:
-        source: ``"new"``, ``"clean"`` (after a clean shutdown), ``"snapshot"``, ``"base"``
-            (the last clean shutdown's disk tier) or ``"log"`` (the whole log replayed).
-        snapshot_id: the snapshot restored, if any.
-        from_seq: the seq the state was restored at, before the replay.
-        replayed: log records replayed after it.
-        seq: the shard's seq once open.
-        seconds: time taken.
-        log_cuts: tails cut off the update log when it opened (torn, or corrupt where
-            ``store.log_recovery`` or ``cut_corrupt_log_tail`` allowed it; ``log-cuts.jsonl``).
-    """
-
-    source: str
-    snapshot_id: str | None
-    from_seq: int
-    replayed: int
-    seq: int
-    seconds: float
-    log_cuts: tuple[LogCut, ...] = ()
 
 
 class Shard:
@@ -188,7 +135,6 @@ class Shard:
         cut_corrupt_log_tail: bool = False,
     ) -> None:
         began = time.perf_counter()
-        self._cut_corrupt_log_tail = cut_corrupt_log_tail
         self.config = config
         self.topology = Topology(shard_index, num_shards)
         self.shard_index = shard_index
@@ -201,284 +147,48 @@ class Shard:
         self._closed = False
         self._close_lock = threading.Lock()
         self._snapshot_lock = threading.Lock()
-        self._failed: StorageError | None = None
-        self._pins: dict[int, int] = {}  # reader token -> oldest seq it still needs
-        self._pins_lock = threading.Lock()
-        self._applied_seq = 0  # followers: the last primary seq applied
         self._log: UpdateLog | None = None
         self._disk: DiskTier | None = None
         self._exporter: Exporter | None = None
         store = config.store
         self._pool = StripePool(store.threads or default_threads(), store.parallel_min_ids)
-        self._widths = {n: t.dim + t.optimizer.state_dim(t.dim) for n, t in config.tables.items()}
+        opener = ShardOpener(
+            config,
+            self.data_dir,
+            self._pool,
+            topology=self.topology,
+            ephemeral=self._ephemeral,
+            follower=follower,
+            cut_corrupt_log_tail=cut_corrupt_log_tail,
+        )
         try:
-            self.recovery = self._open(restore, fallback)
-            self._exporter = self._start_export()
+            recovery = opener.open(restore, fallback)
+            assert opener.disk is not None  # every open starts the tables
+            self._disk, self._tables, self._log = opener.disk, opener.tables, opener.log
+            self._journal = Journal(self._log, follower)
+            self._journal.attach(self._tables)
+            self._readers = LogReaders(self._log, self._table_check_open)
+            self._applier = RecordApplier(self._tables, opener.applied_seq)
+            self._snapshots = ShardSnapshots(
+                self.data_dir / "snapshots", self._disk, self._tables, self._pool, self.topology
+            )
+            if not follower:  # a follower's primary exports
+                self._exporter = start_export(
+                    config, self.data_dir, self._readers, self.topology, self._tables, self.seq
+                )
         except BaseException:
-            self._abandon()
+            self._abandon(opener)
             raise
         cuts = self._log.cuts if self._log is not None else ()
         self.recovery = Recovery(
-            **{**self.recovery.__dict__, "seconds": time.perf_counter() - began, "log_cuts": cuts}
+            **{**recovery.__dict__, "seconds": time.perf_counter() - began, "log_cuts": cuts}
         )
 
     # ------------------------------------------------------------------ opening
-    @property
-    def _logged(self) -> bool:
-        return not self._ephemeral and not self.follower and self.config.store.update_log
-
-    def _open(self, restore: str | None, fallback: bool) -> Recovery:
-        snapshots_dir = self.data_dir / "snapshots"
-        try:
-            private_dir(self.data_dir)  # 0700, created or tightened (ARCHITECTURE.md §6)
-        except OSError as exc:
-            raise StorageError(f"cannot use data directory {self.data_dir}: {exc}") from exc
-        snapshot.remove_incomplete(snapshots_dir)
-        if not (self._ephemeral or self.follower):
-            topology.check_directory(self.data_dir, self.topology)
-        if restore is not None:
-            return self._restore_explicitly(restore)
-        marker = self._read_record(_CLEAN_MARKER)
-        if marker is not None:
-            return self._open_clean(marker)
-        disk_dir = self.data_dir / "disk"
-        has_disk = disk_dir.exists() and any(disk_dir.iterdir())
-        log_dir = self.data_dir / "log"
-        has_log = log_dir.exists() and any(log_dir.glob("*.log"))
-        has_snapshots = bool(snapshot.list_snapshots(snapshots_dir))
-        if not (has_disk or has_log or has_snapshots):
-            self._start_tables(disk_rows={})
-            self._start_log(0)
-            return Recovery("new", None, 0, 0, self.seq, 0.0)
-        if not has_snapshots and not (self._logged and has_log):
-            raise StorageError(
-                f"{self.data_dir} holds a disk tier that was not shut down cleanly and no "
-                f"update log or snapshot to recover it from; remove the directory to start empty"
-            )
-        return self._recover(fallback, has_log)
-
-    def _open_clean(self, marker: dict[str, Any]) -> Recovery:
-        disk_rows = self._check_tables(marker, _CLEAN_MARKER)
-        seq = int(marker.get("seq", 0))
-        self._start_tables(disk_rows)
-        self._start_log(seq)
-        if self._log is not None and self._log.last_seq != seq:
-            raise CorruptDataError(
-                f"{self.data_dir / _CLEAN_MARKER} records seq {seq} but the update log ends at "
-                f"{self._log.last_seq}"
-            )
-        # From now on the RAM tier may hold rows the disk does not: the marker becomes the base
-        # that crash recovery starts from.
-        os.replace(self.data_dir / _CLEAN_MARKER, self.data_dir / _BASE)
-        return Recovery("clean", None, seq, 0, seq, 0.0)
-
-    def _recover(self, fallback: bool, has_log: bool) -> Recovery:
-        base = self._read_record(_BASE)
-        base_seq = int(base["seq"]) if base is not None else -1
-        listed = snapshot.list_snapshots(self.data_dir / "snapshots")
-        # A snapshot whose manifest is unreadable might be the newest: never skip it silently.
-        unreadable = [s for s in listed if s.seq < 0]
-        candidates = unreadable + [s for s in reversed(listed) if s.seq > base_seq]
-        for info in candidates:
-            try:
-                manifest = snapshot.verify(info.path)
-                self._check_manifest(manifest, info.path)
-            except CorruptDataError as exc:
-                if not fallback:
-                    raise CorruptDataError(
-                        f"{exc}. The shard refuses to start; pass fallback=True (embeddb serve "
-                        f"--fallback-snapshot) to recover from the previous snapshot instead"
-                    ) from exc
-                log.error("snapshot %s is corrupt (%s); falling back to an older one", info, exc)
-                continue
-            self._load_snapshot(info.path, manifest)
-            (self.data_dir / _BASE).unlink(missing_ok=True)  # the disk tier is the snapshot's
-            replayed = self._replay_log(int(manifest["seq"]))
-            log.warning(
-                "recovered %s from snapshot %s (seq %d) and %d log records",
-                self.data_dir, info.snapshot_id, manifest["seq"], replayed,
-            )  # fmt: skip
-            return Recovery(
-                "snapshot", info.snapshot_id, int(manifest["seq"]), replayed, self.seq, 0
-            )
-        if not (self._logged and has_log):
-            raise StorageError(
-                f"{self.data_dir} was not shut down cleanly, has no usable snapshot and no update "
-                f"log to recover from"
-            )
-        if base is not None:
-            self._check_tables(base, _BASE)
-        self._start_tables(disk_rows=None)  # counted from the disk tier
-        start = max(base_seq, 0)
-        replayed = self._replay_log(start)
-        source = "base" if base is not None else "log"
-        log.warning(
-            "recovered %s from its %s (seq %d) and %d log records",
-            self.data_dir,
-            "last clean shutdown" if base is not None else "empty state",
-            start,
-            replayed,
-        )
-        return Recovery(source, None, start, replayed, self.seq, 0.0)
-
-    def _restore_explicitly(self, snapshot_id: str) -> Recovery:
-        path = self.data_dir / "snapshots" / snapshot.check_id(snapshot_id)
-        if not (path / snapshot.MANIFEST).exists():
-            raise InvalidArgumentError(f"no complete snapshot {snapshot_id!r} in {path.parent}")
-        manifest = snapshot.verify(path)
-        self._check_manifest(manifest, path)
-        log_dir = self.data_dir / "log"
-        if log_dir.exists():
-            stamp = f"log.before-restore-{time.strftime('%Y%m%dT%H%M%S')}"
-            aside = self.data_dir / stamp
-            for k in range(2, 1000):  # two restores within a second keep both logs
-                if not aside.exists():
-                    break
-                aside = self.data_dir / f"{stamp}.{k}"
-            os.replace(log_dir, aside)
-            log.warning("restoring %s: the previous update log is kept in %s", snapshot_id, aside)
-        for stale in (_CLEAN_MARKER, _BASE):
-            (self.data_dir / stale).unlink(missing_ok=True)
-        self._load_snapshot(path, manifest)
-        seq = int(manifest["seq"])
-        if self.follower:
-            self._applied_seq = seq
-        return Recovery("snapshot", snapshot_id, seq, 0, self.seq, 0.0)
-
-    def _load_snapshot(self, path: Path, manifest: dict[str, Any]) -> None:
-        disk_dir = self.data_dir / "disk"
-        shutil.rmtree(disk_dir, ignore_errors=True)
-        try:
-            snapshot.copy_disk(path, disk_dir)
-        except OSError as exc:
-            raise StorageError(f"cannot copy the disk tier of snapshot {path}: {exc}") from exc
-        tables = manifest["tables"]
-        self._start_tables({n: int(t["disk_rows"]) for n, t in tables.items() if n in self._widths})
-        for name, table in self._tables.items():
-            if name in tables:
-                ids, rows, flags = snapshot.load_table(path, name, self._widths[name])
-                table.load_ram(ids, rows, flags)
-        self._start_log(int(manifest["seq"]))
-
-    def _replay_log(self, after_seq: int) -> int:
-        """Open the log (if not yet) and apply every record after ``after_seq``."""
-        if self._log is None:
-            self._start_log(after_seq)
-        assert self._log is not None
-        n = 0
-        for record in self._log.read(after_seq):
-            self._apply(record.payload, f"update log record {record.seq}")
-            n += 1
-        return n
-
-    def _start_tables(self, disk_rows: dict[str, int] | None) -> None:
-        self._disk = DiskTier(self.data_dir / "disk", self._widths, self.config.store.disk_cache_mb)
-        self._tables = {
-            name: TieredTable(t, self.config.store, self._disk, 0, self._pool)
-            for name, t in self.config.tables.items()
-        }
-        for name, table in self._tables.items():
-            n = self._disk.count(name) if disk_rows is None else disk_rows.get(name, 0)
-            table.set_disk_rows(n)
-
-    def _start_log(self, start_seq: int) -> None:
-        if not self._logged or self._log is not None:
-            return
-        store = self.config.store
-        cfg = LogConfig(
-            fsync=FsyncPolicy(store.fsync),
-            interval_ms=store.fsync_interval_ms,
-            segment_bytes=store.log_segment_mb << 20,
-            lz4_min_bytes=store.log_lz4_min_bytes,
-            recovery=store.log_recovery,
-            cut_corrupt_tail=self._cut_corrupt_log_tail,
-            cuts_dir=self.data_dir,
-        )
-        self._log = UpdateLog(self.data_dir / "log", cfg, start_seq=start_seq)
-        for table in self._tables.values():
-            table.journal = self._journal
-
-    def _start_export(self) -> Exporter | None:
-        """Start the incremental export (``store.export_dir``), which tails the update log."""
-        store = self.config.store
-        if store.export_dir is None or self.follower:
-            return None  # a follower's primary exports
-        if self._log is None:
-            raise ConfigError(
-                "store.export_dir", "the export reads the update log: it needs a data directory "
-                "and update_log: true"
-            )  # fmt: skip
-        directory = Path(store.export_dir.replace("{index}", str(self.shard_index)))
-        tables = {n: (t.dim, self._widths[n]) for n, t in self.config.tables.items()}
-        return Exporter(
-            directory if directory.is_absolute() else self.data_dir / directory,
-            self.read_log,
-            tables,
-            self.seq,
-            store.export_interval_s,
-            empty=not any(t.stats().rows for t in self._tables.values()),
-        )
-
-    def _stop_export(self) -> None:
-        """Export the tail (every record logged so far) and stop; a failure is logged, not
-        raised: the export resumes from its last finished file at the next start."""
-        if self._exporter is None:
-            return
-        try:
-            self._exporter.close()
-        except (StorageError, UnavailableError) as exc:
-            log.error(
-                "the export's last write failed (%s); it resumes after seq %d at the next start",
-                exc, self._exporter.exported_seq,
-            )  # fmt: skip
-
-    def _read_record(self, name: str) -> dict[str, Any] | None:
-        path = self.data_dir / name
-        if not path.exists():
-            return None
-        try:
-            record = json.loads(path.read_text())
-            if not isinstance(record, dict) or not isinstance(record.get("tables"), dict):
-                raise ValueError("not a shutdown record")
-            if record.get("format_version") not in (1, _FORMAT_VERSION):
-                raise ValueError(f"unsupported format_version {record.get('format_version')}")
-        except (OSError, ValueError) as exc:
-            raise CorruptDataError(f"{path} is unreadable: {exc}") from exc
-        return record
-
-    def _check_tables(self, record: dict[str, Any], source: str) -> dict[str, int]:
-        tables = record["tables"]
-        for name, t in self.config.tables.items():
-            if name in tables:
-                width = self._widths[name]
-                if (tables[name]["dim"], tables[name]["width"]) != (t.dim, width):
-                    raise CorruptDataError(
-                        f"table {name!r} in {self.data_dir} ({source}) has dim "
-                        f"{tables[name]['dim']} and row width {tables[name]['width']}, the "
-                        f"config says dim {t.dim} and width {width} (changed optimizer or dim?)"
-                    )
-        return {name: int(v["disk_rows"]) for name, v in tables.items()}
-
-    def _check_manifest(self, manifest: dict[str, Any], path: Path) -> None:
-        self._check_tables(manifest, f"snapshot {path.name}")
-        index, count = manifest.get("shard_index", 0), manifest.get("num_shards", 1)
-        if (index, count) != (self.shard_index, self.num_shards):
-            raise CorruptDataError(
-                f"snapshot {path} belongs to shard {index} of {count}, this is shard "
-                f"{self.shard_index} of {self.num_shards} (use embeddb reshard to change the "
-                f"shard count)"
-            )
-
-    def _abandon(self) -> None:
+    def _abandon(self, opener: ShardOpener) -> None:
         """Release what a failed open holds."""
         self._pool.close()
-        if self._log is not None:
-            self._log.close()
-        if self._disk is not None:
-            try:
-                self._disk.close()
-            except StorageError:
-                log.exception("closing the disk tier after a failed open")
+        opener.release()
         if self._ephemeral:
             shutil.rmtree(self.data_dir, ignore_errors=True)
 
@@ -501,23 +211,14 @@ class Shard:
                 for table in self._tables.values():
                     table.flush()
                 seq = self.seq
-                self._stop_export()  # the tail: every record up to seq
+                stop_export(self._exporter)  # the tail: every record up to seq
                 if self._log is not None:
                     self._log.close()
-                record = {
-                    "format_version": _FORMAT_VERSION,
-                    "seq": seq,
-                    "tables": {
-                        name: {"dim": t.dim, "width": t.width, "disk_rows": t.stats().disk_rows}
-                        for name, t in self._tables.items()
-                    },
-                }
+                record = shutdown_record(seq, self._tables)
                 self._disk.close()
-                tmp = self.data_dir / (_CLEAN_MARKER + ".tmp")
-                tmp.write_text(json.dumps(record, indent=2))
-                os.replace(tmp, self.data_dir / _CLEAN_MARKER)
+                write_record(self.data_dir, CLEAN_MARKER, record)
             finally:
-                self._stop_export()
+                stop_export(self._exporter)
                 if self._log is not None:
                     self._log.close()
                 if self._ephemeral:
@@ -558,7 +259,7 @@ class Shard:
     def seq(self) -> int:
         """The seq of the last mutation (followers: the last primary record applied)."""
         if self.follower:
-            return self._applied_seq
+            return self._applier.applied_seq
         return self._log.last_seq if self._log is not None else 0
 
     @property
@@ -566,35 +267,7 @@ class Shard:
         """The last seq known fsynced (equal to :attr:`seq` without an update log)."""
         return self._log.durable_seq if self._log is not None else self.seq
 
-    def _journal(self, changes: list[Change]) -> None:
-        """Append one stripe's changes to the log (called under the stripe's lock)."""
-        assert self._log is not None
-        try:
-            self._log.append(records.encode(changes))
-        except StorageError as exc:
-            if self._failed is None:
-                self._failed = exc
-                log.error("update log append failed; the shard is now read-only: %s", exc)
-            raise
-
-    def _mutating(self) -> int:
-        """Check that a mutation may run; returns the log position before it."""
-        if self.follower:
-            raise FailedPreconditionError(
-                "this shard is a read-only follower: send writes to its primary"
-            )
-        if self._failed is not None:
-            raise FailedPreconditionError(
-                f"the update log failed ({self._failed}); the shard serves reads only until "
-                f"it is restarted with a writable data directory"
-            )
-        return self._log.last_seq if self._log is not None else 0
-
-    def _acknowledge(self, before: int) -> None:
-        """Wait until this call's log records are as durable as the fsync policy promises."""
-        if self._log is not None and self._log.last_seq > before:
-            self._log.wait_durable(self._log.last_seq)
-
+    # ------------------------------------------------------------------ snapshots
     def snapshot(self, snapshot_id: str | None = None) -> SnapshotResult:
         """Write a snapshot holding exactly the mutations up to the current seq.
 
@@ -615,167 +288,24 @@ class Shard:
         began = time.perf_counter()
         with self._snapshot_lock:
             self._table_check_open()
-            name = snapshot_id
-            if name is None:
-                now = time.time()
-                name = time.strftime("snap-%Y%m%dT%H%M%S", time.gmtime(now)) + (
-                    f"{now % 1:.6f}"[1:] + "Z"
-                )
-            writer = snapshot.SnapshotWriter(self.data_dir / "snapshots", name)
-            try:
-                assert self._disk is not None
-                # Deleted rows must leave the files the checkpoint hard-links, not only be
-                # masked by tombstones: compact their key ranges (again under the locks, for
-                # deletes that arrive meanwhile; usually nothing then).
-                self._disk.purge_deleted()
-                buffers = {n: t.capture_buffers() for n, t in self._tables.items()}
-                with ExitStack() as locked:
-                    paused = time.perf_counter()
-                    for table in self._tables.values():
-                        for stripe in table.stripes:
-                            locked.enter_context(stripe.lock)
-                    seq = self.seq
-                    # one item per stripe, so that the pool threads copy them in parallel
-                    work = [
-                        (t, k, buf)
-                        for n, t in self._tables.items()
-                        for k, buf in enumerate(buffers[n])
-                    ]
-                    self._pool.map(lambda w: w[0].capture_into([w[2]], w[1]), work, 1 << 62)
-                    disk_rows = {n: t.stats_unlocked_disk_rows() for n, t in self._tables.items()}
-                    self._disk.purge_deleted()
-                    self._disk.checkpoint(writer.disk_dir)
-                    pause = time.perf_counter() - paused
-                captured = {n: TieredTable.captured(b) for n, b in buffers.items()}
-                del buffers
-                for n, (ids, rows, flags) in captured.items():
-                    writer.write_table(n, ids, rows, flags)
-                del captured
-                meta = {
-                    "shard_index": self.shard_index,
-                    "num_shards": self.num_shards,
-                    "tables": {
-                        n: {
-                            "dim": t.dim,
-                            "width": t.width,
-                            "optimizer": t.config.optimizer.kind.value,
-                            "disk_rows": disk_rows[n],
-                        }
-                        for n, t in self._tables.items()
-                    },
-                }
-                info = writer.commit(seq, meta)
-            except BaseException:
-                writer.abort()
-                raise
-            snapshot.prune(self.data_dir / "snapshots", self.config.store.snapshot_retention)
+            info, pause = self._snapshots.take(snapshot_id, lambda: self.seq)
+            self._snapshots.prune(self.config.store.snapshot_retention)
             self._truncate_log()
         return SnapshotResult(info, pause, time.perf_counter() - began)
 
     def snapshots(self) -> list[SnapshotInfo]:
         """Complete snapshots of this shard, oldest first."""
-        return [s for s in snapshot.list_snapshots(self.data_dir / "snapshots") if s.seq >= 0]
+        return self._snapshots.complete()
 
     def _truncate_log(self) -> None:
         """Delete the log segments that no retained snapshot, base or reader needs."""
         if self._log is None:
             return
-        needed = [s.seq for s in self.snapshots()]
-        base = self._read_record(_BASE)
+        kept = [s.seq for s in self.snapshots()]
+        base = read_record(self.data_dir, BASE)
         if base is not None:
-            needed.append(int(base["seq"]))
-        if not needed:
-            return  # without a snapshot or a base, recovery replays the whole log
-        with self._pins_lock:
-            needed.extend(self._pins.values())
-        if self._exporter is not None:
-            needed.append(self._exporter.exported_seq)  # a restarted export resumes there
-        self._log.truncate_before(min(needed) + 1)
-
-    def read_log(self, after_seq: int) -> Iterator[LogRecord]:
-        """Log records after ``after_seq``, as they are appended (followers' feed); while the
-        iterator is alive its position is protected from truncation. It ends once it has
-        caught up (see :meth:`tail_log` for one that waits for more).
-
-        Raises:
-            FailedPreconditionError: the shard has no update log.
-            StorageError: (``LogTruncatedError``) the records were already truncated.
-        """
-        if self._log is None:
-            raise FailedPreconditionError("this shard keeps no update log")
-        records = self._pinned_records(self._log, after_seq, None)
-        return (r for r in records if r is not None)
-
-    def tail_log(
-        self, after_seq: int, idle_s: float = 0.05
-    ) -> Generator[LogRecord | None, None, None]:
-        """Every log record after ``after_seq``, then each new one as soon as it is appended
-        (the primary's side of a follower's feed).
-
-        The iterator never ends by itself: it yields ``None`` after every ``idle_s`` seconds
-        without a new record, so that the consumer can decide whether to go on (close the
-        iterator, or stop iterating, to end it). While it is alive its position is protected
-        from log truncation (:meth:`snapshot` deletes only segments no reader needs).
-
-        Raises:
-            FailedPreconditionError: the shard has no update log (an ephemeral shard, a
-                follower).
-            OutOfRangeError: ``after_seq`` is beyond this shard's seq (the reader saw a history
-                this shard does not have), or (``LogTruncatedError``, while iterating) the
-                records after it were truncated away: the reader must bootstrap again.
-            UnavailableError: (while iterating) the shard was closed.
-        """
-        if self._log is None:
-            raise FailedPreconditionError("this shard keeps no update log")
-        if after_seq > self._log.last_seq:
-            raise OutOfRangeError(
-                f"seq {after_seq} is beyond this shard's last seq {self._log.last_seq}: the "
-                f"reader followed another history (a restore?); bootstrap again from a snapshot"
-            )
-        return self._pinned_records(self._log, after_seq, idle_s)
-
-    def _pinned_records(
-        self, update_log: UpdateLog, after_seq: int, idle_s: float | None
-    ) -> Generator[LogRecord | None, None, None]:
-        """Records after ``after_seq`` with the reader's position pinned against truncation;
-        with ``idle_s``, waits for new ones (yielding None when idle) instead of ending."""
-        marker = object()  # alive as long as this generator: its id is a unique pin token
-        token = id(marker)
-        with self._pins_lock:
-            self._pins[token] = after_seq
-        try:
-            last = after_seq
-            while True:
-                for record in update_log.read(last):
-                    last = record.seq
-                    with self._pins_lock:
-                        self._pins[token] = last
-                    yield record
-                if idle_s is None:
-                    return
-                self._table_check_open()
-                if not update_log.wait_appended(last, idle_s):
-                    self._table_check_open()
-                    yield None
-        finally:
-            with self._pins_lock:
-                self._pins.pop(token, None)
-
-    def wait_for_seq(self, after_seq: int, timeout: float | None = None) -> bool:
-        """Block until a mutation with a seq above ``after_seq`` is logged (returns at once if
-        one is), for at most ``timeout`` seconds. Returns whether one is.
-
-        Raises:
-            FailedPreconditionError: the shard has no update log.
-        """
-        if self._log is None:
-            raise FailedPreconditionError("this shard keeps no update log")
-        return self._log.wait_appended(after_seq, timeout)
-
-    def append_time(self, seq: int) -> float | None:
-        """The wall-clock time (``time.time()``) at which mutation ``seq`` was logged, when
-        known (recent mutations since this shard opened); None otherwise."""
-        return self._log.append_time(seq) if self._log is not None else None
+            kept.append(int(base["seq"]))
+        self._readers.truncate(kept, self._exporter)
 
     def open_snapshot(
         self, snapshot_id: str | None = None, take_new: bool = False
@@ -802,14 +332,54 @@ class Shard:
             snapshot_id = self.snapshot(snapshot_id).info.snapshot_id
         with self._snapshot_lock:  # no pruning while the files are opened
             self._table_check_open()
-            found = [
-                s for s in self.snapshots() if snapshot_id is None or s.snapshot_id == snapshot_id
-            ]
-            if not found:
-                raise NotFoundError(
-                    f"shard {self.shard_index} has no complete snapshot {snapshot_id!r}"
-                )
-            return SnapshotReader.open(found[-1])
+            return self._snapshots.open(snapshot_id)
+
+    # ------------------------------------------------------------------ followers' feed
+    def read_log(self, after_seq: int) -> Iterator[LogRecord]:
+        """Log records after ``after_seq``, as they are appended (followers' feed); while the
+        iterator is alive its position is protected from truncation. It ends once it has
+        caught up (see :meth:`tail_log` for one that waits for more).
+
+        Raises:
+            FailedPreconditionError: the shard has no update log.
+            StorageError: (``LogTruncatedError``) the records were already truncated.
+        """
+        return self._readers.read(after_seq)
+
+    def tail_log(
+        self, after_seq: int, idle_s: float = 0.05
+    ) -> Generator[LogRecord | None, None, None]:
+        """Every log record after ``after_seq``, then each new one as soon as it is appended
+        (the primary's side of a follower's feed).
+
+        The iterator never ends by itself: it yields ``None`` after every ``idle_s`` seconds
+        without a new record, so that the consumer can decide whether to go on (close the
+        iterator, or stop iterating, to end it). While it is alive its position is protected
+        from log truncation (:meth:`snapshot` deletes only segments no reader needs).
+
+        Raises:
+            FailedPreconditionError: the shard has no update log (an ephemeral shard, a
+                follower).
+            OutOfRangeError: ``after_seq`` is beyond this shard's seq (the reader saw a history
+                this shard does not have), or (``LogTruncatedError``, while iterating) the
+                records after it were truncated away: the reader must bootstrap again.
+            UnavailableError: (while iterating) the shard was closed.
+        """
+        return self._readers.tail(after_seq, idle_s)
+
+    def wait_for_seq(self, after_seq: int, timeout: float | None = None) -> bool:
+        """Block until a mutation with a seq above ``after_seq`` is logged (returns at once if
+        one is), for at most ``timeout`` seconds. Returns whether one is.
+
+        Raises:
+            FailedPreconditionError: the shard has no update log.
+        """
+        return self._readers.wait_for_seq(after_seq, timeout)
+
+    def append_time(self, seq: int) -> float | None:
+        """The wall-clock time (``time.time()``) at which mutation ``seq`` was logged, when
+        known (recent mutations since this shard opened); None otherwise."""
+        return self._readers.append_time(seq)
 
     def apply_record(self, seq: int, payload: bytes) -> bool:
         """Apply a primary's log record (followers only). Records at or below the last applied
@@ -824,26 +394,11 @@ class Shard:
         """
         if not self.follower:
             raise FailedPreconditionError("only a follower applies a primary's log records")
-        if seq <= self._applied_seq:
-            return False
-        if seq != self._applied_seq + 1:
-            raise CorruptDataError(
-                f"record seq {seq} does not follow the last applied seq {self._applied_seq}"
-            )
-        self._apply(payload, f"record {seq}")
-        self._applied_seq = seq
-        return True
+        return self._applier.apply(seq, payload)
 
     def start_following(self, seq: int) -> None:
         """Set the seq a follower's state corresponds to (after a bootstrap)."""
-        self._applied_seq = seq
-
-    def _apply(self, payload: bytes, where: str) -> None:
-        for change in records.decode(payload, where):
-            table = self._tables.get(change.table)
-            if table is None:
-                raise CorruptDataError(f"{where} changes table {change.table!r}, not configured")
-            table.replay(change)
+        self._applier.applied_seq = seq
 
     def _table_check_open(self) -> None:
         if self._closed:
@@ -851,8 +406,7 @@ class Shard:
 
     # ------------------------------------------------------------------ validation
     def _table(self, name: str) -> TieredTable:
-        if self._closed:
-            raise UnavailableError("shard is closed")
+        self._table_check_open()
         try:
             return self._tables[name]
         except (KeyError, TypeError):
@@ -901,9 +455,9 @@ class Shard:
         id_arr = self._owned(ids)
         if not train:
             return t.lookup(id_arr, False)
-        before = self._mutating()
+        before = self._journal.mutating()
         vectors = t.lookup(id_arr, True)
-        self._acknowledge(before)
+        self._journal.acknowledge(before)
         return vectors
 
     def apply_gradients(self, table: str, ids: object, grads: object) -> UpdateResult:
@@ -918,9 +472,9 @@ class Shard:
         t = self._table(table)
         id_arr = self._owned(ids)
         g = self._matrix(grads, id_arr.size, t.dim, "grads")
-        before = self._mutating()
+        before = self._journal.mutating()
         result = t.apply_gradients(id_arr, g)
-        self._acknowledge(before)
+        self._journal.acknowledge(before)
         return result
 
     def lookup_many(
@@ -945,9 +499,9 @@ class Shard:
         self._distinct(table for table, _, _ in parts)
         if not any(train for _, _, train in checked):
             return [t.lookup(ids, False) for t, ids, _ in checked]
-        before = self._mutating()
+        before = self._journal.mutating()
         out = [t.lookup(ids, train) for t, ids, train in checked]
-        self._acknowledge(before)
+        self._journal.acknowledge(before)
         return out
 
     def apply_gradients_many(
@@ -973,9 +527,9 @@ class Shard:
             id_arr = self._owned(ids, f"updates[{k}].ids")
             checked.append((t, id_arr, self._matrix(grads, id_arr.size, t.dim, "grads")))
         self._distinct(table for table, _, _ in parts)
-        before = self._mutating()
+        before = self._journal.mutating()
         results = [t.apply_gradients(ids, g) for t, ids, g in checked]
-        self._acknowledge(before)
+        self._journal.acknowledge(before)
         return results
 
     @staticmethod
@@ -999,18 +553,18 @@ class Shard:
         v = self._matrix(vectors, id_arr.size, t.dim, "vectors")
         if not np.isfinite(v).all():
             raise InvalidArgumentError("vectors must be finite (found NaN or Inf)")
-        before = self._mutating()
+        before = self._journal.mutating()
         written = t.assign(id_arr, v)
-        self._acknowledge(before)
+        self._journal.acknowledge(before)
         return written
 
     def delete(self, table: str, ids: object) -> int:
         """Remove ``ids`` from both tiers. Returns how many of them existed."""
         t = self._table(table)
         id_arr = self._owned(ids)
-        before = self._mutating()
+        before = self._journal.mutating()
         deleted = t.delete(id_arr)
-        self._acknowledge(before)
+        self._journal.acknowledge(before)
         return deleted
 
     def peek(
@@ -1027,6 +581,5 @@ class Shard:
 
     def stats(self) -> ShardStats:
         """Sizes and counters of every table."""
-        if self._closed:
-            raise UnavailableError("shard is closed")
+        self._table_check_open()
         return ShardStats({name: t.stats() for name, t in self._tables.items()})

@@ -39,6 +39,7 @@ __all__ = [
     "encode_matrix",
     "parse_lookup_many_response",
     "parse_lookup_response",
+    "row_bytes",
 ]
 
 KAPPA = 16384.0  # rows are scaled so that max|row| == KAPPA (float16 max is 65504)
@@ -49,6 +50,13 @@ _NUMPY: dict[int, np.dtype[np.generic]] = {
     pb.FLOAT32: np.dtype("<f4"),
     pb.FLOAT16: np.dtype("<f2"),
 }
+
+
+def row_bytes(dim: int, fp16: bool) -> int:
+    """Bytes of one vector of ``dim`` on the wire: float32, or scaled float16 with its float32
+    row scale. A server bounds an answer by ids x this before gathering; a client sizes its
+    requests by it."""
+    return dim * 2 + 4 if fp16 else dim * 4
 
 
 def encode_ids(ids: npt.NDArray[np.uint64], lz4_min_bytes: int = 0) -> pb.Tensor:

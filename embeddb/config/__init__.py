@@ -66,12 +66,11 @@ from embeddb.config.model import (
     FeatureConfig,
     InitializerConfig,
     InitializerKind,
-    LogRecovery,
     OptimizerConfig,
     OptimizerKind,
-    StoreConfig,
     TableConfig,
 )
+from embeddb.config.store import LogRecovery, StoreConfig
 
 __all__ = [
     "EmbeddingConfig",

@@ -1,34 +1,52 @@
-"""The configuration dataclasses; each validates itself on construction."""
+"""The configuration dataclasses and enums; each dataclass validates itself on construction.
+
+:class:`EmbeddingConfig` gathers the tables, features and feature groups of a job (its store
+settings are :class:`~embeddb.config.store.StoreConfig`); reading and writing the YAML schema is
+:mod:`embeddb.config.schema`, which :meth:`EmbeddingConfig.from_yaml` and friends delegate to.
+"""
 
 from __future__ import annotations
 
 import enum
 import os
 import types
-from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass, field, fields
-from pathlib import Path
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-import yaml
 
 from embeddb.config._checks import (
-    _MAX_HASH_STACK_SIZE,
-    _MAX_PREFIX_BITS,
-    _MAX_STRIPES,
-    _as_bool,
-    _as_float,
-    _as_int,
-    _as_kind,
-    _as_name,
-    _describe,
-    _did_you_mean,
-    _set,
+    MAX_PREFIX_BITS,
+    as_bool,
+    as_float,
+    as_int,
+    as_kind,
+    as_name,
+    describe,
+    group_indices,
+    group_of,
+    set_field,
 )
+from embeddb.config.store import StoreConfig
 from embeddb.errors import ConfigError, TableNotFoundError
 from embeddb.routing import as_ids, hash_stack, with_group_prefix
+
+__all__ = [
+    "INITIALIZER_PARAMS",
+    "OPTIMIZER_PARAMS",
+    "EmbeddingConfig",
+    "FeatureConfig",
+    "InitializerConfig",
+    "InitializerKind",
+    "OptimizerConfig",
+    "OptimizerKind",
+    "TableConfig",
+]
+
+# routing.hash_stack multiplies 32-bit hashes by the bucket count in uint64 arithmetic.
+_MAX_HASH_STACK_SIZE = 1 << 32
 
 # --------------------------------------------------------------------------------------------
 # Public configuration types
@@ -43,19 +61,6 @@ class OptimizerKind(str, enum.Enum):
     ADAM = "adam"
 
 
-class LogRecovery(str, enum.Enum):
-    """What opening the update log does with a corrupt tail (YAML ``store.log_recovery``).
-
-    A *torn* tail (a write a crash interrupted, never acknowledged) is always cut; a *corrupt*
-    one (complete bytes that fail their checks) may hold acknowledged updates. Named after
-    RocksDB's WAL recovery modes.
-    """
-
-    AUTO = "auto"  # ABSOLUTE_CONSISTENCY with fsync: always, else POINT_IN_TIME
-    ABSOLUTE_CONSISTENCY = "absolute_consistency"  # refuse to start unless told to cut
-    POINT_IN_TIME = "point_in_time"  # cut, logged at ERROR, counted and recorded
-
-
 class InitializerKind(str, enum.Enum):
     """How a table fills the vector of a row on first access (YAML ``initializer.type``)."""
 
@@ -65,7 +70,7 @@ class InitializerKind(str, enum.Enum):
 
 
 # The parameters each kind takes; YAML keys of other kinds are rejected.
-_OPTIMIZER_PARAMS: Mapping[OptimizerKind, tuple[str, ...]] = types.MappingProxyType(
+OPTIMIZER_PARAMS: Mapping[OptimizerKind, tuple[str, ...]] = types.MappingProxyType(
     {
         OptimizerKind.SGD: ("lr", "weight_decay"),
         OptimizerKind.ADAGRAD: (
@@ -78,7 +83,7 @@ _OPTIMIZER_PARAMS: Mapping[OptimizerKind, tuple[str, ...]] = types.MappingProxyT
         OptimizerKind.ADAM: ("lr", "weight_decay", "beta1", "beta2", "eps"),
     }
 )
-_INITIALIZER_PARAMS: Mapping[InitializerKind, tuple[str, ...]] = types.MappingProxyType(
+INITIALIZER_PARAMS: Mapping[InitializerKind, tuple[str, ...]] = types.MappingProxyType(
     {
         InitializerKind.UNIFORM: ("low", "high"),
         InitializerKind.NORMAL: ("mean", "std"),
@@ -115,19 +120,19 @@ class OptimizerConfig:
     beta2: float = 0.999
 
     def __post_init__(self) -> None:
-        _set(self, "kind", _as_kind(OptimizerKind, self.kind, "kind", "optimizer type"))
-        _set(self, "lr", _as_float(self.lr, "lr", low=0.0, low_open=True))
-        _set(self, "weight_decay", _as_float(self.weight_decay, "weight_decay", low=0.0))
-        _set(
+        set_field(self, "kind", as_kind(OptimizerKind, self.kind, "kind", "optimizer type"))
+        set_field(self, "lr", as_float(self.lr, "lr", low=0.0, low_open=True))
+        set_field(self, "weight_decay", as_float(self.weight_decay, "weight_decay", low=0.0))
+        set_field(
             self,
             "initial_accumulator",
-            _as_float(self.initial_accumulator, "initial_accumulator", low=0.0),
+            as_float(self.initial_accumulator, "initial_accumulator", low=0.0),
         )
-        _set(self, "eps", _as_float(self.eps, "eps", low=0.0, low_open=True))
-        _set(self, "vectorwise_shared", _as_bool(self.vectorwise_shared, "vectorwise_shared"))
+        set_field(self, "eps", as_float(self.eps, "eps", low=0.0, low_open=True))
+        set_field(self, "vectorwise_shared", as_bool(self.vectorwise_shared, "vectorwise_shared"))
         for name in ("beta1", "beta2"):
-            beta = _as_float(getattr(self, name), name, low=0.0, high=1.0, high_open=True)
-            _set(self, name, beta)
+            beta = as_float(getattr(self, name), name, low=0.0, high=1.0, high_open=True)
+            set_field(self, name, beta)
 
     def state_dim(self, dim: int) -> int:
         """Return how many floats of optimizer state a row of ``dim`` floats carries.
@@ -165,10 +170,10 @@ class InitializerConfig:
     std: float = 0.01
 
     def __post_init__(self) -> None:
-        _set(self, "kind", _as_kind(InitializerKind, self.kind, "kind", "initializer type"))
+        set_field(self, "kind", as_kind(InitializerKind, self.kind, "kind", "initializer type"))
         for name in ("low", "high", "mean"):
-            _set(self, name, _as_float(getattr(self, name), name))
-        _set(self, "std", _as_float(self.std, "std", low=0.0, low_open=True))
+            set_field(self, name, as_float(getattr(self, name), name))
+        set_field(self, "std", as_float(self.std, "std", low=0.0, low_open=True))
         if self.low >= self.high:
             raise ConfigError("low", f"must be less than high ({self.high!r}), got {self.low!r}")
 
@@ -205,28 +210,26 @@ class TableConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        _as_name(self.name, "name", "table name")
-        _set(self, "dim", _as_int(self.dim, "dim", minimum=1))
+        as_name(self.name, "name", "table name")
+        set_field(self, "dim", as_int(self.dim, "dim", minimum=1))
         if not isinstance(self.optimizer, OptimizerConfig):
             raise ConfigError(
-                "optimizer", f"must be an OptimizerConfig, got {_describe(self.optimizer)}"
+                "optimizer", f"must be an OptimizerConfig, got {describe(self.optimizer)}"
             )
         if not isinstance(self.initializer, InitializerConfig):
             raise ConfigError(
-                "initializer", f"must be an InitializerConfig, got {_describe(self.initializer)}"
+                "initializer", f"must be an InitializerConfig, got {describe(self.initializer)}"
             )
-        _set(
+        set_field(
             self,
             "admit_probability",
-            _as_float(
-                self.admit_probability, "admit_probability", low=0.0, high=1.0, low_open=True
-            ),
+            as_float(self.admit_probability, "admit_probability", low=0.0, high=1.0, low_open=True),
         )
         if self.weight_bound is not None:
-            bound = _as_float(self.weight_bound, "weight_bound", low=0.0, low_open=True)
-            _set(self, "weight_bound", bound)
-        _set(self, "capacity", _as_int(self.capacity, "capacity", minimum=1))
-        _set(self, "seed", _as_int(self.seed, "seed", minimum=0))
+            bound = as_float(self.weight_bound, "weight_bound", low=0.0, low_open=True)
+            set_field(self, "weight_bound", bound)
+        set_field(self, "capacity", as_int(self.capacity, "capacity", minimum=1))
+        set_field(self, "seed", as_int(self.seed, "seed", minimum=0))
 
     @property
     def state_dim(self) -> int:
@@ -271,34 +274,34 @@ class FeatureConfig:
     prefix_bits: int = 8
 
     def __post_init__(self) -> None:
-        _as_name(self.name, "name", "feature name")
-        _as_name(self.table, "table", "table name")
-        _as_name(self.group, "group", "feature group name")
-        _set(self, "dim", _as_int(self.dim, "dim", minimum=1))
-        bits = _as_int(self.prefix_bits, "prefix_bits", minimum=0, maximum=_MAX_PREFIX_BITS)
-        _set(self, "prefix_bits", bits)
+        as_name(self.name, "name", "feature name")
+        as_name(self.table, "table", "table name")
+        as_name(self.group, "group", "feature group name")
+        set_field(self, "dim", as_int(self.dim, "dim", minimum=1))
+        bits = as_int(self.prefix_bits, "prefix_bits", minimum=0, maximum=MAX_PREFIX_BITS)
+        set_field(self, "prefix_bits", bits)
         max_index = (1 << bits) - 1 if bits else None
-        _set(
+        set_field(
             self,
             "group_index",
-            _as_int(self.group_index, "group_index", minimum=0, maximum=max_index),
+            as_int(self.group_index, "group_index", minimum=0, maximum=max_index),
         )
         for name in ("embedding_summation", "sqrt_scaling"):
-            _set(self, name, _as_bool(getattr(self, name), name))
-        _set(
+            set_field(self, name, as_bool(getattr(self, name), name))
+        set_field(
             self,
             "sample_fixed_size",
-            _as_int(self.sample_fixed_size, "sample_fixed_size", minimum=1),
+            as_int(self.sample_fixed_size, "sample_fixed_size", minimum=1),
         )
         self._check_hash_stack()
 
     def _check_hash_stack(self) -> None:
-        rounds = _as_int(self.hash_stack_rounds, "hash_stack_rounds", minimum=0)
-        size = _as_int(
+        rounds = as_int(self.hash_stack_rounds, "hash_stack_rounds", minimum=0)
+        size = as_int(
             self.hash_stack_size, "hash_stack_size", minimum=0, maximum=_MAX_HASH_STACK_SIZE
         )
-        _set(self, "hash_stack_rounds", rounds)
-        _set(self, "hash_stack_size", size)
+        set_field(self, "hash_stack_rounds", rounds)
+        set_field(self, "hash_stack_size", size)
         if rounds > 0 and size == 0:
             raise ConfigError("hash_stack_size", "must be > 0 when hash_stack_rounds > 0")
         if rounds == 0 and size != 0:
@@ -340,119 +343,6 @@ class FeatureConfig:
         return prefixed.reshape(buckets.shape)
 
 
-_FSYNC_POLICIES = ("always", "interval", "never")
-
-
-@dataclass(frozen=True)
-class StoreConfig:
-    """Settings of every table's store on a shard.
-
-    Attributes:
-        stripes: lock stripes per table, a power of two in [1, 64].
-        eviction_chunk: least fraction of a table's capacity evicted per eviction, in (0, 0.5].
-        min_stripe_rows: a table gets fewer stripes rather than stripes smaller than this (a
-            small table is not worth striping, and a tiny stripe fills up on a few unlucky ids).
-        disk_cache_mb: RocksDB block cache of the shard's disk tier, in MiB (shared by tables).
-        threads: threads that may serve the stripes of one large lookup or gradient push at
-            once, the calling one included; 0 (default) means the CPUs this process may use,
-            1 keeps every call on its calling thread.
-        parallel_min_ids: calls with fewer ids than this stay on their calling thread.
-        update_log: log every acknowledged mutation (needed for crash recovery, snapshots'
-            point-in-time restore and followers); ``False`` only for throwaway shards.
-        fsync: when the update log is fsynced: ``always`` (before each acknowledgement, group
-            commit), ``interval`` (default: every ``fsync_interval_ms``; a power loss can lose
-            the acknowledged updates of that window, a process crash loses none) or ``never``
-            (left to the OS).
-        fsync_interval_ms: the ``interval`` policy's period.
-        log_segment_mb: size at which an update log segment is sealed and a new one begun.
-        log_lz4_min_bytes: log records at least this large are LZ4-compressed when that shrinks
-            them (0: never).
-        log_recovery: what opening the update log does when its last segment ends in a
-            corrupt record (complete on disk, failing its checksum; a torn write is always cut):
-            ``absolute_consistency`` refuses to start (``embeddb serve --cut-corrupt-log-tail``
-            cuts it), ``point_in_time`` cuts it, logged at ERROR, counted and recorded in
-            ``log-cuts.jsonl``; ``auto`` (default) is the first with ``fsync: always`` and the
-            second otherwise.
-        snapshot_retention: complete snapshots kept per shard; older ones (and the log segments
-            only they needed) are deleted when a new snapshot lands.
-        export_dir: write the rows the shard changes, every ``export_interval_s``, as numpy
-            files into this directory (``embeddb.durability.export``); ``None`` (default): no
-            export. ``{index}`` is replaced by the shard index; a relative path is taken
-            inside the shard's data directory (so each shard of a cluster gets its own). Needs
-            the update log; followers do not export.
-        export_interval_s: seconds between two exports (the tail is always written when the
-            shard closes).
-    """
-
-    stripes: int = 4
-    eviction_chunk: float = 1 / 64
-    min_stripe_rows: int = 1024
-    disk_cache_mb: int = 256
-    threads: int = 0
-    parallel_min_ids: int = 16384
-    update_log: bool = True
-    fsync: str = "interval"
-    fsync_interval_ms: float = 5.0
-    log_segment_mb: int = 64
-    log_lz4_min_bytes: int = 4096
-    log_recovery: LogRecovery = LogRecovery.AUTO
-    snapshot_retention: int = 3
-    export_dir: str | None = None
-    export_interval_s: float = 10.0
-
-    def __post_init__(self) -> None:
-        stripes = _as_int(self.stripes, "stripes", minimum=1, maximum=_MAX_STRIPES)
-        if stripes & (stripes - 1):
-            raise ConfigError("stripes", f"must be a power of two, got {stripes}")
-        _set(self, "stripes", stripes)
-        chunk = _as_float(self.eviction_chunk, "eviction_chunk", low=0.0, high=0.5, low_open=True)
-        _set(self, "eviction_chunk", chunk)
-        _set(self, "min_stripe_rows", _as_int(self.min_stripe_rows, "min_stripe_rows", minimum=1))
-        _set(self, "disk_cache_mb", _as_int(self.disk_cache_mb, "disk_cache_mb", minimum=1))
-        _set(self, "threads", _as_int(self.threads, "threads", minimum=0, maximum=256))
-        _set(
-            self,
-            "parallel_min_ids",
-            _as_int(self.parallel_min_ids, "parallel_min_ids", minimum=1),
-        )
-        if not isinstance(self.update_log, bool):
-            raise ConfigError("update_log", f"must be true or false, got {self.update_log!r}")
-        if self.fsync not in _FSYNC_POLICIES:
-            raise ConfigError(
-                "fsync", f"must be one of {', '.join(_FSYNC_POLICIES)}, got {self.fsync!r}"
-            )
-        interval = _as_float(self.fsync_interval_ms, "fsync_interval_ms", low=0.0, high=60_000.0,
-                             low_open=True)  # fmt: skip
-        _set(self, "fsync_interval_ms", interval)
-        _set(self, "log_segment_mb", _as_int(self.log_segment_mb, "log_segment_mb", minimum=1))
-        _set(
-            self,
-            "log_lz4_min_bytes",
-            _as_int(self.log_lz4_min_bytes, "log_lz4_min_bytes", minimum=0),
-        )
-        recovery = _as_kind(LogRecovery, self.log_recovery, "log_recovery", "log recovery mode")
-        _set(self, "log_recovery", recovery)
-        _set(
-            self,
-            "snapshot_retention",
-            _as_int(self.snapshot_retention, "snapshot_retention", minimum=1),
-        )
-        if isinstance(self.export_dir, os.PathLike):
-            _set(self, "export_dir", os.fspath(self.export_dir))
-        if self.export_dir is not None and (
-            not isinstance(self.export_dir, str) or not self.export_dir.strip()
-        ):
-            raise ConfigError(
-                "export_dir", f"must be a directory path or null, got {_describe(self.export_dir)}"
-            )
-        _set(
-            self,
-            "export_interval_s",
-            _as_float(self.export_interval_s, "export_interval_s", low=0.0, high=86_400.0,
-                      low_open=True),
-        )  # fmt: skip
-
-
 @dataclass(frozen=True)
 class EmbeddingConfig:
     """The whole embedding configuration of a job: tables, features and feature groups.
@@ -483,30 +373,31 @@ class EmbeddingConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        bits = _as_int(
+        bits = as_int(
             self.feature_index_prefix_bit,
             "feature_index_prefix_bit",
             minimum=0,
-            maximum=_MAX_PREFIX_BITS,
+            maximum=MAX_PREFIX_BITS,
         )
-        _set(self, "feature_index_prefix_bit", bits)
-        _set(self, "seed", _as_int(self.seed, "seed", minimum=0))
+        set_field(self, "feature_index_prefix_bit", bits)
+        set_field(self, "seed", as_int(self.seed, "seed", minimum=0))
         if not isinstance(self.store, StoreConfig):
-            raise ConfigError("store", f"must be a StoreConfig, got {_describe(self.store)}")
-        _set(self, "tables", _by_name(self.tables, TableConfig, "tables"))
-        _set(self, "features", _by_name(self.features, FeatureConfig, "features"))
+            raise ConfigError("store", f"must be a StoreConfig, got {describe(self.store)}")
+        set_field(self, "tables", _by_name(self.tables, TableConfig, "tables"))
+        set_field(self, "features", _by_name(self.features, FeatureConfig, "features"))
         if not self.tables:
             raise ConfigError("tables", "no tables: define slots_config or tables")
         if not isinstance(self.feature_groups, Mapping):
             raise ConfigError(
-                "feature_groups", f"must be a mapping, got {_describe(self.feature_groups)}"
+                "feature_groups", f"must be a mapping, got {describe(self.feature_groups)}"
             )
-        group_of = _group_of(self.feature_groups, self.features)
+        group_by_feature = group_of(self.feature_groups, self.features)
         groups = {group: tuple(members) for group, members in self.feature_groups.items()}
-        _set(self, "feature_groups", types.MappingProxyType(groups))
-        index_of = _group_indices(groups, group_of, self.features, bits)
+        set_field(self, "feature_groups", types.MappingProxyType(groups))
+        index_of = group_indices(groups, group_by_feature, self.features, bits)
         for feature in self.features.values():
-            self._check_feature(feature, group_of.get(feature.name, feature.name), index_of)
+            group = group_by_feature.get(feature.name, feature.name)
+            self._check_feature(feature, group, index_of)
 
     def _check_feature(
         self, feature: FeatureConfig, group: str, index_of: Mapping[str, int]
@@ -573,14 +464,10 @@ class EmbeddingConfig:
             ConfigError: the file is missing or unreadable, is not valid YAML, or the config is
                 invalid (the message names the key path and the file).
         """
-        file = Path(path)
-        try:
-            text = file.read_text(encoding="utf-8")
-        except FileNotFoundError as exc:
-            raise ConfigError("", f"config file not found: {file}") from exc
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError("", f"cannot read config file {file}: {exc}") from exc
-        return cls.from_yaml_text(text, source=str(file))
+        from embeddb.config import schema  # schema imports this module
+
+        text, source = schema.read_yaml_file(path)
+        return cls.from_yaml_text(text, source=source)
 
     @classmethod
     def from_yaml_text(cls, text: str, source: str = "<string>") -> EmbeddingConfig:
@@ -596,35 +483,22 @@ class EmbeddingConfig:
         Raises:
             ConfigError: invalid YAML or an invalid config.
         """
-        from embeddb.config.schema import _detail, _YamlLoader  # the parser imports this module
+        from embeddb.config import schema  # schema imports this module
 
-        try:
-            data = yaml.load(text, Loader=_YamlLoader)
-        except yaml.YAMLError as exc:
-            raise ConfigError("", f"{source}: invalid YAML: {exc}") from exc
-        try:
+        data = schema.load_yaml(text, source)
+        with schema.naming_source(source):
             return cls.from_dict(data)
-        except ConfigError as exc:
-            if source == "<string>":
-                raise
-            raise ConfigError(exc.key, f"{_detail(exc)} (in {source})") from exc.__cause__
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> EmbeddingConfig:
-        """Build a config from parsed YAML data (the schema in the module docstring).
+        """Build a config from parsed YAML data (the schema in the package docstring).
 
         Raises:
             ConfigError: the data is not a mapping or the config is invalid.
         """
-        if data is None:
-            raise ConfigError("", "the config is empty")
-        if not isinstance(data, Mapping):
-            raise ConfigError(
-                "", f"the top level must be a mapping of config keys, got {_describe(data)}"
-            )
-        from embeddb.config.schema import _parse  # the parser imports this module
+        from embeddb.config import schema  # schema imports this module
 
-        return cls(**_parse(data))
+        return cls(**schema.parse(data))
 
     @classmethod
     def single_table(cls, name: str, dim: int, **table_kwargs: Any) -> EmbeddingConfig:
@@ -657,34 +531,16 @@ class EmbeddingConfig:
         Every table and feature is written out in full (each slot with its explicit ``table``),
         so the result needs no ``defaults`` section and can be dumped with ``yaml.safe_dump``.
         """
-        from embeddb.config.schema import _feature_to_dict, _table_to_dict
+        from embeddb.config import schema  # schema imports this module
 
-        return {
-            "feature_index_prefix_bit": self.feature_index_prefix_bit,
-            "seed": self.seed,
-            "slots_config": {name: _feature_to_dict(f) for name, f in self.features.items()},
-            "feature_groups": {
-                name: list(members) for name, members in self.feature_groups.items()
-            },
-            "tables": {name: _table_to_dict(t) for name, t in self.tables.items()},
-            "store": {f.name: _plain(getattr(self.store, f.name)) for f in fields(self.store)},
-        }
-
-
-# --------------------------------------------------------------------------------------------
-# Consistency rules shared by EmbeddingConfig and the parser
-# --------------------------------------------------------------------------------------------
-
-
-def _plain(value: object) -> object:
-    """``value`` as YAML-safe plain data (an enum as its value)."""
-    return value.value if isinstance(value, enum.Enum) else value
+        return schema.to_dict(self)
 
 
 def _by_name(items: object, kind: type, key: str) -> Mapping[str, Any]:
+    """``items`` as a read-only mapping, checking that each is a ``kind`` named by its key."""
     if not isinstance(items, Mapping):
         raise ConfigError(
-            key, f"must be a mapping of name -> {kind.__name__}, got {_describe(items)}"
+            key, f"must be a mapping of name -> {kind.__name__}, got {describe(items)}"
         )
     for name, item in items.items():
         if not isinstance(item, kind) or getattr(item, "name", None) != name:
@@ -692,45 +548,3 @@ def _by_name(items: object, kind: type, key: str) -> Mapping[str, Any]:
                 f"{key}.{name}", f"must be a {kind.__name__} named {name!r}, got {item!r}"
             )
     return types.MappingProxyType(dict(items))
-
-
-def _group_of(feature_groups: Mapping[Any, Any], features: Collection[str]) -> dict[str, str]:
-    """Validate ``feature_groups`` against the feature names; return feature -> its group."""
-    group_of: dict[str, str] = {}
-    for group, members in feature_groups.items():
-        _as_name(group, "feature_groups", "feature group name")
-        path = f"feature_groups.{group}"
-        if group in features:
-            raise ConfigError(path, f"{group!r} is both a feature group and a feature; rename one")
-        if isinstance(members, (str, bytes)) or not isinstance(members, Sequence):
-            raise ConfigError(path, f"must be a list of feature names, got {_describe(members)}")
-        if not members:
-            raise ConfigError(path, "empty group: list at least one feature")
-        for member in members:
-            if not isinstance(member, str) or member not in features:
-                hint = _did_you_mean(str(member), features)
-                raise ConfigError(path, f"unknown feature {member!r}{hint}")
-            if member in group_of:
-                raise ConfigError(
-                    path, f"feature {member!r} is already in group {group_of[member]!r}"
-                )
-            group_of[member] = group
-    return group_of
-
-
-def _group_indices(
-    groups: Collection[str],
-    group_of: Mapping[str, str],
-    features: Collection[str],
-    prefix_bits: int,
-) -> dict[str, int]:
-    """Number the groups: ``groups`` in order, then the ungrouped features in order."""
-    names = [*groups, *(name for name in features if name not in group_of)]
-    if prefix_bits and len(names) > 1 << prefix_bits:
-        raise ConfigError(
-            "feature_index_prefix_bit",
-            f"{len(names)} feature groups ({len(groups)} in feature_groups, "
-            f"{len(names) - len(groups)} ungrouped features) do not fit in {prefix_bits} prefix "
-            f"bits (at most {1 << prefix_bits})",
-        )
-    return {name: index for index, name in enumerate(names)}

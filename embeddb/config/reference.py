@@ -24,20 +24,18 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from embeddb.config import schema
-from embeddb.config._checks import _ADAM_DEFAULT_EPS
 from embeddb.config.model import (
-    _INITIALIZER_PARAMS,
-    _OPTIMIZER_PARAMS,
+    INITIALIZER_PARAMS,
+    OPTIMIZER_PARAMS,
     EmbeddingConfig,
     FeatureConfig,
     InitializerConfig,
     InitializerKind,
-    LogRecovery,
     OptimizerConfig,
     OptimizerKind,
-    StoreConfig,
     TableConfig,
 )
+from embeddb.config.store import LogRecovery, StoreConfig
 
 __all__ = ["Row", "attribute_docs", "markdown_table", "render_reference"]
 
@@ -222,13 +220,13 @@ def _top_rows() -> list[Row]:
             note="Keys: see *Store*.",
         ),
     ]
-    _check_covered("top level", schema._TOP_KEYS, [*schema._SLOTS_KEYS, *(r.key for r in rows)])
+    _check_covered("top level", schema.TOP_KEYS, [*schema.SLOTS_KEYS, *(r.key for r in rows)])
     return rows
 
 
 def _feature_rows() -> list[Row]:
-    yaml_to_field = {key: key for key in schema._SLOT_KEYS if key != "hash_stack_config"}
-    for name, yaml_key in schema._FEATURE_KEY_ALIASES.items():
+    yaml_to_field = {key: key for key in schema.SLOT_KEYS if key != "hash_stack_config"}
+    for name, yaml_key in schema.FEATURE_KEY_ALIASES.items():
         yaml_to_field[yaml_key] = name
     rows = []
     for key, name in yaml_to_field.items():
@@ -240,9 +238,9 @@ def _feature_rows() -> list[Row]:
         rows.append(_field_row(FeatureConfig, key, name, default=default, note=note))
     rows.sort(key=lambda r: (r.key.startswith("hash_stack_config"), r.key != "dim", r.key))
     documented = {r.key.partition(".")[0] for r in rows}
-    _check_covered("slots_config.<feature>", schema._SLOT_KEYS, documented)
+    _check_covered("slots_config.<feature>", schema.SLOT_KEYS, documented)
     stack_keys = {r.key.partition(".")[2] for r in rows if r.key.startswith("hash_stack_config.")}
-    _check_covered("hash_stack_config", schema._HASH_STACK_KEYS, stack_keys)
+    _check_covered("hash_stack_config", schema.HASH_STACK_KEYS, stack_keys)
     return rows
 
 
@@ -251,7 +249,7 @@ def _table_rows() -> list[Row]:
         _field_row(
             TableConfig, "dim", "dim", default="the reading features' `dim`", type_text="int"
         ),
-        *(_field_row(TableConfig, key, key) for key in schema._TABLE_SETTINGS),
+        *(_field_row(TableConfig, key, key) for key in schema.TABLE_SETTINGS),
         _field_row(
             TableConfig,
             "optimizer",
@@ -270,7 +268,7 @@ def _table_rows() -> list[Row]:
         ),
         _field_row(TableConfig, "seed", "seed", default="the top-level `seed`"),
     ]
-    _check_covered("tables.<table>", schema._TABLE_KEYS, (r.key for r in rows))
+    _check_covered("tables.<table>", schema.TABLE_KEYS, (r.key for r in rows))
     return rows
 
 
@@ -293,13 +291,13 @@ def _kinds_rows(
 
 def _optimizer_default(name: str) -> str | None:
     if name == "eps":
-        return f"{OptimizerConfig.eps!r} (`adam`: {_ADAM_DEFAULT_EPS!r})"
+        return f"{OptimizerConfig.eps!r} (`adam`: {schema.ADAM_DEFAULT_EPS!r})"
     return None
 
 
 def _store_rows() -> list[Row]:
     rows = [_field_row(StoreConfig, f.name, f.name) for f in dataclasses.fields(StoreConfig)]
-    _check_covered("store", schema._STORE_KEYS, (r.key for r in rows))
+    _check_covered("store", schema.STORE_KEYS, (r.key for r in rows))
     return rows
 
 
@@ -339,12 +337,12 @@ def render_reference() -> str:
                 for kind in (OptimizerKind.SGD, OptimizerKind.ADAGRAD, OptimizerKind.ADAM)
             )
             + " float32 values (see `docs/operations.md`, *Sizing*).",
-            _kinds_rows(OptimizerConfig, _OPTIMIZER_PARAMS, _optimizer_default),
+            _kinds_rows(OptimizerConfig, OPTIMIZER_PARAMS, _optimizer_default),
         ),
         (
             "Initializer: `<table>.initializer`",
             "From `InitializerConfig`; merged like the optimizer.",
-            _kinds_rows(InitializerConfig, _INITIALIZER_PARAMS, lambda name: None),
+            _kinds_rows(InitializerConfig, INITIALIZER_PARAMS, lambda name: None),
         ),
         (
             "Store: `store`",

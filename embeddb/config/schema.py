@@ -1,47 +1,74 @@
-"""The YAML schema: parsing (PERSIA keys plus embeddb's) and writing back."""
+"""The YAML schema: reading a config file, parsing it (PERSIA keys plus embeddb's), writing back.
+
+The schema itself, with a worked example, is in the :mod:`embeddb.config` package docstring;
+the key sets here are what the parser accepts (and what :mod:`embeddb.config.reference`
+documents). :class:`~embeddb.config.model.EmbeddingConfig`'s ``from_yaml``, ``from_yaml_text``,
+``from_dict`` and ``to_dict`` delegate to this module, which builds on the dataclasses of
+:mod:`embeddb.config.model` and :mod:`embeddb.config.store`.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import enum
+import os
 import re
 import types
 from collections.abc import Collection, Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import yaml
 
 from embeddb.config._checks import (
-    _ADAM_DEFAULT_EPS,
-    _MAX_PREFIX_BITS,
-    _TEMPLATE_TABLE,
-    _as_int,
-    _as_kind,
-    _as_name,
-    _describe,
-    _did_you_mean,
-    _KindT,
+    MAX_PREFIX_BITS,
+    KindT,
+    as_int,
+    as_kind,
+    as_name,
+    describe,
+    detail,
+    did_you_mean,
+    group_indices,
+    group_of,
 )
 from embeddb.config.model import (
-    _INITIALIZER_PARAMS,
-    _OPTIMIZER_PARAMS,
+    INITIALIZER_PARAMS,
+    OPTIMIZER_PARAMS,
+    EmbeddingConfig,
     FeatureConfig,
     InitializerConfig,
     InitializerKind,
     OptimizerConfig,
     OptimizerKind,
-    StoreConfig,
     TableConfig,
-    _group_indices,
-    _group_of,
 )
+from embeddb.config.store import StoreConfig
 from embeddb.errors import ConfigError
 
+__all__ = [
+    "ADAM_DEFAULT_EPS",
+    "FEATURE_KEY_ALIASES",
+    "HASH_STACK_KEYS",
+    "SLOTS_KEYS",
+    "SLOT_KEYS",
+    "STORE_KEYS",
+    "TABLE_KEYS",
+    "TABLE_SETTINGS",
+    "TOP_KEYS",
+    "load_yaml",
+    "naming_source",
+    "parse",
+    "read_yaml_file",
+    "to_dict",
+]
+
 # PERSIA's docs and its versions spell the features section three ways; the first is canonical.
-_SLOTS_KEYS = ("slots_config", "slot_configs", "slot_config")
-_TOP_KEYS = frozenset(
+SLOTS_KEYS = ("slots_config", "slot_configs", "slot_config")
+TOP_KEYS = frozenset(
     {
-        *_SLOTS_KEYS,
+        *SLOTS_KEYS,
         "feature_index_prefix_bit",
         "feature_groups",
         "seed",
@@ -50,7 +77,7 @@ _TOP_KEYS = frozenset(
         "store",
     }
 )
-_SLOT_KEYS = frozenset(
+SLOT_KEYS = frozenset(
     {
         "dim",
         "embedding_summation",
@@ -61,11 +88,11 @@ _SLOT_KEYS = frozenset(
     }
 )
 _SLOT_SETTINGS = ("embedding_summation", "sqrt_scaling", "sample_fixed_size")
-_HASH_STACK_KEYS = frozenset({"hash_stack_rounds", "embedding_size"})
-_TABLE_SETTINGS = ("admit_probability", "weight_bound", "capacity")
-_DEFAULTS_KEYS = frozenset({"optimizer", "initializer", *_TABLE_SETTINGS})
-_TABLE_KEYS = _DEFAULTS_KEYS | {"dim", "seed"}
-_STORE_KEYS = frozenset(
+HASH_STACK_KEYS = frozenset({"hash_stack_rounds", "embedding_size"})
+TABLE_SETTINGS = ("admit_probability", "weight_bound", "capacity")
+_DEFAULTS_KEYS = frozenset({"optimizer", "initializer", *TABLE_SETTINGS})
+TABLE_KEYS = _DEFAULTS_KEYS | {"dim", "seed"}
+STORE_KEYS = frozenset(
     {
         "stripes", "eviction_chunk", "min_stripe_rows", "disk_cache_mb", "threads",
         "parallel_min_ids", "update_log", "fsync", "fsync_interval_ms", "log_segment_mb",
@@ -73,7 +100,7 @@ _STORE_KEYS = frozenset(
         "export_interval_s",
     }
 )  # fmt: skip
-_FEATURE_KEY_ALIASES = types.MappingProxyType(
+FEATURE_KEY_ALIASES = types.MappingProxyType(
     {
         "hash_stack_rounds": "hash_stack_config.hash_stack_rounds",
         "hash_stack_size": "hash_stack_config.embedding_size",
@@ -81,15 +108,14 @@ _FEATURE_KEY_ALIASES = types.MappingProxyType(
 )
 _KIND_KEY_ALIASES = types.MappingProxyType({"kind": "type"})
 
+# Adam's ``eps`` when a section switches to adam without giving one (OptimizerConfig's is 1e-10).
+ADAM_DEFAULT_EPS = 1e-8
+_TEMPLATE_TABLE = "defaults"  # name of the placeholder table that holds the parsed `defaults:`
+
 
 # --------------------------------------------------------------------------------------------
 # YAML schema -> EmbeddingConfig fields
 # --------------------------------------------------------------------------------------------
-
-
-def _detail(exc: ConfigError) -> str:
-    """The message of ``exc`` without its ``"key: "`` prefix."""
-    return str(exc).removeprefix(f"{exc.key}: ") if exc.key else str(exc)
 
 
 @contextlib.contextmanager
@@ -101,7 +127,7 @@ def _at(path: str, aliases: Mapping[str, str] | None = None) -> Iterator[None]:
         head, dot, rest = exc.key.partition(".")
         key = (aliases or {}).get(head, head) + dot + rest
         full = ".".join(part for part in (path, key) if part)
-        raise ConfigError(full, _detail(exc)) from exc.__cause__
+        raise ConfigError(full, detail(exc)) from exc.__cause__
 
 
 def _join(path: str, key: object) -> str:
@@ -113,7 +139,7 @@ def _section(raw: object, path: str, known: Collection[str] | None = None) -> Ma
     if raw is None:
         return {}
     if not isinstance(raw, Mapping):
-        raise ConfigError(path, f"must be a mapping, got {_describe(raw)}")
+        raise ConfigError(path, f"must be a mapping, got {describe(raw)}")
     if known is not None:
         _check_keys(raw, path, known)
     return raw
@@ -122,29 +148,41 @@ def _section(raw: object, path: str, known: Collection[str] | None = None) -> Ma
 def _check_keys(section: Mapping[Any, Any], path: str, known: Collection[str]) -> None:
     for key in section:
         if key not in known:
-            hint = _did_you_mean(str(key), known)
+            hint = did_you_mean(str(key), known)
             choices = ", ".join(sorted(known))
             raise ConfigError(_join(path, key), f"unknown key{hint}; known keys: {choices}")
 
 
-def _parse(top: Mapping[str, Any]) -> dict[str, Any]:
-    _section(top, "", _TOP_KEYS)
-    bits = _as_int(
+def parse(data: object) -> dict[str, Any]:
+    """Parse YAML data (the schema in the package docstring) into ``EmbeddingConfig`` fields.
+
+    Raises:
+        ConfigError: the data is not a mapping or a key is invalid (named by its dotted path).
+    """
+    if data is None:
+        raise ConfigError("", "the config is empty")
+    if not isinstance(data, Mapping):
+        raise ConfigError(
+            "", f"the top level must be a mapping of config keys, got {describe(data)}"
+        )
+    top: Mapping[str, Any] = data
+    _section(top, "", TOP_KEYS)
+    bits = as_int(
         top.get("feature_index_prefix_bit", 8),
         "feature_index_prefix_bit",
         minimum=0,
-        maximum=_MAX_PREFIX_BITS,
+        maximum=MAX_PREFIX_BITS,
     )
-    seed = _as_int(top.get("seed", 0), "seed", minimum=0)
+    seed = as_int(top.get("seed", 0), "seed", minimum=0)
     slots_key, slots = _slots_section(top)
     for name in slots:
-        _as_name(name, slots_key, "feature name")
+        as_name(name, slots_key, "feature name")
     groups = _section(top.get("feature_groups"), "feature_groups")
-    group_of = _group_of(groups, slots)
-    index_of = _group_indices(groups, group_of, slots, bits)
+    group_by_feature = group_of(groups, slots)
+    index_of = group_indices(groups, group_by_feature, slots, bits)
     features: dict[str, FeatureConfig] = {}
     for name, raw in slots.items():
-        group = group_of.get(name, name)
+        group = group_by_feature.get(name, name)
         features[name] = _parse_feature(
             f"{slots_key}.{name}", name, raw, group, index_of[group], bits
         )
@@ -161,24 +199,24 @@ def _parse(top: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _slots_section(top: Mapping[str, Any]) -> tuple[str, Mapping[str, Any]]:
-    present = [key for key in _SLOTS_KEYS if key in top]
+    present = [key for key in SLOTS_KEYS if key in top]
     if len(present) > 1:
         raise ConfigError(present[1], f"duplicates {present[0]!r}: give the features once")
-    key = present[0] if present else _SLOTS_KEYS[0]
+    key = present[0] if present else SLOTS_KEYS[0]
     return key, _section(top.get(key), key)
 
 
 def _parse_feature(
     path: str, name: str, raw: object, group: str, group_index: int, prefix_bits: int
 ) -> FeatureConfig:
-    slot = _section(raw, path, _SLOT_KEYS)
+    slot = _section(raw, path, SLOT_KEYS)
     if "dim" not in slot:
         raise ConfigError(f"{path}.dim", "required key is missing")
-    stack = _section(slot.get("hash_stack_config"), f"{path}.hash_stack_config", _HASH_STACK_KEYS)
+    stack = _section(slot.get("hash_stack_config"), f"{path}.hash_stack_config", HASH_STACK_KEYS)
     rounds = stack.get("hash_stack_rounds", 0)
     disabled = rounds == 0 and not isinstance(rounds, bool)  # PERSIA ignores the size then
     settings = {key: slot[key] for key in _SLOT_SETTINGS if key in slot}
-    with _at(path, _FEATURE_KEY_ALIASES):
+    with _at(path, FEATURE_KEY_ALIASES):
         return FeatureConfig(
             name=name,
             table=slot.get("table", group),
@@ -217,14 +255,14 @@ def _check_shared_tables(features: Mapping[str, FeatureConfig], slots_key: str) 
 def _kind_and_params(
     section: Mapping[str, Any],
     path: str,
-    kind_type: type[_KindT],
-    base_kind: _KindT,
-    params_of: Mapping[_KindT, tuple[str, ...]],
-) -> tuple[_KindT, dict[str, Any]]:
+    kind_type: type[KindT],
+    base_kind: KindT,
+    params_of: Mapping[KindT, tuple[str, ...]],
+) -> tuple[KindT, dict[str, Any]]:
     """Split an optimizer/initializer section into its kind and the parameters it sets."""
     what = f"{path.rpartition('.')[2]} type"
     kind = (
-        _as_kind(kind_type, section["type"], f"{path}.type", what)
+        as_kind(kind_type, section["type"], f"{path}.type", what)
         if "type" in section
         else base_kind
     )
@@ -238,20 +276,20 @@ def _kind_and_params(
 
 
 def _parse_optimizer(raw: object, path: str, base: OptimizerConfig) -> OptimizerConfig:
-    known = {"type", *(key for keys in _OPTIMIZER_PARAMS.values() for key in keys)}
+    known = {"type", *(key for keys in OPTIMIZER_PARAMS.values() for key in keys)}
     section = _section(raw, path, known)
-    kind, params = _kind_and_params(section, path, OptimizerKind, base.kind, _OPTIMIZER_PARAMS)
+    kind, params = _kind_and_params(section, path, OptimizerKind, base.kind, OPTIMIZER_PARAMS)
     if kind is not base.kind:
-        eps = _ADAM_DEFAULT_EPS if kind is OptimizerKind.ADAM else OptimizerConfig.eps
+        eps = ADAM_DEFAULT_EPS if kind is OptimizerKind.ADAM else OptimizerConfig.eps
         base = OptimizerConfig(kind=kind, eps=eps)
     with _at(path, _KIND_KEY_ALIASES):
         return dataclasses.replace(base, **params)
 
 
 def _parse_initializer(raw: object, path: str, base: InitializerConfig) -> InitializerConfig:
-    known = {"type", *(key for keys in _INITIALIZER_PARAMS.values() for key in keys)}
+    known = {"type", *(key for keys in INITIALIZER_PARAMS.values() for key in keys)}
     section = _section(raw, path, known)
-    kind, params = _kind_and_params(section, path, InitializerKind, base.kind, _INITIALIZER_PARAMS)
+    kind, params = _kind_and_params(section, path, InitializerKind, base.kind, INITIALIZER_PARAMS)
     if kind is not base.kind:
         base = InitializerConfig(kind=kind)
     with _at(path, _KIND_KEY_ALIASES):
@@ -260,7 +298,7 @@ def _parse_initializer(raw: object, path: str, base: InitializerConfig) -> Initi
 
 def _table_changes(section: Mapping[str, Any], path: str, base: TableConfig) -> dict[str, Any]:
     """The TableConfig fields a ``defaults`` or ``tables`` entry sets."""
-    changes = {key: section[key] for key in (*_TABLE_SETTINGS, "dim", "seed") if key in section}
+    changes = {key: section[key] for key in (*TABLE_SETTINGS, "dim", "seed") if key in section}
     if "optimizer" in section:
         changes["optimizer"] = _parse_optimizer(
             section["optimizer"], f"{path}.optimizer", base.optimizer
@@ -285,7 +323,7 @@ def _parse_tables(
     entries: Mapping[str, Any], features: Mapping[str, FeatureConfig], template: TableConfig
 ) -> dict[str, TableConfig]:
     for name in entries:
-        _as_name(name, "tables", "table name")
+        as_name(name, "tables", "table name")
     first_reader: dict[str, FeatureConfig] = {}
     for feature in features.values():
         first_reader.setdefault(feature.table, feature)
@@ -303,7 +341,7 @@ def _parse_table(
     name: str, raw: object, template: TableConfig, reader: FeatureConfig | None
 ) -> TableConfig:
     path = f"tables.{name}"
-    section = _section(raw, path, _TABLE_KEYS)
+    section = _section(raw, path, TABLE_KEYS)
     if reader is None and "dim" not in section:
         raise ConfigError(f"{path}.dim", "required for a table that no feature reads")
     changes: dict[str, Any] = {"name": name}
@@ -322,9 +360,33 @@ def _parse_table(
 
 
 def _parse_store(raw: object) -> StoreConfig:
-    section = _section(raw, "store", _STORE_KEYS)
+    section = _section(raw, "store", STORE_KEYS)
     with _at("store"):
         return StoreConfig(**section)
+
+
+# --------------------------------------------------------------------------------------------
+# EmbeddingConfig -> YAML schema
+# --------------------------------------------------------------------------------------------
+
+
+def to_dict(config: EmbeddingConfig) -> dict[str, Any]:
+    """``config`` as plain data in the YAML schema (see :meth:`EmbeddingConfig.to_dict`)."""
+    return {
+        "feature_index_prefix_bit": config.feature_index_prefix_bit,
+        "seed": config.seed,
+        "slots_config": {name: _feature_to_dict(f) for name, f in config.features.items()},
+        "feature_groups": {name: list(members) for name, members in config.feature_groups.items()},
+        "tables": {name: _table_to_dict(t) for name, t in config.tables.items()},
+        "store": {
+            f.name: _plain(getattr(config.store, f.name)) for f in dataclasses.fields(config.store)
+        },
+    }
+
+
+def _plain(value: object) -> object:
+    """``value`` as YAML-safe plain data (an enum as its value)."""
+    return value.value if isinstance(value, enum.Enum) else value
 
 
 def _feature_to_dict(feature: FeatureConfig) -> dict[str, Any]:
@@ -349,11 +411,11 @@ def _table_to_dict(table: TableConfig) -> dict[str, Any]:
         "dim": table.dim,
         "optimizer": {
             "type": optimizer.kind.value,
-            **{key: getattr(optimizer, key) for key in _OPTIMIZER_PARAMS[optimizer.kind]},
+            **{key: getattr(optimizer, key) for key in OPTIMIZER_PARAMS[optimizer.kind]},
         },
         "initializer": {
             "type": initializer.kind.value,
-            **{key: getattr(initializer, key) for key in _INITIALIZER_PARAMS[initializer.kind]},
+            **{key: getattr(initializer, key) for key in INITIALIZER_PARAMS[initializer.kind]},
         },
         "admit_probability": table.admit_probability,
         "weight_bound": table.weight_bound,
@@ -363,7 +425,7 @@ def _table_to_dict(table: TableConfig) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------------------------
-# YAML loading
+# Reading YAML
 # --------------------------------------------------------------------------------------------
 
 
@@ -394,3 +456,45 @@ _YamlLoader.add_implicit_resolver(
     re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
     list("-+0123456789."),
 )
+
+
+def read_yaml_file(path: str | os.PathLike[str]) -> tuple[str, str]:
+    """Read a config file.
+
+    Returns:
+        ``(text, source)``: the file's text and its path as a string, for error messages.
+
+    Raises:
+        ConfigError: the file is missing or unreadable.
+    """
+    file = Path(path)
+    try:
+        text = file.read_text(encoding="utf-8")
+    except FileNotFoundError as exc:
+        raise ConfigError("", f"config file not found: {file}") from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError("", f"cannot read config file {file}: {exc}") from exc
+    return text, str(file)
+
+
+def load_yaml(text: str, source: str) -> Any:
+    """Parse a YAML document with ``_YamlLoader`` (no config validation yet).
+
+    Raises:
+        ConfigError: the text is not valid YAML (the message names ``source``).
+    """
+    try:
+        return yaml.load(text, Loader=_YamlLoader)
+    except yaml.YAMLError as exc:
+        raise ConfigError("", f"{source}: invalid YAML: {exc}") from exc
+
+
+@contextlib.contextmanager
+def naming_source(source: str) -> Iterator[None]:
+    """Add `` (in SOURCE)`` to a ConfigError raised inside, unless ``source`` is ``"<string>"``."""
+    try:
+        yield
+    except ConfigError as exc:
+        if source == "<string>":
+            raise
+        raise ConfigError(exc.key, f"{detail(exc)} (in {source})") from exc.__cause__

@@ -2,8 +2,11 @@
 of every acknowledged mutation, in seq order, which restore replays after a snapshot and
 followers read while it grows.
 
-Modules: :mod:`~embeddb.durability.log` (the update log), :mod:`~embeddb.durability.records`
-(what a log record holds), :mod:`~embeddb.durability.snapshot` (self-checking snapshots),
+Modules: :mod:`~embeddb.durability.log` (the update log, with its bytes on disk in
+:mod:`~embeddb.durability.log_format`, the scan that opens it in
+:mod:`~embeddb.durability.log_scan` and its reads in :mod:`~embeddb.durability.log_read`),
+:mod:`~embeddb.durability.records` (what a log record holds),
+:mod:`~embeddb.durability.snapshot` (self-checking snapshots),
 :mod:`~embeddb.durability.manifest` (a snapshot's manifest, its checks, and where the files it
 lists are), :mod:`~embeddb.durability.reshard` (a checkpoint of N shards rewritten into M) and
 :mod:`~embeddb.durability.export` (changed rows exported as numpy files).

@@ -9,37 +9,11 @@ reads the same stream while appends continue, and tails it with :meth:`UpdateLog
 
 Files
 -----
-A log is a directory of **segments**, each named after the seq of its first record; appends go
-to the last (the *active*) segment, a new one starts when the active one would exceed
-``segment_bytes``, and a record never spans two segments::
-
-    <directory>/
-        00000000000000000001.log        seqs 1 .. 41236          (sealed: complete and fsynced)
-        00000000000000041237.log        seqs 41237 .. last_seq   (active)
-
-A segment is a 24-byte header followed by records (all integers little-endian)::
-
-    segment header
-    0          8          12                    20         24
-    ┌──────────┬──────────┬─────────────────────┬──────────┐
-    │ magic    │ version  │ first_seq  u64      │ crc32 of │
-    │"EMBDBLOG"│ u32 = 1  │ (= the file's name) │ 0:20     │
-    └──────────┴──────────┴─────────────────────┴──────────┘
-
-    record: a 21-byte header, then the stored payload
-    0          4          8                     16         20     21
-    ┌──────────┬──────────┬─────────────────────┬──────────┬──────┬─────────────────────┐
-    │ crc32    │ stored   │ seq  u64            │ length   │ flags│ stored payload      │
-    │          │ u32      │                     │ u32      │ u8   │ (`stored` bytes)    │
-    └──────────┴──────────┴─────────────────────┴──────────┴──────┴─────────────────────┘
-    crc32  = zlib.crc32(stored payload ‖ header bytes 4:21)
-    flags  bit 0 (LZ4): the stored payload is one LZ4 frame of the `length` payload bytes;
-           without it, stored == length and the payload is stored as is. Other bits: reserved, 0.
-
-For example the record of seq 7 with the 5-byte payload ``hello`` is 26 bytes: a header with
-``stored = 5, seq = 7, length = 5, flags = 0`` and its crc, then ``hello``. A payload of at least
-``lz4_min_bytes`` is stored LZ4-compressed when that makes it smaller; reading decompresses into
-at most ``length`` bytes and checks that the frame ends there.
+A log is a directory of segments, each named after the seq of its first record; appends go to
+the last (the *active*) segment, and a new one starts when the active one would exceed
+``segment_bytes``. The segment header and the framing of a record (a checksummed header, then
+the payload, LZ4-compressed when that shrinks it) are drawn in :mod:`.log_format`; what is read
+back is served by :class:`~.log_read.LogReader`, from which :class:`UpdateLog` derives.
 
 Fsync policies and their loss windows
 -------------------------------------
@@ -68,28 +42,15 @@ everything appended (``never`` included).
 
 Torn tail or corruption
 -----------------------
-Opening a directory validates every record of every segment (:mod:`.log_scan`). Only the end
-of the **last** segment may hold bytes that are not an intact record:
-
-- A **torn tail** is a prefix of the next record — fewer than 21 bytes, a plausible header of
-  the next seq whose payload runs past the end of the file, or all zero bytes (pages a power
-  loss left unwritten). It was never acknowledged: it is cut with a warning under every mode,
-  and appends continue with the next seq.
-- A **corrupt tail** — a complete record (header and ``stored`` payload bytes within the file)
-  that fails its checksum, a header that is present but implausible (another seq, fields that
-  disagree), invalid bytes followed by an intact record — may hold acknowledged updates.
-  ``LogConfig.recovery`` decides, after RocksDB's WAL recovery modes: ``absolute_consistency``
-  (the default under ``always``) refuses to open with :class:`~embeddb.errors.CorruptDataError`
-  naming the file, the byte offset and the seq; ``point_in_time`` (the default under
-  ``interval`` and ``never``, whose power-loss window allows it) cuts it, logged at ERROR.
-  ``LogConfig.cut_corrupt_tail`` (``embeddb serve --cut-corrupt-log-tail``) cuts it under
-  either mode; it is also the only way past a hole (invalid bytes, then intact records).
-
-Every cut is recorded before the file is truncated, so nothing is destroyed silently: a JSON
-line in ``log-cuts.jsonl`` and the cut bytes in ``log-cuts/<segment>-<offset>.bin``, in
-``LogConfig.cuts_dir``; :attr:`UpdateLog.cuts` lists the cuts of this opening. Anything else is
-corruption under every mode: an invalid record or header in an earlier segment, a gap or
-repeat in the seqs between records or segments, a segment header that does not match its name.
+Opening a directory validates every record of every segment (:mod:`.log_scan`, which draws the
+rules). Only the end of the **last** segment may hold bytes that are not an intact record. A
+**torn tail** (a write a crash interrupted) was never acknowledged: it is cut with a warning
+under every mode, and appends continue with the next seq. A **corrupt tail** may hold
+acknowledged updates: ``LogConfig.recovery`` decides, after RocksDB's WAL recovery modes —
+``absolute_consistency`` (the default under ``always``) refuses to open with
+:class:`~embeddb.errors.CorruptDataError`, ``point_in_time`` (the default under ``interval`` and
+``never``) cuts it — and ``LogConfig.cut_corrupt_tail`` cuts it under either. Every cut is
+recorded before the file is truncated (:attr:`UpdateLog.cuts`, ``log-cuts.jsonl``).
 
 Failures while appending
 ------------------------
@@ -103,57 +64,35 @@ failed: every later append and every wait for an undurable seq raises. Reads kee
 
 from __future__ import annotations
 
-import bisect
 import enum
-import errno
 import fcntl
 import logging
 import os
 import threading
-import time
-import zlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple, TypeAlias
-
-import lz4.frame
 
 from embeddb.config import LogRecovery
-from embeddb.durability.log_scan import (
-    FIELDS,
-    FILE_MODE,
-    LZ4,
+from embeddb.durability.log_format import (
     RECORD_HEADER,
     SEGMENT_HEADER,
-    LogCut,
+    PayloadPart,
     Segment,
-    TailPolicy,
-    decode,
+    create_segment,
+    frame,
     os_error,
-    read_record,
-    scan_log,
-    segment_header,
+    record_header,
+    write_all,
 )
-from embeddb.errors import (
-    ConfigError,
-    CorruptDataError,
-    InvalidArgumentError,
-    OutOfRangeError,
-    StorageError,
-    UnavailableError,
-)
+from embeddb.durability.log_read import LogReader, LogRecord, LogTruncatedError
+from embeddb.durability.log_scan import LogCut, TailPolicy, scan_log
+from embeddb.errors import ConfigError, InvalidArgumentError, StorageError, UnavailableError
 
 __all__ = ["FsyncPolicy", "LogConfig", "LogCut", "LogRecord", "LogTruncatedError", "UpdateLog"]
 
 _logger = logging.getLogger(__name__)
 
-PayloadPart: TypeAlias = bytes | bytearray | memoryview
-
-_MAX_LENGTH = 0xFFFF_FFFF
-_PROBE_BYTES = 64 << 10  # payloads of 4x this are probed before a full LZ4 attempt
-_IOV_MAX = 1000  # below the kernel's 1024 buffers per writev
-_TIMES = 1 << 14  # append times remembered (a ring indexed by seq), for followers' lag
 _fdatasync: Callable[[int], None] = getattr(os, "fdatasync", os.fsync)
 
 
@@ -225,34 +164,7 @@ class LogConfig:
         return LogRecovery.POINT_IN_TIME
 
 
-class LogRecord(NamedTuple):
-    """One record read back: its seq and the payload as appended (decompressed)."""
-
-    seq: int
-    payload: bytes
-
-
-class LogTruncatedError(OutOfRangeError, StorageError):
-    """A reader asked for records that :meth:`UpdateLog.truncate_before` already deleted.
-
-    Also an :class:`~embeddb.errors.OutOfRangeError` (gRPC ``OUT_OF_RANGE``): a follower that
-    gets it must bootstrap again from a snapshot.
-
-    Attributes:
-        after_seq: the reader wanted the records after this seq.
-        first_seq: the lowest seq the log still holds.
-    """
-
-    def __init__(self, directory: Path, after_seq: int, first_seq: int) -> None:
-        self.after_seq = after_seq
-        self.first_seq = first_seq
-        super().__init__(
-            f"update log {directory}: the records after seq {after_seq} were truncated away; "
-            f"the log starts at seq {first_seq} (a follower must bootstrap again from a snapshot)"
-        )
-
-
-class UpdateLog:
+class UpdateLog(LogReader):
     """The append-only, segmented, checksummed update log of one shard.
 
     Args:
@@ -277,18 +189,13 @@ class UpdateLog:
     ) -> None:
         if start_seq < 0:
             raise InvalidArgumentError(f"start_seq must be >= 0, got {start_seq}")
-        self.directory = Path(directory)
+        super().__init__(Path(directory))  # the lock, the segments, the readers' state
         self.config = config if config is not None else LogConfig()
-        self._lock = threading.Lock()  # appends, segment list, counters
         self._sync_lock = threading.Lock()  # one fsync at a time; taken before _lock, never after
         self._failed: StorageError | None = None
-        self._closed = False
         self._retired: list[int] = []  # fds of sealed segments, closed by a _sync_lock holder
         self._stop = threading.Event()
         self._syncer: threading.Thread | None = None
-        self._appended = threading.Condition(self._lock)  # notified by append when _waiting
-        self._waiting = 0
-        self._times: list[float] = [0.0] * _TIMES  # wall-clock append time of seq, at seq % _TIMES
         self._cuts: tuple[LogCut, ...] = ()
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
@@ -332,11 +239,6 @@ class UpdateLog:
     # ------------------------------------------------------------------------------ properties
 
     @property
-    def last_seq(self) -> int:
-        """The highest seq appended (``start_seq``, 0 by default, for an empty log)."""
-        return self._last_seq
-
-    @property
     def cuts(self) -> tuple[LogCut, ...]:
         """The tails cut off the last segment when this log opened (also in ``log-cuts.jsonl``)."""
         return self._cuts
@@ -345,11 +247,6 @@ class UpdateLog:
     def durable_seq(self) -> int:
         """The highest seq known to be fsynced."""
         return self._durable_seq
-
-    @property
-    def first_seq(self) -> int:
-        """The lowest seq still held (``last_seq + 1`` when the log holds no record)."""
-        return self._first_seq
 
     # --------------------------------------------------------------------------------- appends
 
@@ -369,33 +266,17 @@ class UpdateLog:
                 earlier (see the module docstring).
             UnavailableError: the log is closed.
         """
-        parts = [_byte_view(p) for p in payload_parts]
-        length = sum(len(p) for p in parts)
-        if length > _MAX_LENGTH:
-            raise InvalidArgumentError(f"an update log payload is at most 4 GiB - 1, got {length}")
-        flags = 0
-        min_bytes = self.config.lz4_min_bytes
-        if min_bytes and length >= min_bytes:
-            packed = _compress(parts, length)
-            if packed is not None:
-                parts, flags = [packed], LZ4
-        if len(parts) > _IOV_MAX:
-            parts = [b"".join(parts)]
-        stored = len(parts[0]) if flags else length
-        crc = 0
-        for p in parts:
-            crc = zlib.crc32(p, crc)
-        size = RECORD_HEADER.size + stored
+        record = frame(payload_parts, self.config.lz4_min_bytes)
+        size = RECORD_HEADER.size + record.stored
         with self._lock:
             self._check_writable()
             seq = self._last_seq + 1
             active = self._segments[-1]
             if active.size > SEGMENT_HEADER.size and active.size + size > self.config.segment_bytes:
                 active = self._roll(seq)
-            fields = FIELDS.pack(stored, seq, length, flags)
-            header = RECORD_HEADER.pack(zlib.crc32(fields, crc), stored, seq, length, flags)
+            header = record_header(record, seq)
             try:
-                _write_all(self._fd, [header, *parts], size)
+                write_all(self._fd, [header, *record.parts], size)
             except OSError as exc:
                 self._cut_back(active, exc)
                 raise os_error(
@@ -403,43 +284,8 @@ class UpdateLog:
                 ) from exc
             active.mark(seq, active.size)
             active.size += size
-            self._last_seq = seq
-            self._times[seq % _TIMES] = time.time()
-            if self._waiting:
-                self._appended.notify_all()
+            self._published(seq)
         return seq
-
-    def wait_appended(self, after_seq: int, timeout: float | None = None) -> bool:
-        """Block until a record with a seq above ``after_seq`` is appended (or already is).
-
-        For readers that tail the log (followers): :meth:`append` wakes the waiters at once, and
-        costs nothing extra while nobody waits.
-
-        Args:
-            after_seq: wait for ``last_seq > after_seq``.
-            timeout: seconds to wait at most; None waits until an append or :meth:`close`.
-
-        Returns:
-            Whether ``last_seq > after_seq`` (False after a timeout or once the log is closed).
-        """
-        with self._lock:
-            if self._last_seq <= after_seq and not self._closed:
-                self._waiting += 1
-                try:
-                    self._appended.wait_for(
-                        lambda: self._last_seq > after_seq or self._closed, timeout
-                    )
-                finally:
-                    self._waiting -= 1
-            return self._last_seq > after_seq
-
-    def append_time(self, seq: int) -> float | None:
-        """The wall-clock time (``time.time()``) at which record ``seq`` was appended, if known:
-        for records appended by this :class:`UpdateLog` among its last 16,384; else None."""
-        with self._lock:
-            if self._timed_from <= seq <= self._last_seq and self._last_seq - seq < _TIMES:
-                return self._times[seq % _TIMES]
-        return None
 
     def wait_durable(self, seq: int) -> None:
         """Block until record ``seq`` is as durable as the fsync policy promises.
@@ -471,83 +317,6 @@ class UpdateLog:
         """
         with self._sync_lock:
             self._sync_locked()
-
-    # ----------------------------------------------------------------------------------- reads
-
-    def read(self, after_seq: int = 0) -> Iterator[LogRecord]:
-        """The records with seq > ``after_seq``, in seq order, across segments.
-
-        The iterator reads what was appended before the call and also what is appended while
-        it runs, never a partial record; it ends once it has caught up with the writer.
-
-        Raises:
-            LogTruncatedError: the records after ``after_seq`` were truncated away (raised by
-                this call, or while iterating if a truncation overtakes the reader).
-            CorruptDataError: a record fails its checksum (while iterating; names the file and
-                offset).
-            UnavailableError: the log is closed.
-        """
-        if after_seq < 0:
-            raise InvalidArgumentError(f"after_seq must be >= 0, got {after_seq}")
-        with self._lock:
-            if self._closed:
-                raise UnavailableError(f"update log {self.directory} is closed")
-            if after_seq + 1 < self._first_seq:
-                raise LogTruncatedError(self.directory, after_seq, self._first_seq)
-        return self._records(after_seq + 1)
-
-    def _records(self, next_seq: int) -> Iterator[LogRecord]:
-        while True:
-            with self._lock:
-                if next_seq > self._last_seq:
-                    return
-                if next_seq < self._first_seq:
-                    raise LogTruncatedError(self.directory, next_seq - 1, self._first_seq)
-                firsts = [s.first_seq for s in self._segments]
-                segment = self._segments[bisect.bisect_right(firsts, next_seq) - 1]
-                k = bisect.bisect_right(segment.mark_seqs, next_seq) - 1
-                seq, offset = (
-                    (segment.mark_seqs[k], segment.mark_offsets[k])
-                    if k >= 0
-                    else (segment.first_seq, SEGMENT_HEADER.size)
-                )
-            try:
-                f = open(segment.path, "rb", buffering=1 << 16)  # noqa: SIM115 (closed by the with below)
-            except FileNotFoundError:
-                with self._lock:
-                    gone = next_seq < self._first_seq
-                if gone:
-                    raise LogTruncatedError(self.directory, next_seq - 1, self._first_seq) from None
-                raise
-            except OSError as exc:
-                raise os_error(f"cannot read update log segment {segment.path}", exc) from exc
-            with f:
-                f.seek(offset)
-                while True:
-                    with self._lock:
-                        end, sealed = segment.size, segment.sealed
-                    if offset >= end:
-                        if sealed:
-                            break  # on to the next segment
-                        return  # caught up with the writer
-                    while offset < end:
-                        record = read_record(f, offset, end)
-                        if isinstance(record, str):
-                            raise CorruptDataError(
-                                f"update log segment {segment.path}: {record} at offset {offset}"
-                            )
-                        got, flags, length, stored = record
-                        if got != seq:
-                            raise CorruptDataError(
-                                f"update log segment {segment.path}: the record at offset "
-                                f"{offset} has seq {got}, expected {seq}"
-                            )
-                        if seq >= next_seq:
-                            payload = decode(segment.path, offset, flags, length, stored)
-                            next_seq = seq + 1
-                            yield LogRecord(seq, payload)
-                        offset += RECORD_HEADER.size + len(stored)
-                        seq += 1
 
     # --------------------------------------------------------------------------- housekeeping
 
@@ -670,7 +439,7 @@ class UpdateLog:
         so ``durable_seq`` never covers an unsynced record. Under ``never`` it is closed
         unsynced, as that policy leaves flushing to the OS."""
         old = self._segments[-1]
-        segment, fd = self._create_segment(seq)
+        segment, fd = create_segment(self.directory, self._dir_fd, seq, self._fail)
         old.sealed = True
         self._retired.append(self._fd)
         self._fd = fd
@@ -681,29 +450,6 @@ class UpdateLog:
             finally:
                 self._sync_lock.release()
         return segment
-
-    def _create_segment(self, first_seq: int) -> tuple[Segment, int]:
-        """Create an empty segment (header written, directory fsynced); returns it and its fd."""
-        path = self.directory / f"{first_seq:020d}.log"
-        try:
-            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC
-            fd = os.open(path, flags, FILE_MODE)
-        except OSError as exc:
-            raise os_error(f"cannot create update log segment {path}", exc) from exc
-        try:
-            header = segment_header(first_seq)
-            _write_all(fd, [header], len(header))
-            os.fsync(self._dir_fd)
-        except OSError as exc:
-            os.close(fd)
-            err = os_error(f"cannot create update log segment {path}", exc)
-            try:
-                path.unlink()
-            except OSError:
-                # A stray segment would break the seq order on reopen.
-                self._fail(err)
-            raise err from exc
-        return Segment(path, first_seq, len(header), sealed=False), fd
 
     def _close_retired(self) -> None:
         for fd in self._retired:  # callers have fsynced them, or need not (``never``)
@@ -762,7 +508,7 @@ class UpdateLog:
         segments, next_seq, cuts = scan_log(self.directory, policy)
         self._cuts = tuple(cuts)
         if not segments:
-            segment, fd = self._create_segment(start_seq + 1)
+            segment, fd = create_segment(self.directory, self._dir_fd, start_seq + 1, self._fail)
             os.close(fd)
             return [segment], start_seq
         last_seq = next_seq - 1
@@ -783,54 +529,3 @@ def _close_quietly(fd: int) -> None:
             os.close(fd)
         except OSError as exc:
             _logger.warning("closing an update log file failed: %s", exc)
-
-
-def _byte_view(part: PayloadPart) -> bytes | memoryview:
-    if isinstance(part, bytes):
-        return part
-    view = memoryview(part)
-    if view.ndim == 1 and view.format == "B" and view.c_contiguous:
-        return view
-    try:
-        return view.cast("B")
-    except TypeError as exc:
-        raise InvalidArgumentError(f"an update log payload part must be contiguous: {exc}") from exc
-
-
-def _compress(parts: list[bytes | memoryview], length: int) -> bytes | None:
-    """The payload as one LZ4 frame, or None when that would not shrink it by 10%.
-
-    A large payload is probed first: three windows (start, middle, end) of its largest part
-    (for a shard's records, the rows) are compressed, and if they do not shrink by 10% the
-    full attempt is skipped — float vectors and optimizer state rarely compress.
-    """
-    if length >= 4 * _PROBE_BYTES:
-        big = max(parts, key=len)
-        view = memoryview(big).cast("B") if isinstance(big, memoryview) else memoryview(big)
-        if len(view) >= _PROBE_BYTES:
-            window = _PROBE_BYTES // 4
-            starts = (0, (len(view) - window) // 2, len(view) - window)
-            sample = b"".join(view[a : a + window] for a in starts)
-            if len(lz4.frame.compress(sample)) >= 0.9 * len(sample):
-                return None
-    data = parts[0] if len(parts) == 1 else b"".join(parts)
-    packed: bytes = lz4.frame.compress(data)
-    return packed if len(packed) < 0.9 * length else None
-
-
-def _write_all(fd: int, buffers: list[bytes | memoryview], total: int) -> None:
-    """``writev`` all of ``buffers``, resuming after short writes."""
-    done = os.writev(fd, buffers)
-    while done < total:
-        if done == 0:
-            raise OSError(errno.EIO, "write(2) wrote nothing")
-        rest: list[bytes | memoryview] = []
-        for b in buffers:
-            if done >= len(b):
-                done -= len(b)
-                continue
-            rest.append(memoryview(b)[done:])
-            done = 0
-        buffers = rest
-        total = sum(len(b) for b in rest)
-        done = os.writev(fd, buffers)

@@ -1,9 +1,9 @@
-"""The update log on disk: framing constants, record reads, and the scan that opens a log.
+"""The scan that opens an update log: every record checked, an invalid tail cut or refused.
 
-The layout of segments and records is drawn in :mod:`embeddb.durability.log`, which owns the
-write side; this module reads and validates it. :func:`scan_log` runs once when an
-:class:`~embeddb.durability.log.UpdateLog` opens: it checks every record of every segment, and
-decides what to do when the last segment ends in bytes that are not an intact record.
+The layout of segments and records is drawn in :mod:`embeddb.durability.log_format`; this
+module validates it. :func:`scan_log` runs once when an :class:`~embeddb.durability.log.UpdateLog`
+opens: it checks every record of every segment, and decides what to do when the last segment
+ends in bytes that are not an intact record.
 
 Telling a torn write from corruption
 ------------------------------------
@@ -33,10 +33,23 @@ corrupt, an intact record after    refuse                      refuse
 any, with ``cut_corrupt``          cut (ERROR if corrupt)      cut (ERROR if corrupt)
 =================================  ==========================  ==========================
 
+The policy comes from :class:`~embeddb.durability.log.LogConfig`. Its ``recovery`` follows
+RocksDB's WAL recovery modes: ``absolute_consistency`` (the default under the ``always`` fsync
+policy) refuses to open with a :class:`~embeddb.errors.CorruptDataError` naming the file, the
+byte offset and the seq; ``point_in_time`` (the default under ``interval`` and ``never``, whose
+power-loss window allows it) cuts the tail, logged at ERROR. Its ``cut_corrupt_tail``
+(``embeddb serve --cut-corrupt-log-tail``) sets ``cut_corrupt``: the operator accepts losing the
+records of a corrupt tail; it is also the only way past a hole (invalid bytes, then intact
+records).
+
 Every cut is recorded before the file is truncated (:func:`_record_cut`): one JSON line in
 ``<record_dir>/log-cuts.jsonl`` and the cut bytes in ``<record_dir>/log-cuts/<segment
 name>-<offset>.bin`` (not for an all-zero tail), both mode 0600, so that nothing is destroyed
-silently. Problems in an earlier segment are corruption whatever the policy.
+silently; ``record_dir`` is ``LogConfig.cuts_dir`` (the log's directory by default), and
+:attr:`UpdateLog.cuts <embeddb.durability.log.UpdateLog.cuts>` lists the cuts of an opening.
+Anything else is corruption whatever the policy: an invalid record or header in an earlier
+segment, a gap or repeat in the seqs between records or segments, a segment header that does
+not match its name.
 """
 
 from __future__ import annotations
@@ -44,78 +57,41 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import struct
 import time
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Literal, NamedTuple
+from typing import Literal, NamedTuple
 
-import lz4.frame
 import numpy as np
 import numpy.typing as npt
 
 from embeddb.config import LogRecovery
+from embeddb.durability.log_format import (
+    FILE_MODE,
+    LZ4,
+    RECORD_HEADER,
+    SEGMENT_HEADER,
+    SEGMENT_NAME,
+    SEQ_AT,
+    Segment,
+    check_segment_header,
+    os_error,
+    plausible,
+    read_record,
+    segment_header,
+)
 from embeddb.errors import CorruptDataError, StorageError
 
-__all__ = [
-    "CUTS_DIR",
-    "CUTS_FILE",
-    "FIELDS",
-    "FILE_MODE",
-    "LZ4",
-    "RECORD_HEADER",
-    "SEGMENT_HEADER",
-    "CutKind",
-    "LogCut",
-    "Segment",
-    "TailPolicy",
-    "decode",
-    "os_error",
-    "read_record",
-    "scan_log",
-    "segment_header",
-]
+__all__ = ["CUTS_DIR", "CUTS_FILE", "CutKind", "LogCut", "TailPolicy", "scan_log"]
 
 _logger = logging.getLogger("embeddb.durability.log")  # the log's own logger: one place to tune
 
-MAGIC = b"EMBDBLOG"
-VERSION = 1
-SEGMENT_HEADER = struct.Struct("<8sIQI")  # magic, version, first_seq, crc32 of those 20 bytes
-RECORD_HEADER = struct.Struct("<IIQIB")  # crc32, stored, seq, length, flags
-FIELDS = struct.Struct("<IQIB")  # the record header after its crc32
-LZ4 = 0x01
-FILE_MODE = 0o600  # segments and cut records: the rows are nobody else's business
 CUTS_FILE = "log-cuts.jsonl"
 CUTS_DIR = "log-cuts"
-_SEQ_AT = 8  # offset of seq in a record header
-_NAME = re.compile(r"(\d{20})\.log")
-_MARK_BYTES = 256 << 10  # a segment remembers the offset of a record every 256 KiB, for read()
 
 CutKind = Literal["corrupt", "torn"]
-
-
-class Segment:
-    """One segment file. ``size`` counts complete records only (readers stop there)."""
-
-    __slots__ = ("first_seq", "mark_offsets", "mark_seqs", "path", "sealed", "size")
-
-    def __init__(self, path: Path, first_seq: int, size: int, sealed: bool) -> None:
-        self.path = path
-        self.first_seq = first_seq
-        self.size = size
-        self.sealed = sealed
-        # Sparse index: record ``mark_seqs[i]`` starts at byte ``mark_offsets[i]``.
-        self.mark_seqs: list[int] = []
-        self.mark_offsets: list[int] = []
-
-    def mark(self, seq: int, offset: int) -> None:
-        """Remember that record ``seq`` starts at ``offset`` if the last mark is far enough."""
-        last = self.mark_offsets[-1] if self.mark_offsets else 0
-        if offset - last >= _MARK_BYTES:
-            self.mark_seqs.append(seq)
-            self.mark_offsets.append(offset)
 
 
 @dataclass(frozen=True)
@@ -175,100 +151,6 @@ class _Tail(NamedTuple):
     hole: bool  # an intact record follows the invalid bytes
 
 
-# --------------------------------------------------------------------------------- records
-
-
-def os_error(message: str, exc: OSError) -> StorageError:
-    """``StorageError("message: [Errno N] strerror")`` carrying the errno of ``exc``."""
-    reason = f"[Errno {exc.errno}] {exc.strerror}" if exc.strerror else str(exc)
-    err = StorageError(f"{message}: {reason}")
-    err.errno = exc.errno
-    return err
-
-
-def segment_header(first_seq: int) -> bytes:
-    """The 24-byte header of the segment whose first record is ``first_seq``."""
-    body = struct.pack("<8sIQ", MAGIC, VERSION, first_seq)
-    return body + struct.pack("<I", zlib.crc32(body))
-
-
-def read_record(f: BinaryIO, offset: int, end: int) -> tuple[int, int, int, bytes] | str:
-    """Read the record at ``offset`` (``f`` is positioned there), which must end by ``end``.
-
-    Returns:
-        ``(seq, flags, length, stored bytes)``, or why the bytes there are not an intact record.
-    """
-    head = f.read(RECORD_HEADER.size)
-    if len(head) < RECORD_HEADER.size or offset + RECORD_HEADER.size > end:
-        return "incomplete record header"
-    crc, stored, seq, length, flags = RECORD_HEADER.unpack(head)
-    if not _plausible(stored, length, flags):
-        return "invalid record header"
-    if offset + RECORD_HEADER.size + stored > end:
-        return "incomplete record payload"
-    data = f.read(stored)
-    if len(data) < stored:
-        return "incomplete record payload"
-    if zlib.crc32(memoryview(head)[4:], zlib.crc32(data)) != crc:
-        return "checksum mismatch"
-    return seq, flags, length, data
-
-
-def decode(path: Path, offset: int, flags: int, length: int, stored: bytes) -> bytes:
-    """The payload of a record read by :func:`read_record` (LZ4 frames decompressed).
-
-    Raises:
-        CorruptDataError: the LZ4 frame is invalid or does not decompress to ``length`` bytes.
-    """
-    if not flags & LZ4:
-        return stored
-    try:
-        decompressor = lz4.frame.LZ4FrameDecompressor()
-        payload: bytes = decompressor.decompress(stored, max_length=length)
-        complete = decompressor.eof
-    except RuntimeError as exc:
-        raise CorruptDataError(
-            f"update log segment {path}: corrupt LZ4 frame in the record at offset {offset}: {exc}"
-        ) from exc
-    if not complete or len(payload) != length:
-        raise CorruptDataError(
-            f"update log segment {path}: the LZ4 frame of the record at offset {offset} does "
-            f"not decompress to its {length} bytes"
-        )
-    return payload
-
-
-def _plausible(stored: int, length: int, flags: int) -> bool:
-    if flags == 0:
-        return stored == length
-    return flags == LZ4 and length > 0
-
-
-def _check_segment_header(path: Path, head: bytes, first_seq: int) -> str | None:
-    """Why ``head`` is not the header of segment ``path`` when a torn write could explain it
-    (None: it is the header).
-
-    Raises:
-        StorageError: an intact header of another format version.
-        CorruptDataError: an intact header of another segment.
-    """
-    if len(head) < SEGMENT_HEADER.size:
-        return "incomplete segment header"
-    magic, version, got, crc = SEGMENT_HEADER.unpack(head)
-    if magic != MAGIC or zlib.crc32(head[:-4]) != crc:
-        return "invalid segment header"
-    if version != VERSION:
-        raise StorageError(
-            f"update log segment {path} has format version {version}; this embeddb reads "
-            f"version {VERSION}"
-        )
-    if got != first_seq:
-        raise CorruptDataError(
-            f"update log segment {path}: its header says first seq {got}, its name {first_seq}"
-        )
-    return None
-
-
 # ------------------------------------------------------------------------------------ scan
 
 
@@ -288,7 +170,7 @@ def scan_log(directory: Path, policy: TailPolicy) -> tuple[list[Segment], int, l
         names = sorted(
             (int(m[1]), name)
             for name in os.listdir(directory)
-            if (m := _NAME.fullmatch(name)) is not None
+            if (m := SEGMENT_NAME.fullmatch(name)) is not None
         )
     except OSError as exc:
         raise os_error(f"cannot list update log directory {directory}", exc) from exc
@@ -325,7 +207,7 @@ def _scan(segment: Segment, last: bool) -> tuple[int, _Tail | None]:
     try:
         with open(path, "rb") as f:
             file_size = os.fstat(f.fileno()).st_size
-            problem = _check_segment_header(path, f.read(SEGMENT_HEADER.size), first_seq)
+            problem = check_segment_header(path, f.read(SEGMENT_HEADER.size), first_seq)
             offset, seq = 0, first_seq
             if problem is None:
                 offset = SEGMENT_HEADER.size
@@ -375,7 +257,7 @@ def _classify(tail: bytes, seq: int, at_segment_header: bool) -> tuple[CutKind, 
     _, stored, got, length, flags = RECORD_HEADER.unpack_from(tail)
     if got != seq:
         return "corrupt", f"invalid record header (seq {got}, expected {seq})"
-    if not _plausible(stored, length, flags):
+    if not plausible(stored, length, flags):
         return "corrupt", (
             f"invalid record header (stored {stored}, length {length}, flags {flags:#x})"
         )
@@ -536,7 +418,7 @@ def _find_record(buf: bytes, min_seq: int) -> int | None:
             continue
         seqs = np.frombuffer(buf, dtype="<u8", count=count, offset=r)
         hit = np.flatnonzero((seqs >= min_seq) & (seqs <= max_seq)).astype(np.int64)
-        found.append(hit * 8 + (r - _SEQ_AT))
+        found.append(hit * 8 + (r - SEQ_AT))
     starts = np.sort(np.concatenate(found))
     starts = starts[(starts >= 1) & (starts <= n - h)]
     if starts.size == 0:

@@ -107,6 +107,7 @@ def check_directory(data_dir: Path, wanted: Topology) -> None:
         CorruptDataError: the record is unreadable.
     """
     recorded = read_topology(data_dir)
+    has_record = recorded is not None
     source = TOPOLOGY_FILE
     if recorded is None:
         found = _from_snapshots(data_dir)
@@ -121,5 +122,5 @@ def check_directory(data_dir: Path, wanted: Topology) -> None:
             f"with --shard-index {recorded.shard_index} --num-shards {recorded.num_shards}, or "
             f"move its rows to {wanted.num_shards} shards with embeddb reshard",
         )
-    if read_topology(data_dir) is None:
+    if not has_record:
         write_topology(data_dir, wanted)

@@ -296,8 +296,15 @@ _WHY = {
 }
 
 _READS = frozenset(
-    {"Lookup", "LookupMany", "ListTables", "DescribeTable", "DescribeShard", "Stats"}
-    | {"ListSnapshots"}
+    {
+        "Lookup",
+        "LookupMany",
+        "ListTables",
+        "DescribeTable",
+        "DescribeShard",
+        "Stats",
+        "ListSnapshots",
+    }
 )
 
 

@@ -156,7 +156,7 @@ class Boundary(grpc.ServerInterceptor):  # type: ignore[misc]
         stream_pool: futures.ThreadPoolExecutor | None = None,
         log_interval: float = 10.0,
     ) -> None:
-        self._policy = policy
+        self.policy = policy
         self._tokens = tokens
         self._open = frozenset(open_services)
         self._on_refused = on_refused
@@ -170,8 +170,8 @@ class Boundary(grpc.ServerInterceptor):  # type: ignore[misc]
         handler_call_details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler | None:
         handler = continuation(handler_call_details)
-        if handler is None:
-            return handler  # an unknown method: gRPC answers UNIMPLEMENTED
+        if handler is None or (handler.request_streaming and not handler.response_streaming):
+            return handler  # unknown (gRPC answers UNIMPLEMENTED); no service of ours streams in
         full: str = handler_call_details.method
         service, _, method = full.lstrip("/").partition("/")
         guarded = service not in self._open
@@ -180,19 +180,14 @@ class Boundary(grpc.ServerInterceptor):  # type: ignore[misc]
         if guarded and self._tokens is not None:
             try:
                 role = authenticate(self._tokens, handler_call_details.invocation_metadata)
-                self._policy.authorize(role, method)
+                self.policy.authorize(role, method)
             except EmbeddbError as exc:
                 refusal = _Refusal(exc)
         call = _Call(self, service, method, guarded, role, refusal, handler.request_deserializer)
         pool = self._pools.get(full)
         if handler.request_streaming:  # server reflection: every message decoded here too
-            make = (
-                grpc.stream_stream_rpc_method_handler
-                if handler.response_streaming
-                else grpc.stream_unary_rpc_method_handler
-            )
-            behaviour = handler.stream_stream or handler.stream_unary
-            wrapped: Any = call.request_stream(behaviour, bool(handler.response_streaming))
+            make = grpc.stream_stream_rpc_method_handler
+            wrapped: Any = call.request_stream(handler.stream_stream)
         elif handler.unary_stream is not None:
             make = grpc.unary_stream_rpc_method_handler
             wrapped = call.streaming(handler.unary_stream)
@@ -260,7 +255,7 @@ class _Call:
                 raise _Refusal(InvalidArgumentError(problem), "bad_enum")
         if self.guarded and self.role is not None:
             try:
-                self.boundary._policy.check_request(self.role, self.method, request)
+                self.boundary.policy.check_request(self.role, self.method, request)
             except EmbeddbError as exc:
                 raise _Refusal(exc) from None
         return request
@@ -309,23 +304,13 @@ class _Call:
 
         return guarded
 
-    def request_stream(self, behaviour: Callable[..., Any], streaming: bool) -> Callable[..., Any]:
-        """A handler of a request stream: each message goes through :meth:`admit` as the
-        servicer reads it; a bad one ends the call."""
+    def request_stream(self, behaviour: Callable[..., Any]) -> Callable[..., Any]:
+        """A handler of a request and response stream: each message goes through
+        :meth:`admit` as the servicer reads it; a bad one ends the call."""
 
         def decoded(raw_requests: Iterator[Any]) -> Iterator[Any]:
             for raw in raw_requests:
                 yield self.admit(raw)
-
-        def unary(raw_requests: Iterator[Any], context: Any) -> Any:
-            started = time.perf_counter()
-            token = CALLER_ROLE.set(self.role)
-            try:
-                return behaviour(decoded(raw_requests), context)
-            except _Refusal as refusal:
-                self.refuse(refusal, b"", started, context)
-            finally:
-                CALLER_ROLE.reset(token)
 
         def stream(raw_requests: Iterator[Any], context: Any) -> Iterator[Any]:
             started = time.perf_counter()
@@ -335,4 +320,4 @@ class _Call:
             except _Refusal as refusal:
                 self.refuse(refusal, b"", started, context)
 
-        return stream if streaming else unary
+        return stream

@@ -145,9 +145,7 @@ class StoreServicer(pb_grpc.EmbeddingStoreServicer):
         gathered."""
         total = 0
         for p in parts:
-            dim = self._dim(shard, p.table)
-            per_row = dim * 2 + 4 if p.encoding.fp16 else dim * 4
-            total += _items(p.ids) * per_row
+            total += _items(p.ids) * wire.row_bytes(self._dim(shard, p.table), p.encoding.fp16)
         limit = self._limits.max_response_bytes
         if total > limit:
             raise ResourceExhaustedError(

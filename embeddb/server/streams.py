@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from embeddb.errors import ConfigError, ResourceExhaustedError
@@ -42,7 +42,6 @@ class StreamTicket:
     context: Any
     pending_since: float | None = None
     dropped: bool = False
-    opened: float = field(default_factory=time.monotonic)
 
     @contextmanager
     def sending(self) -> Iterator[None]:

@@ -45,6 +45,7 @@ from embeddb.storage.changes import Change, Op
 from embeddb.storage.disk_tier import DiskTier
 from embeddb.storage.parallel import StripePool
 from embeddb.storage.ram_tier import DIRTY, ON_DISK, Counters, RamStripe
+from embeddb.storage.tiering import Tiers
 
 __all__ = ["TableStats", "TieredTable", "UpdateResult"]
 
@@ -149,6 +150,7 @@ class TieredTable:
         self.optimizer = Optimizer(config.optimizer, config.dim, config.weight_bound)
         self.width = config.dim + self.optimizer.state_dim
         self._disk = disk
+        self._tiers = Tiers(disk, config.name)  # moves rows between the stripes and disk
         self._key = table_key(config.name, config.seed)
         n = _stripe_count(store.stripes, config.capacity, store.min_stripe_rows)
         self._shift = np.uint64(64 - (n.bit_length() - 1))
@@ -291,7 +293,7 @@ class TieredTable:
         for stripe in self.stripes:
             with stripe.lock:
                 ids, slots = stripe.resident()
-                self._write_back(stripe, ids, slots)
+                self._tiers.write_back(stripe, ids, slots)
 
     # ------------------------------------------------------------------ durability
     def replay(self, change: Change) -> None:
@@ -372,7 +374,9 @@ class TieredTable:
                 tick = stripe.next_tick()
                 for mask, is_dirty in ((~dirty[where], False), (dirty[where], True)):
                     rows_of = where[mask]
-                    self._store(stripe, sub[mask], rows[rows_of], on_disk[rows_of], tick, is_dirty)
+                    self._tiers.store(
+                        stripe, sub[mask], rows[rows_of], on_disk[rows_of], tick, is_dirty
+                    )
             stripe.counters.promoted -= int(on_disk[where].sum())  # a restore, not promotions
 
     def stats_unlocked_disk_rows(self) -> int:
@@ -446,7 +450,7 @@ class TieredTable:
         c.admitted += int(admitted.sum())
         c.rejected += int(new.sum()) - int(admitted.sum())
         keep = absent & (found | admitted)
-        self._store(stripe, uniq[keep], values[keep], found[keep], m.tick, dirty=False)
+        self._tiers.store(stripe, uniq[keep], values[keep], found[keep], m.tick, dirty=False)
         if admitted.any() and self.journal is not None:
             self._journal([Change(Op.PUT, self.name, uniq[admitted], values[admitted])])
         return values
@@ -469,7 +473,7 @@ class TieredTable:
             uniq = np.unique(ids[miss])
             found, disk_rows = self._disk.get(self.name, uniq)
             missing = int((~found).sum())
-            self._store(stripe, uniq[found], disk_rows, found[found], tick, dirty=False)
+            self._tiers.store(stripe, uniq[found], disk_rows, found[found], tick, dirty=False)
             sub_slots = np.empty(miss.size, dtype=np.int64)
             hash_index.probe(stripe.index, ids[miss], tick, False, sub_slots)
             slots[miss] = sub_slots
@@ -533,7 +537,7 @@ class TieredTable:
         absent = ~resident
         if absent.any():
             on_disk, _ = self._disk.get(self.name, uniq[absent])
-            self._store(stripe, uniq[absent], rows[absent], on_disk, tick, dirty=True)
+            self._tiers.store(stripe, uniq[absent], rows[absent], on_disk, tick, dirty=True)
 
     def _delete_stripe(self, stripe: RamStripe, ids: U64) -> int:
         uniq = np.unique(ids)
@@ -561,71 +565,9 @@ class TieredTable:
         if self.journal is not None and changes:
             self.journal(changes)
 
-    # ------------------------------------------------------------------ tier movement
+    # ------------------------------------------------------------------ new rows
     def _new_rows(self, ids: U64) -> F32:
         rows = np.empty((ids.size, self.width), dtype=np.float32)
         rows[:, : self.dim] = initial_vectors(ids, self.dim, self.config.initializer, self._key)
         rows[:, self.dim :] = self.optimizer.initial_state(ids.size)
         return rows
-
-    def _store(
-        self,
-        stripe: RamStripe,
-        ids: U64,
-        rows: F32,
-        on_disk: npt.NDArray[np.bool_],
-        tick: int,
-        dirty: bool,
-    ) -> None:
-        """Make ``ids`` resident with ``rows``, evicting LRU rows older than ``tick``.
-
-        ``on_disk[k]``: ``ids[k]`` has a disk-tier copy. ``dirty``: ``rows`` differ from those
-        copies (assign); otherwise rows with a copy are promoted clean. Rows that do not fit
-        overflow to disk: written there unless a clean copy already is.
-        """
-        k = ids.size
-        if k == 0:
-            return
-        c = stripe.counters
-        if stripe.n_free < k:
-            want = min(max(k - stripe.n_free, stripe.eviction_chunk), stripe.size)
-            self._evict(stripe, want, tick)
-        fit = min(k, stripe.n_free)
-        slots = stripe.take_slots(fit)
-        stripe.rows[slots] = rows[:fit]
-        stripe.ids[slots] = ids[:fit]
-        copy = on_disk[:fit]
-        stripe.flags[slots] = np.where(copy, ON_DISK, 0) | np.where(dirty | ~copy, DIRTY, 0)
-        hash_index.insert(stripe.index, ids[:fit], slots, tick)
-        c.promoted += int(copy.sum())
-        if fit < k:
-            over_ids, over_rows, over_disk = ids[fit:], rows[fit:], on_disk[fit:]
-            write = np.ones(over_ids.size, dtype=bool) if dirty else ~over_disk
-            self._disk.put(self.name, over_ids[write], over_rows[write])
-            stripe.disk_generation += 1
-            c.disk_rows += int((~over_disk).sum())
-            c.overflow += over_ids.size
-
-    def _write_back(self, stripe: RamStripe, ids: U64, slots: I64) -> None:
-        """Write the dirty rows among resident ``ids`` to the disk tier and mark them clean."""
-        flags = stripe.flags[slots]
-        dirty = (flags & DIRTY) != 0
-        if dirty.any():
-            self._disk.put(self.name, ids[dirty], stripe.rows[slots[dirty]])
-            stripe.disk_generation += 1
-        stripe.flags[slots] = (flags | ON_DISK) & ~DIRTY
-        stripe.counters.disk_rows += int(np.count_nonzero(dirty & ((flags & ON_DISK) == 0)))
-        stripe.counters.written_back += int(dirty.sum())
-
-    def _evict(self, stripe: RamStripe, want: int, tick: int) -> None:
-        keys = np.empty(want, dtype=np.uint64)
-        slots = np.empty(want, dtype=np.int64)
-        n = hash_index.collect_victims(stripe.index, want, tick, keys, slots)
-        if n == 0:
-            return
-        keys, slots = keys[:n], slots[:n]
-        self._write_back(stripe, keys, slots)  # raises before anything is freed
-        freed = np.empty(n, dtype=np.int64)
-        hash_index.remove(stripe.index, keys, freed)
-        stripe.release_slots(slots)
-        stripe.counters.evicted += n

@@ -1,0 +1,195 @@
+"""``embeddb cluster``: run N ``embeddb serve`` processes locally, health-checked, supervised."""
+
+from __future__ import annotations
+
+import logging
+import signal
+from pathlib import Path
+
+import click
+
+from embeddb.cli.common import load_config, set_log_level
+from embeddb.cli.options import (
+    DEFAULT_PORT,
+    NEW_FILE,
+    config_option,
+    data_dir_option,
+    host_option,
+    log_level_option,
+    metrics_host_option,
+    server_tls_options,
+    tokens_options,
+)
+from embeddb.errors import EmbeddbError
+
+__all__ = ["cluster"]
+
+
+@click.command()
+@click.option("--num-shards", type=click.IntRange(min=1), required=True)
+@config_option(
+    "Embedding config YAML for every shard (default: the packaged presets/default.yaml)."
+)
+@data_dir_option(
+    "Root data directory; shard i uses DATA_DIR/shard-i.",
+    default=Path("embeddb-data"),
+    show_default=True,
+)
+@click.option("--ephemeral", is_flag=True, help="Shards keep nothing after exit.")
+@host_option(help=None)
+@click.option(
+    "--base-port",
+    type=click.IntRange(0, 65535),
+    default=DEFAULT_PORT,
+    show_default=True,
+    help="Shard i binds BASE_PORT + i; 0: each picks a free port.",
+)
+@click.option(
+    "--address-file",
+    type=NEW_FILE,
+    help="Write host:port lines here (default: DATA_DIR/addresses.txt; none if --ephemeral).",
+)
+@click.option("--grace", type=click.FloatRange(min=0), default=5.0, show_default=True)
+@click.option(
+    "--start-timeout",
+    type=click.FloatRange(min=1),
+    default=60.0,
+    show_default=True,
+    help="Seconds a shard may take to become healthy.",
+)
+@click.option(
+    "--max-restarts",
+    type=click.IntRange(min=1),
+    default=3,
+    show_default=True,
+    help="Restarts a shard may need within --restart-window (and consecutive failed restarts "
+    "at all) before it is given up.",
+)
+@click.option(
+    "--restart-window",
+    type=click.FloatRange(min=0, min_open=True),
+    default=60.0,
+    show_default=True,
+    help="Seconds over which restarts count against --max-restarts (a crash loop is given up).",
+)
+@click.option("--fail-fast", is_flag=True, help="Stop the cluster when a shard is given up.")
+@log_level_option()
+@click.option("--workers", type=click.IntRange(min=1), help="Passed to every shard.")
+@click.option("--max-message-mb", type=click.IntRange(min=1), help="Passed to every shard.")
+@tokens_options(
+    "Passed to every shard: require bearer tokens (health checks need none).",
+    env_help="Passed to every shard.",
+)
+@server_tls_options(
+    "Passed to every shard (which then serves TLS only); the supervisor's health checks "
+    "trust this certificate.",
+    key_help="Passed to every shard: the PEM private key for --tls-cert.",
+)
+@click.option(
+    "--tls-server-name",
+    help="The name health checks expect in the certificate when it does not name HOST.",
+)
+@click.option(
+    "--metrics-base-port",
+    type=click.IntRange(0, 65535),
+    default=0,
+    show_default=True,
+    help="Shard i serves Prometheus metrics at http://HOST:(METRICS_BASE_PORT + i)/metrics; "
+    "0: no metrics.",
+)
+@metrics_host_option(
+    "Passed to every shard: the address its metrics endpoint binds (default: --host)."
+)
+@click.pass_context
+def cluster(
+    ctx: click.Context,
+    num_shards: int,
+    config_path: Path | None,
+    data_dir: Path,
+    ephemeral: bool,
+    host: str,
+    base_port: int,
+    address_file: Path | None,
+    grace: float,
+    start_timeout: float,
+    max_restarts: int,
+    restart_window: float,
+    fail_fast: bool,
+    log_level: str | None,
+    workers: int | None,
+    max_message_mb: int | None,
+    tokens_file: Path | None,
+    tokens_from_env: bool,
+    tls_cert: Path | None,
+    tls_key: Path | None,
+    tls_server_name: str | None,
+    metrics_base_port: int,
+    metrics_host: str | None,
+) -> None:
+    """Run NUM_SHARDS ``embeddb serve`` processes; restart any that die; stop all on Ctrl-C."""
+    from embeddb.server.cluster import Cluster, ClusterConfig
+
+    set_log_level(ctx, log_level)
+    serve_args: list[str] = []
+    if workers is not None:
+        serve_args += ["--workers", str(workers)]
+    if max_message_mb is not None:
+        serve_args += ["--max-message-mb", str(max_message_mb)]
+    if tokens_file is not None:
+        serve_args += ["--tokens-file", str(tokens_file.resolve())]
+    if tokens_from_env:
+        serve_args.append("--tokens-from-env")  # the shards inherit the environment
+    try:
+        load_config(config_path)  # fail here, once, rather than in every shard
+        if base_port and base_port + num_shards > 65536:
+            raise click.BadParameter(
+                f"{base_port} + {num_shards} shards exceeds 65535", param_hint="--base-port"
+            )
+        cfg = ClusterConfig(
+            num_shards=num_shards,
+            config_path=config_path,
+            data_dir=data_dir,
+            ephemeral=ephemeral,
+            host=host,
+            base_port=base_port,
+            address_file=address_file
+            if address_file is not None or ephemeral
+            else data_dir / "addresses.txt",
+            grace=grace,
+            start_timeout=start_timeout,
+            max_restarts=max_restarts,
+            restart_window=restart_window,
+            fail_fast=fail_fast,
+            tls_cert=None if tls_cert is None else tls_cert.resolve(),
+            tls_key=None if tls_key is None else tls_key.resolve(),
+            tls_server_name=tls_server_name,
+            metrics_base_port=metrics_base_port,
+            metrics_host=metrics_host,
+            log_level=log_level or logging.getLevelName(logging.getLogger().level).lower(),
+            serve_args=tuple(serve_args),
+        )
+        runner = Cluster(cfg)
+    except EmbeddbError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+    def on_signal(signum: int, frame: object) -> None:
+        runner.request_stop()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    code = 1
+    try:
+        runner.start()
+        addresses = runner.wait_healthy()
+        for index, address in enumerate(addresses):
+            click.echo(f"shard {index}: {address}")
+        if cfg.address_file is not None:
+            click.echo(f"addresses written to {cfg.address_file}")
+        code = runner.supervise()
+    except (EmbeddbError, OSError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    finally:
+        click.echo("stopping shards ...", err=True)
+        runner.stop()
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+    ctx.exit(code)

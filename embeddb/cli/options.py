@@ -1,0 +1,158 @@
+"""Option declarations that several commands share, and the checks of how they combine.
+
+Each function returns one decorator adding its options in the order listed, so a command's
+``--help`` shows them where the command puts the decorator. What differs between commands
+(mostly help texts) is an argument; names, types and defaults are fixed here, once.
+
+Groups (the parameter names the command function receives):
+    config_option        --config (config_path)
+    data_dir_option      --data-dir (data_dir)
+    host_option          --host (host)
+    log_level_option     --log-level (log_level): the command's own, over the group's
+    metrics_options      --metrics-port, --metrics-host (metrics_port, metrics_host)
+    server_tls_options   --tls-cert, --tls-key: the certificate a server presents
+    tokens_options       --tokens-file, --tokens-from-env: the bearer tokens a server accepts
+    client_auth_options  --[PREFIX]token-file, --[PREFIX]tls-ca, --[PREFIX]tls-server-name:
+                         how a command or a server reaches other shards
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+__all__ = [
+    "DEFAULT_PORT",
+    "DIRECTORY",
+    "EXISTING_FILE",
+    "LOG_LEVELS",
+    "NEW_FILE",
+    "check_metrics_options",
+    "check_tokens_options",
+    "client_auth_options",
+    "config_option",
+    "data_dir_option",
+    "host_option",
+    "log_level_option",
+    "metrics_host_option",
+    "metrics_options",
+    "options",
+    "server_tls_options",
+    "tokens_options",
+]
+
+Command = Callable[..., Any]  # a command function, before `click.command` makes it a Command
+Decorator = Callable[[Command], Command]
+
+LOG_LEVELS = click.Choice(["debug", "info", "warning", "error"])
+DEFAULT_PORT = 7070  # shard i of `embeddb serve` / `embeddb cluster` binds DEFAULT_PORT + i
+EXISTING_FILE = click.Path(exists=True, dir_okay=False, path_type=Path)
+NEW_FILE = click.Path(dir_okay=False, path_type=Path)
+DIRECTORY = click.Path(file_okay=False, path_type=Path)
+
+_TOKENS_FROM_ENV_HELP = (
+    "Require bearer tokens from EMBEDDB_RW_TOKEN / EMBEDDB_RO_TOKEN / EMBEDDB_REPLICA_TOKEN."
+)
+
+
+def options(*decorators: Decorator) -> Decorator:
+    """One decorator that applies ``decorators`` as if they were stacked in this order."""
+
+    def apply(f: Command) -> Command:
+        for decorator in reversed(decorators):
+            f = decorator(f)
+        return f
+
+    return apply
+
+
+def config_option(help: str) -> Decorator:
+    """``--config PATH``: an embedding config YAML (read with ``common.load_config``)."""
+    return click.option("--config", "config_path", type=EXISTING_FILE, help=help)
+
+
+def data_dir_option(
+    help: str, *, type: click.ParamType[Any] = DIRECTORY, **attrs: Any
+) -> Decorator:
+    """``--data-dir``: a shard's (or a cluster's) data directory; ``attrs`` as for click."""
+    return click.option("--data-dir", type=type, help=help, **attrs)
+
+
+def host_option(help: str | None = "Address to bind.") -> Decorator:
+    """``--host``: the address a server binds."""
+    return click.option("--host", default="127.0.0.1", show_default=True, help=help)
+
+
+def log_level_option() -> Decorator:
+    """A command's ``--log-level``; ``common.set_log_level`` applies it."""
+    return click.option("--log-level", type=LOG_LEVELS, help="Log level (default: info).")
+
+
+def metrics_host_option(help: str) -> Decorator:
+    """``--metrics-host ADDRESS``: the address a Prometheus endpoint binds."""
+    return click.option("--metrics-host", metavar="ADDRESS", help=help)
+
+
+def metrics_options() -> Decorator:
+    """``--metrics-port`` and ``--metrics-host`` of a server's Prometheus endpoint."""
+    return options(
+        click.option(
+            "--metrics-port",
+            type=click.IntRange(0, 65535),
+            help="Serve Prometheus metrics at http://HOST:PORT/metrics (0: any free port).",
+        ),
+        metrics_host_option(
+            "Address the metrics endpoint binds (default: --host); it has no TLS or tokens."
+        ),
+    )
+
+
+def server_tls_options(
+    cert_help: str, key_help: str = "PEM private key for --tls-cert."
+) -> Decorator:
+    """``--tls-cert`` and ``--tls-key``: the PEM files a TLS server presents."""
+    return options(
+        click.option("--tls-cert", type=EXISTING_FILE, help=cert_help),
+        click.option("--tls-key", type=EXISTING_FILE, help=key_help),
+    )
+
+
+def tokens_options(file_help: str, env_help: str = _TOKENS_FROM_ENV_HELP) -> Decorator:
+    """``--tokens-file`` and ``--tokens-from-env``: the bearer tokens a server accepts
+    (``common.server_tokens`` reads them; ``check_tokens_options`` excludes giving both)."""
+    return options(
+        click.option("--tokens-file", type=EXISTING_FILE, help=file_help),
+        click.option("--tokens-from-env", is_flag=True, help=env_help),
+    )
+
+
+def client_auth_options(
+    prefix: str, *, token_help: str, ca_help: str, server_name_help: str | None = None
+) -> Decorator:
+    """How to reach other shards: ``--{prefix}token-file`` (``common.read_token``),
+    ``--{prefix}tls-ca`` (``common.channel_credentials``) and, given its help,
+    ``--{prefix}tls-server-name``. ``prefix`` is ``""`` or ends with ``-``."""
+    declared = [
+        click.option(f"--{prefix}token-file", type=EXISTING_FILE, help=token_help),
+        click.option(f"--{prefix}tls-ca", type=EXISTING_FILE, help=ca_help),
+    ]
+    if server_name_help is not None:
+        declared.append(click.option(f"--{prefix}tls-server-name", help=server_name_help))
+    return options(*declared)
+
+
+def check_tokens_options(tokens_file: Path | None, tokens_from_env: bool) -> None:
+    """Raises:
+    click.UsageError: both ``--tokens-file`` and ``--tokens-from-env`` were given."""
+    if tokens_file is not None and tokens_from_env:
+        raise click.UsageError("use --tokens-file or --tokens-from-env, not both")
+
+
+def check_metrics_options(metrics_port: int | None, metrics_host: str | None) -> None:
+    """Raises:
+    click.UsageError: ``--metrics-host`` was given without ``--metrics-port``."""
+    if metrics_host is not None and metrics_port is None:
+        raise click.UsageError("--metrics-host needs --metrics-port")

@@ -1,0 +1,418 @@
+"""``embeddb serve`` (one shard, or a read-only follower of one) and ``embeddb serve-model``
+(an exported model over gRPC and HTTP/JSON). Both run until SIGTERM or SIGINT."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from embeddb.cli.common import (
+    channel_credentials,
+    load_config,
+    read_bytes,
+    read_token,
+    server_tokens,
+    set_log_level,
+)
+from embeddb.cli.options import (
+    DEFAULT_PORT,
+    EXISTING_FILE,
+    NEW_FILE,
+    check_metrics_options,
+    check_tokens_options,
+    client_auth_options,
+    config_option,
+    data_dir_option,
+    host_option,
+    log_level_option,
+    metrics_options,
+    server_tls_options,
+    tokens_options,
+)
+from embeddb.errors import EmbeddbError
+from embeddb.server.app import ServerConfig
+
+__all__ = ["serve", "serve_model"]
+
+
+# --------------------------------------------------------------------------------------- serve
+@click.command()
+@config_option("Embedding config YAML (default: the packaged presets/default.yaml).")
+@data_dir_option(
+    "Shard data directory; {index} is replaced by the shard index.",
+    type=click.STRING,
+    default="embeddb-data/shard-{index}",
+    show_default=True,
+)
+@click.option(
+    "--ephemeral",
+    is_flag=True,
+    help="Keep rows in a temporary directory removed at exit (nothing persists).",
+)
+@click.option(
+    "--shard-index",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    envvar="EMBEDDB_SHARD_INDEX",
+    show_envvar=True,
+    help="This shard's index; the option wins over the variable (a Kubernetes StatefulSet sets "
+    "the variable from the pod ordinal).",
+)
+@click.option("--num-shards", type=click.IntRange(min=1), default=1, show_default=True)
+@host_option()
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    help=f"Port to bind (default: {DEFAULT_PORT} + shard index; 0: any free port).",
+)
+@click.option(
+    "--port-file",
+    type=NEW_FILE,
+    help="Write the bound port here once serving (removed at shutdown).",
+)
+@metrics_options()
+@server_tls_options("PEM certificate chain; with --tls-key the port serves TLS only.")
+@tokens_options(
+    "Require bearer tokens: lines 'rw TOKEN', 'ro TOKEN' or 'replica TOKEN' (followers); "
+    "the file must be private (chmod 600)."
+)
+@log_level_option()
+@click.option(
+    "--max-message-mb",
+    type=click.IntRange(min=1),
+    default=ServerConfig().max_message_bytes >> 20,
+    show_default=True,
+    help="Largest request or response, in MiB.",
+)
+@click.option(
+    "--max-response-mb",
+    type=click.IntRange(min=1),
+    default=ServerConfig().max_response_bytes >> 20,
+    show_default=True,
+    help="Largest answer (ids x dim x 4 bytes, computed before any work) and the most an "
+    "LZ4-compressed request tensor may decompress to, in MiB; more is RESOURCE_EXHAUSTED.",
+)
+@click.option(
+    "--max-streams",
+    type=click.IntRange(min=1),
+    default=ServerConfig().max_streams,
+    show_default=True,
+    help="Subscribe/FetchSnapshot streams served at once, per token role.",
+)
+@click.option(
+    "--stream-idle-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=ServerConfig().stream_idle_timeout,
+    show_default=True,
+    help="Seconds a Subscribe/FetchSnapshot caller may leave a message unread before the "
+    "stream is dropped.",
+)
+@click.option(
+    "--max-idle",
+    type=click.FloatRange(min=0, min_open=True),
+    default=ServerConfig().max_idle_s,
+    show_default=True,
+    help="Seconds a connection without calls stays open (clients reconnect on their next call).",
+)
+@click.option(
+    "--workers", type=click.IntRange(min=1), default=ServerConfig().workers, show_default=True
+)
+@click.option(
+    "--grace",
+    type=click.FloatRange(min=0),
+    default=5.0,
+    show_default=True,
+    help="Seconds in-flight calls may finish after SIGTERM/SIGINT.",
+)
+@click.option(
+    "--restore",
+    metavar="SNAPSHOT_ID",
+    help="Start from this snapshot of the data directory; the state and update log after it "
+    "are set aside (the log is kept in log.before-restore-<time>).",
+)
+@click.option(
+    "--fallback-snapshot",
+    is_flag=True,
+    help="If the newest snapshot fails verification while recovering from a crash, recover "
+    "from the next older one instead of refusing to start.",
+)
+@click.option(
+    "--cut-corrupt-log-tail",
+    is_flag=True,
+    help="Cut a corrupt update log tail (losing its records; saved in DATA_DIR/log-cuts/) "
+    "instead of refusing to start.",
+)
+@click.option(
+    "--follow",
+    metavar="HOST:PORT",
+    help="Serve a read-only follower of the primary shard at HOST:PORT (bootstrapped from its "
+    "snapshot, then fed its update log); --data-dir then holds the replica (default "
+    "embeddb-data/follower-{index}).",
+)
+@client_auth_options(
+    "primary-",
+    token_help="With --follow: file holding the bearer token for the primary: a replica token "
+    "(private file, chmod 600).",
+    ca_help="With --follow: PEM certificate(s) to trust; the primary is reached over TLS.",
+    server_name_help="With --follow: the name in the primary's certificate, if HOST does not "
+    "match it.",
+)
+@click.option(
+    "--parent-pid",
+    type=click.IntRange(min=1),
+    hidden=True,  # set by `embeddb cluster`: shut down once this process is no longer the parent
+)
+@click.pass_context
+def serve(
+    ctx: click.Context,
+    config_path: Path | None,
+    data_dir: str,
+    ephemeral: bool,
+    shard_index: int,
+    num_shards: int,
+    host: str,
+    port: int | None,
+    port_file: Path | None,
+    metrics_port: int | None,
+    metrics_host: str | None,
+    tls_cert: Path | None,
+    tls_key: Path | None,
+    tokens_file: Path | None,
+    tokens_from_env: bool,
+    log_level: str | None,
+    max_message_mb: int,
+    max_response_mb: int,
+    max_streams: int,
+    stream_idle_timeout: float,
+    max_idle: float,
+    workers: int,
+    grace: float,
+    restore: str | None,
+    fallback_snapshot: bool,
+    cut_corrupt_log_tail: bool,
+    follow: str | None,
+    primary_token_file: Path | None,
+    primary_tls_ca: Path | None,
+    primary_tls_server_name: str | None,
+    parent_pid: int | None,
+) -> None:
+    """Serve one shard over gRPC until SIGTERM or SIGINT, then shut down cleanly.
+
+    Shutdown: health NOT_SERVING, stop accepting calls, let in-flight ones finish (--grace),
+    write rows back and record a clean shutdown, exit 0.
+
+    A directory that was not shut down cleanly is recovered from its newest snapshot and update
+    log. With --follow the process serves a read-only replica of another shard instead.
+    """
+    from embeddb.server.daemon import DaemonOptions, run_daemon
+    from embeddb.server.follower import FollowerOptions
+
+    set_log_level(ctx, log_level)
+    if shard_index >= num_shards:
+        raise click.BadParameter(
+            f"must be less than --num-shards ({num_shards}), got {shard_index}",
+            param_hint="--shard-index",
+        )
+    check_tokens_options(tokens_file, tokens_from_env)
+    if follow is not None and (restore is not None or fallback_snapshot):
+        raise click.UsageError(
+            "--follow excludes --restore and --fallback-snapshot: a follower bootstraps from "
+            "its primary's snapshot"
+        )
+    if follow is None and (primary_token_file or primary_tls_ca or primary_tls_server_name):
+        raise click.UsageError("the --primary-* options need --follow")
+    if ephemeral and restore is not None:
+        raise click.UsageError("--restore needs a data directory, not --ephemeral")
+    check_metrics_options(metrics_port, metrics_host)
+    if follow is not None and ctx.get_parameter_source("data_dir") is not (
+        click.core.ParameterSource.COMMANDLINE
+    ):
+        data_dir = "embeddb-data/follower-{index}"
+    try:
+        config = load_config(config_path)
+        tokens = server_tokens(tokens_file, tokens_from_env)
+        server_config = ServerConfig(
+            host=host,
+            port=DEFAULT_PORT + shard_index if port is None else port,
+            shard_index=shard_index,
+            num_shards=num_shards,
+            max_message_bytes=max_message_mb << 20,
+            max_response_bytes=max_response_mb << 20,
+            max_streams=max_streams,
+            stream_idle_timeout=stream_idle_timeout,
+            max_idle_s=max_idle,
+            workers=workers,
+            tls_cert=read_bytes(tls_cert),
+            tls_key=read_bytes(tls_key),
+            tokens=tokens,
+            metrics_port=metrics_port,
+            metrics_host=metrics_host,
+        )
+        following = (
+            None
+            if follow is None
+            else FollowerOptions(
+                primary=follow,
+                token=read_token(primary_token_file),
+                credentials=channel_credentials(primary_tls_ca),
+                server_name=primary_tls_server_name,
+            )
+        )
+        options = DaemonOptions(
+            data_dir=None if ephemeral else Path(data_dir.replace("{index}", str(shard_index))),
+            grace=grace,
+            port_file=port_file,
+            parent_pid=parent_pid,
+            restore=restore,
+            fallback=fallback_snapshot,
+            cut_corrupt_log_tail=cut_corrupt_log_tail,
+            follow=following,
+        )
+        code = run_daemon(config, server_config, options)
+    except (EmbeddbError, OSError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    ctx.exit(code)
+
+
+# --------------------------------------------------------------------------------- serve-model
+@click.command("serve-model")
+@click.option(
+    "--model",
+    "model_dir",
+    required=True,
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="The exported model directory (model.json, dense.pt, embedding.yaml).",
+)
+@click.option(
+    "--addresses",
+    "address_file",
+    type=EXISTING_FILE,
+    help="File of the shards' HOST:PORT lines in shard order (followers in production).",
+)
+@click.option(
+    "--shard",
+    "shards",
+    multiple=True,
+    metavar="HOST:PORT",
+    help="A shard to read, in shard order (repeat for each); instead of --addresses.",
+)
+@host_option()
+@click.option(
+    "--port", type=click.IntRange(0, 65535), default=7080, show_default=True, help="gRPC port."
+)
+@click.option(
+    "--http-port",
+    type=click.IntRange(0, 65535),
+    default=8080,
+    show_default=True,
+    help="HTTP/JSON port (POST /v1/predict, GET /healthz).",
+)
+@click.option("--no-http", is_flag=True, help="Serve gRPC only.")
+@metrics_options()
+@click.option(
+    "--port-file",
+    type=NEW_FILE,
+    help='Write {"grpc": port, "http": port, "metrics": port} here once serving (removed at '
+    "shutdown).",
+)
+@tokens_options(
+    "Require bearer tokens of callers: lines 'rw TOKEN', 'ro TOKEN' or 'replica TOKEN' "
+    "(any may predict); the file must be private (chmod 600)."
+)
+@client_auth_options(
+    "shard-",
+    token_help="File holding the bearer token for the shards (read-only is enough).",
+    ca_help="PEM certificate(s) to trust; the shards are reached over TLS.",
+)
+@server_tls_options("PEM certificate chain; with --tls-key the gRPC port serves TLS only.")
+@click.option(
+    "--max-batch",
+    type=click.IntRange(min=1),
+    default=256,
+    show_default=True,
+    help="Most samples per micro-batch (one model call); a larger request runs alone.",
+)
+@click.option(
+    "--max-delay-ms",
+    type=click.FloatRange(min=0),
+    default=2.0,
+    show_default=True,
+    help="Longest a request waits for others to join its micro-batch.",
+)
+@click.option(
+    "--workers",
+    type=click.IntRange(min=1),
+    default=8,
+    show_default=True,
+    help="gRPC threads (also the most gRPC requests one micro-batch merges).",
+)
+@log_level_option()
+@click.pass_context
+def serve_model(
+    ctx: click.Context,
+    model_dir: Path,
+    address_file: Path | None,
+    shards: tuple[str, ...],
+    host: str,
+    port: int,
+    http_port: int,
+    no_http: bool,
+    metrics_port: int | None,
+    metrics_host: str | None,
+    port_file: Path | None,
+    tokens_file: Path | None,
+    tokens_from_env: bool,
+    shard_token_file: Path | None,
+    shard_tls_ca: Path | None,
+    tls_cert: Path | None,
+    tls_key: Path | None,
+    max_batch: int,
+    max_delay_ms: float,
+    workers: int,
+    log_level: str | None,
+) -> None:
+    """Serve an exported model over gRPC and HTTP/JSON until SIGTERM or SIGINT.
+
+    Embeddings are read from the shards (read-only followers in production) with evaluation
+    lookups; concurrent requests are scored together in micro-batches. Shutdown: health
+    NOT_SERVING, stop accepting calls, let in-flight ones finish, exit 0. Needs the trainer
+    extra (torch).
+    """
+    set_log_level(ctx, log_level)
+    if (address_file is None) == (not shards):
+        raise click.UsageError("give --addresses FILE or --shard HOST:PORT (one of them)")
+    check_tokens_options(tokens_file, tokens_from_env)
+    check_metrics_options(metrics_port, metrics_host)
+    try:
+        from embeddb.trainer.serving.daemon import ModelDaemonOptions, run_model_server
+        from embeddb.trainer.serving.server import ModelServerConfig
+    except ImportError as exc:
+        raise click.ClickException(f"embeddb serve-model needs the trainer extra: {exc}") from exc
+    try:
+        tokens = server_tokens(tokens_file, tokens_from_env)
+        config = ModelServerConfig(
+            host=host,
+            port=port,
+            http_port=None if no_http else http_port,
+            metrics_port=metrics_port,
+            metrics_host=metrics_host,
+            max_batch=max_batch,
+            max_delay=max_delay_ms / 1e3,
+            workers=workers,
+            tokens=tokens,
+            tls_cert=read_bytes(tls_cert),
+            tls_key=read_bytes(tls_key),
+        )
+        options = ModelDaemonOptions(
+            model_dir=model_dir,
+            shards=address_file if address_file is not None else list(shards),
+            shard_token=read_token(shard_token_file),
+            shard_tls_ca=shard_tls_ca,
+            port_file=port_file,
+        )
+        code = run_model_server(config, options)
+    except (EmbeddbError, OSError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    ctx.exit(code)

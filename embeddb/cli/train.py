@@ -1,0 +1,109 @@
+"""``embeddb demo`` (a factorization machine on UCI Adult, embeddings in one local shard) and
+``embeddb train`` (a training job from YAML: local shards, NN workers under torchrun)."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import click
+
+from embeddb import __version__
+from embeddb.cli.common import packaged_config
+from embeddb.cli.options import EXISTING_FILE, config_option, data_dir_option
+from embeddb.config import EmbeddingConfig, StoreConfig
+from embeddb.errors import EmbeddbError
+
+__all__ = ["demo", "train"]
+
+
+# ---------------------------------------------------------------------------------------- demo
+@click.command()
+@config_option("Embedding config YAML (default: the packaged presets/adult.yaml).")
+@data_dir_option("Shard data directory (default: a temporary directory, removed afterwards).")
+@click.option("--epochs", type=click.IntRange(min=1), default=3, show_default=True)
+@click.option("--batch-size", type=click.IntRange(min=1), default=256, show_default=True)
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
+@click.option(
+    "--ram-rows",
+    type=click.IntRange(min=1),
+    help="Override every table's RAM-tier capacity (small values show the disk tier at work).",
+)
+def demo(
+    config_path: Path | None,
+    data_dir: Path | None,
+    epochs: int,
+    batch_size: int,
+    seed: int,
+    ram_rows: int | None,
+) -> None:
+    """Train a factorization machine on UCI Adult with its embeddings stored in a shard."""
+    from dataclasses import replace
+
+    from embeddb.demo import run_demo
+    from embeddb.shard import Shard
+
+    try:
+        config = (
+            EmbeddingConfig.from_yaml(config_path) if config_path else packaged_config("adult.yaml")
+        )
+        if ram_rows is not None:
+            tables = {n: replace(t, capacity=ram_rows) for n, t in config.tables.items()}
+            store = StoreConfig(
+                stripes=config.store.stripes,
+                eviction_chunk=config.store.eviction_chunk,
+                min_stripe_rows=min(config.store.min_stripe_rows, ram_rows),
+            )
+            config = replace(config, tables=tables, store=store)
+        with tempfile.TemporaryDirectory(prefix="embeddb-demo-") as tmp:
+            directory = data_dir if data_dir is not None else Path(tmp) / "shard"
+            click.echo(
+                f"embeddb {__version__} demo: UCI Adult, {len(config.tables)} tables in {directory}"
+            )
+            with Shard(config, directory) as shard:
+                result = run_demo(
+                    config, shard, epochs=epochs, batch_size=batch_size, seed=seed, log=click.echo
+                )
+                stats = shard.stats()
+            click.echo(f"\ntest AUC {result.test_auc:.4f}; ", nl=False)
+            click.echo(f"{result.train_samples_per_s:,.0f} training samples/s")
+            click.echo("\npredictions for the first test rows (P[income > 50K], truth):")
+            for who, p, label in result.predictions:
+                click.echo(f"  {p:5.3f}  {'>50K ' if label else '<=50K'}  {who}")
+            line = "{:<16}{:>9}{:>10}{:>10}{:>10}{:>9}"
+            click.echo(
+                "\n"
+                + line.format("table", "RAM rows", "disk rows", "RAM hits", "disk hits", "evicted")
+            )
+            for name, t in stats.tables.items():
+                click.echo(
+                    line.format(name, t.ram_rows, t.disk_rows, t.ram_hits, t.disk_hits, t.evicted)
+                )
+    except EmbeddbError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+# --------------------------------------------------------------------------------------- train
+@click.command()
+@click.argument("job", type=EXISTING_FILE)
+@click.option(
+    "--predict",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="After training, answer this many online predictions (the first test rows).",
+)
+def train(job: Path, predict: int) -> None:
+    """Train the job in JOB (YAML; schema in embeddb/trainer/job.py): start local shards
+    (unless the job lists addresses), the NN workers under torchrun, show progress, evaluate.
+    Needs the trainer extra (torch)."""
+    try:
+        from embeddb.trainer.launch import launch
+    except ImportError as exc:  # pragma: no cover - the launcher itself needs no torch
+        raise click.ClickException(f"embeddb train needs the trainer extra: {exc}") from exc
+    try:
+        code = launch(job, predict=predict, echo=click.echo)
+    except EmbeddbError as exc:
+        raise click.ClickException(str(exc)) from exc
+    if code:
+        raise SystemExit(code)
