@@ -54,12 +54,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _report import finish, fmt_rate, say, verdict
 
+from embeddb.arrays import F32, U64
 from embeddb.config import (
     EmbeddingConfig,
     OptimizerConfig,
@@ -68,9 +68,6 @@ from embeddb.config import (
     TableConfig,
 )
 from embeddb.shard import Shard
-
-U64 = npt.NDArray[np.uint64]
-F32 = npt.NDArray[np.float32]
 
 TABLE = "t"
 DIM = 16

@@ -88,6 +88,7 @@ from _report import finish, fmt_rate, say, verdict
 
 from embeddb import wire
 from embeddb.allocator import tune_allocator
+from embeddb.arrays import U64
 from embeddb.client import Client
 from embeddb.client.batching import IdBatch
 from embeddb.config import EmbeddingConfig, OptimizerConfig, OptimizerKind
@@ -95,8 +96,6 @@ from embeddb.server.app import ServerConfig, ShardServer, build_server
 from embeddb.shard import Shard
 from embeddb.v1 import embeddb_pb2 as pb
 from embeddb.v1 import embeddb_pb2_grpc as pb_grpc
-
-U64 = npt.NDArray[np.uint64]
 
 TABLE = "t"
 DIM = 16

@@ -83,6 +83,7 @@ import numpy.typing as npt
 import ownership
 from _report import finish, fmt_rate, say, verdict
 
+from embeddb.arrays import F32, I64, U64
 from embeddb.config import (
     EmbeddingConfig,
     OptimizerConfig,
@@ -94,10 +95,6 @@ from embeddb.errors import ConfigError
 from embeddb.shard import Shard
 from embeddb.storage import TableStats
 from embeddb.storage.parallel import default_threads
-
-F32 = npt.NDArray[np.float32]
-I64 = npt.NDArray[np.int64]
-U64 = npt.NDArray[np.uint64]
 
 TABLE = "t"
 BATCH = 65_536

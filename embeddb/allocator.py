@@ -37,7 +37,7 @@ __all__ = [
     "tune_allocator",
 ]
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 DEFAULT_MMAP_THRESHOLD = 32 << 20  # glibc's ceiling for M_MMAP_THRESHOLD on 64-bit
 DEFAULT_TRIM_THRESHOLD = 256 << 20
@@ -79,10 +79,10 @@ def tune_allocator(
         ok = mallopt(_M_MMAP_THRESHOLD, mmap_threshold) == 1
         ok = mallopt(_M_TRIM_THRESHOLD, min(trim_threshold, 2**31 - 1)) == 1 and ok
         if not ok:  # pragma: no cover - only with values glibc rejects, checked above
-            log.warning("mallopt refused the allocator thresholds; keeping glibc's defaults")
+            logger.warning("mallopt refused the allocator thresholds; keeping glibc's defaults")
             return False
         _applied = (mmap_threshold, trim_threshold)
-        log.debug("allocator: mmap threshold %d B, trim threshold %d B", *_applied)
+        logger.debug("allocator: mmap threshold %d B, trim threshold %d B", *_applied)
         return True
 
 

@@ -23,14 +23,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
+from embeddb.arrays import F32
 from embeddb.config import EmbeddingConfig, FeatureConfig
 from embeddb.datasets.adult import AdultTable, load_adult
 from embeddb.shard import Shard
 from embeddb.trainer.metrics import auc  # re-exported: embeddb.demo.auc is public
 
 __all__ = ["DemoResult", "auc", "feature_ids", "run_demo"]
-
-F32 = npt.NDArray[np.float32]
 
 
 @dataclass

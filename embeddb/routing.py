@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from embeddb.arrays import U64
 from embeddb.errors import FailedPreconditionError, InvalidArgumentError
 
 __all__ = [
@@ -46,7 +47,6 @@ __all__ = [
     "with_group_prefix",
 ]
 
-U64 = npt.NDArray[np.uint64]
 
 ROUTING_ALGORITHM = "splitmix64-lemire-v1"
 """The name of :func:`shard_of`'s algorithm, as servers report it (``DescribeShard``)."""

@@ -39,7 +39,7 @@ from embeddb.storage import TieredTable
 
 __all__ = ["LogReaders", "RecordApplier", "start_export", "stop_export"]
 
-log = logging.getLogger("embeddb.shard")  # the shard's own logger: one place to tune
+logger = logging.getLogger("embeddb.shard")  # the shard's own logger: one place to tune
 
 
 class LogReaders:
@@ -200,7 +200,7 @@ def stop_export(exporter: Exporter | None) -> None:
     try:
         exporter.close()
     except (StorageError, UnavailableError) as exc:
-        log.error(
+        logger.error(
             "the export's last write failed (%s); it resumes after seq %d at the next start",
             exc, exporter.exported_seq,
         )  # fmt: skip

@@ -24,7 +24,7 @@ from embeddb.storage.changes import Change
 
 __all__ = ["Journal"]
 
-log = logging.getLogger("embeddb.shard")  # the shard's own logger: one place to tune
+logger = logging.getLogger("embeddb.shard")  # the shard's own logger: one place to tune
 
 
 class Journal:
@@ -55,7 +55,7 @@ class Journal:
         except StorageError as exc:
             if self.failed is None:
                 self.failed = exc
-                log.error("update log append failed; the shard is now read-only: %s", exc)
+                logger.error("update log append failed; the shard is now read-only: %s", exc)
             raise
 
     def mutating(self) -> int:

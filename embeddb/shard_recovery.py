@@ -59,7 +59,7 @@ __all__ = [
     "write_record",
 ]
 
-log = logging.getLogger("embeddb.shard")  # the shard's own logger: one place to tune
+logger = logging.getLogger("embeddb.shard")  # the shard's own logger: one place to tune
 
 CLEAN_MARKER = "clean-shutdown.json"
 BASE = "base.json"
@@ -241,7 +241,7 @@ class ShardOpener:
             try:
                 self.disk.close()
             except StorageError:
-                log.exception("closing the disk tier after a failed open")
+                logger.exception("closing the disk tier after a failed open")
 
     def _open_clean(self, marker: dict[str, Any]) -> Recovery:
         disk_rows = self._check_tables(marker, CLEAN_MARKER)
@@ -275,12 +275,12 @@ class ShardOpener:
                         f"{exc}. The shard refuses to start; pass fallback=True (embeddb serve "
                         f"--fallback-snapshot) to recover from the previous snapshot instead"
                     ) from exc
-                log.error("snapshot %s is corrupt (%s); falling back to an older one", info, exc)
+                logger.error("snapshot %s is corrupt (%s); falling back to an older one", info, exc)
                 continue
             self._load_snapshot(info.path, manifest)
             (self._data_dir / BASE).unlink(missing_ok=True)  # the disk tier is the snapshot's
             replayed = self._replay_log(int(manifest["seq"]))
-            log.warning(
+            logger.warning(
                 "recovered %s from snapshot %s (seq %d) and %d log records",
                 self._data_dir, info.snapshot_id, manifest["seq"], replayed,
             )  # fmt: skip
@@ -298,7 +298,7 @@ class ShardOpener:
         start = max(base_seq, 0)
         replayed = self._replay_log(start)
         source = "base" if base is not None else "log"
-        log.warning(
+        logger.warning(
             "recovered %s from its %s (seq %d) and %d log records",
             self._data_dir,
             "last clean shutdown" if base is not None else "empty state",
@@ -322,7 +322,9 @@ class ShardOpener:
                     break
                 aside = self._data_dir / f"{stamp}.{k}"
             os.replace(log_dir, aside)
-            log.warning("restoring %s: the previous update log is kept in %s", snapshot_id, aside)
+            logger.warning(
+                "restoring %s: the previous update log is kept in %s", snapshot_id, aside
+            )
         for stale in (CLEAN_MARKER, BASE):
             (self._data_dir / stale).unlink(missing_ok=True)
         self._load_snapshot(path, manifest)

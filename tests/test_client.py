@@ -23,6 +23,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from embeddb import wire
+from embeddb.arrays import F32
 from embeddb.client import (
     Client,
     DeadlineExceededError,
@@ -50,7 +51,6 @@ from embeddb.v1 import embeddb_pb2_grpc as pb_grpc
 
 DIM = 4
 LR = 0.5  # dyadic, so SGD on dyadic gradients is exact in float32
-F32 = npt.NDArray[np.float32]
 
 
 @dataclass

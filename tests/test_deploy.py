@@ -598,12 +598,14 @@ def test_dockerfile_copy_sources_exist_and_are_in_the_build_context(dockerfile: 
         assert not ignored(source), f"{source} is excluded by .dockerignore"
     assert re.search(r"^USER (?!root|0\b)\S+", text, re.M), "the image must not run as root"
     assert re.search(r'^ENTRYPOINT \["embeddb"\]', text, re.M)
-    # Every package pyproject installs is copied (package-dir sources).
+    # Every package pyproject installs is copied: all live under embeddb/ (the top-level client/
+    # and trainer/ are links into it, which COPY would copy as dangling links).
     import tomllib
 
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    for directory in project["tool"]["setuptools"]["package-dir"].values():
-        assert directory in sources, directory
+    assert project["tool"]["setuptools"]["package-dir"] == {"": "."}
+    assert all(p.split(".")[0] == "embeddb" for p in project["tool"]["setuptools"]["packages"])
+    assert not {"client", "trainer"} & set(sources)
     assert project["project"]["readme"] in sources
 
 

@@ -24,6 +24,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from embeddb import wire
+from embeddb.arrays import F32
 from embeddb.client import AsyncClient, Client, UpdateResult
 from embeddb.client.batching import Budget, IdBatch, split_many
 from embeddb.config import EmbeddingConfig, OptimizerConfig, OptimizerKind, TableConfig
@@ -45,7 +46,6 @@ DIMS = {"sgd": 4, "ada": 8, "small": 2}
 UNIVERSE = np.arange(600, dtype=np.uint64)
 RW = "rw-token-0123456789abcdef"
 RO = "ro-token-fedcba9876543210"
-F32 = npt.NDArray[np.float32]
 
 
 def config() -> EmbeddingConfig:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 
 def _run(code: str, cwd: Path) -> str:
@@ -16,13 +19,52 @@ def _run(code: str, cwd: Path) -> str:
 
 
 def test_client_and_trainer_install_under_embeddb_not_as_bare_names(tmp_path: Path) -> None:
-    # Run from an unrelated directory so the repository checkout is not on sys.path.
+    # Run from an unrelated directory. An editable install puts the checkout on sys.path, where
+    # the top-level client/ and trainer/ links would make a second copy of each package: they
+    # refuse to be imported under a bare name.
     out = _run(
-        "import importlib.util, embeddb.client, embeddb.trainer;"
-        "print(importlib.util.find_spec('client'), importlib.util.find_spec('trainer'))",
+        "import embeddb.client, embeddb.trainer\n"
+        "for bare in ('client', 'trainer'):\n"
+        "    try:\n"
+        "        __import__(bare)\n"
+        "    except ImportError as e:\n"
+        "        print(e)\n"
+        "    else:\n"
+        "        print('imported', bare)\n",
         tmp_path,
     )
-    assert out == "None None"
+    lines = out.splitlines()
+    assert all(not line.startswith("imported") for line in lines), out
+    for line in lines:
+        assert line.startswith(("import embeddb.client", "import embeddb.trainer", "No module")), (
+            out
+        )
+
+
+def test_a_downstream_type_checker_sees_the_client_and_the_trainer(tmp_path: Path) -> None:
+    # What a user's mypy reports after `pip install -e .`: the installed package's real types,
+    # so a wrong keyword is an error, not Any.
+    mypy = shutil.which("mypy", path=str(Path(sys.executable).parent))
+    if mypy is None:
+        pytest.skip("mypy (the dev extra) is not installed")
+    (tmp_path / "use.py").write_text(
+        "from embeddb.client import Client\n"
+        "from embeddb.trainer import TrainCtx\n"
+        "Client(['127.0.0.1:1'], no_such_kwarg=1)\n"
+        "TrainCtx(no_such_option=1)\n"
+    )
+    proc = subprocess.run(
+        [mypy, "--no-incremental", "--python-executable", sys.executable, "use.py"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    out = proc.stdout
+    assert 'use.py:3: error: Unexpected keyword argument "no_such_kwarg" for "Client"' in out
+    assert 'use.py:4: error: Unexpected keyword argument "no_such_option" for "TrainCtx"' in out
+    assert "import-not-found" not in out
 
 
 def test_importing_errors_and_routing_does_not_load_the_engine(tmp_path: Path) -> None:

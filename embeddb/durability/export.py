@@ -90,6 +90,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from embeddb.arrays import F32, U64
 from embeddb.durability import records
 from embeddb.durability.log import LogRecord, LogTruncatedError
 from embeddb.errors import CorruptDataError, InvalidArgumentError, StorageError
@@ -97,7 +98,7 @@ from embeddb.storage.changes import Change, Op
 
 __all__ = ["INDEX", "ExportFile", "Exporter", "load_file", "read_index"]
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 INDEX = "index.jsonl"
 _TMP_PREFIX = ".tmp-"
@@ -105,8 +106,6 @@ _POLL_S = 0.05
 _MAX_PENDING_ROWS = 1 << 20
 _MIN_COMPACT = 4096
 
-U64 = npt.NDArray[np.uint64]
-F32 = npt.NDArray[np.float32]
 ReadLog = Callable[[int], Iterator[LogRecord]]
 
 
@@ -289,7 +288,7 @@ class Exporter:
         if last is None:
             self._append_position(seq, gap=not empty)
         elif self._exported_seq > seq:
-            log.warning(
+            logger.warning(
                 "export %s has shipped up to seq %d but the shard is at seq %d (restored or "
                 "lost records): the export starts again there, marked gap_before",
                 self.directory, self._exported_seq, seq,
@@ -353,7 +352,7 @@ class Exporter:
                 self.error = None
             except Exception as exc:  # the thread must not die: it retries at the next interval
                 if self.error is None or str(exc) != str(self.error):
-                    log.error("export to %s failed (retrying): %r", self.directory, exc)
+                    logger.error("export to %s failed (retrying): %r", self.directory, exc)
                 self.error = exc
                 due = time.monotonic() + self.interval_s  # retry at the next interval
                 self._stop.wait(min(self.interval_s, 1.0))
@@ -380,7 +379,7 @@ class Exporter:
                 if sum(p.count for p in self._pending.values()) >= self._max_pending:
                     return True
         except LogTruncatedError as exc:
-            log.error(
+            logger.error(
                 "export %s: the update log after seq %d is gone (it starts at %d); the changes "
                 "in between are not exported and the next export is marked gap_before",
                 self.directory, self._read_seq, exc.first_seq,
@@ -476,7 +475,7 @@ class Exporter:
                 try:
                     f.truncate(end)
                 except OSError:
-                    log.exception("cannot cut the export index %s back after a failure", path)
+                    logger.exception("cannot cut the export index %s back after a failure", path)
                 raise
         if line["n"] == 1:
             _fsync_dir(self.directory)
@@ -489,7 +488,7 @@ class Exporter:
         data = path.read_bytes()
         end = data.rfind(b"\n") + 1
         if end < len(data):
-            log.warning("export index %s: cutting an incomplete last line", path)
+            logger.warning("export index %s: cutting an incomplete last line", path)
             with open(path, "r+b") as f:
                 f.truncate(end)
                 os.fsync(f.fileno())

@@ -91,7 +91,7 @@ from embeddb.errors import ConfigError, InvalidArgumentError, StorageError, Unav
 
 __all__ = ["FsyncPolicy", "LogConfig", "LogCut", "LogRecord", "LogTruncatedError", "UpdateLog"]
 
-_logger = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 _fdatasync: Callable[[int], None] = getattr(os, "fdatasync", os.fsync)
 
@@ -355,7 +355,7 @@ class UpdateLog(LogReader):
             try:
                 os.fsync(self._dir_fd)
             except OSError as exc:  # not fatal: a deletion lost to a crash leaves a valid prefix
-                _logger.warning("update log %s: fsync of the directory failed: %s", self, exc)
+                logger.warning("update log %s: fsync of the directory failed: %s", self, exc)
         if errors:
             raise StorageError(f"cannot delete update log segments: {'; '.join(errors)}")
         return freed
@@ -414,7 +414,7 @@ class UpdateLog(LogReader):
     def _fail(self, err: StorageError) -> None:
         if self._failed is None:
             self._failed = err
-            _logger.error("update log %s failed, appends now raise: %s", self.directory, err)
+            logger.error("update log %s failed, appends now raise: %s", self.directory, err)
 
     def _cut_back(self, segment: Segment, exc: OSError) -> None:
         """After a failed write (under ``_lock``): cut the partial record off, or fail the log."""
@@ -528,4 +528,4 @@ def _close_quietly(fd: int) -> None:
         try:
             os.close(fd)
         except OSError as exc:
-            _logger.warning("closing an update log file failed: %s", exc)
+            logger.warning("closing an update log file failed: %s", exc)

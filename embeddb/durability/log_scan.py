@@ -86,7 +86,7 @@ from embeddb.errors import CorruptDataError, StorageError
 
 __all__ = ["CUTS_DIR", "CUTS_FILE", "CutKind", "LogCut", "TailPolicy", "scan_log"]
 
-_logger = logging.getLogger("embeddb.durability.log")  # the log's own logger: one place to tune
+logger = logging.getLogger("embeddb.durability.log")  # the log's own logger: one place to tune
 
 CUTS_FILE = "log-cuts.jsonl"
 CUTS_DIR = "log-cuts"
@@ -291,7 +291,7 @@ def _cut(segment: Segment, tail: _Tail, policy: TailPolicy) -> LogCut:
             f"{policy.record_dir / CUTS_DIR}"
         )
     cut = _record_cut(path, tail, policy)
-    _logger.log(
+    logger.log(
         logging.WARNING if tail.kind == "torn" else logging.ERROR,
         "update log segment %s: cut a %s tail of %d bytes at offset %d (%s): seq %d on cut, "
         "%d records kept; log_recovery %s%s; recorded in %s",

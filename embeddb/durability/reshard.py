@@ -71,6 +71,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from embeddb.arrays import F32, U64
 from embeddb.durability import snapshot
 from embeddb.errors import CorruptDataError, InvalidArgumentError, NotFoundError, StorageError
 from embeddb.routing import shard_of
@@ -87,16 +88,13 @@ __all__ = [
     "table_specs",
 ]
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 RESHARD_RECORD = "reshard.json"
 _SHARD_DIR = re.compile(r"shard-(\d+)")
 _CHUNK_ROWS = 65536
 _BUFFER_MB = 16  # memtable budget of each target disk tier
 _READ_CACHE_MB = 8  # block cache of each source disk tier (read once, in order)
-
-U64 = npt.NDArray[np.uint64]
-F32 = npt.NDArray[np.float32]
 
 
 @dataclass(frozen=True)
@@ -335,7 +333,7 @@ def reshard(
             try:
                 tier.close()
             except StorageError:
-                log.exception("closing a target disk tier after a failed reshard")
+                logger.exception("closing a target disk tier after a failed reshard")
         for writer in writers:
             writer.abort()
         _remove_output(target, existed)
@@ -397,7 +395,7 @@ class _Mover:
             self._route(src, name, ids[~stale], rows[~stale])
             self._report(ids.size)
         if n_disk != src.disk_rows(name):
-            log.warning(
+            logger.warning(
                 "table %r of snapshot %s: the manifest counts %d disk rows, the checkpoint "
                 "holds %d (all were moved)",
                 name, src.path, src.disk_rows(name), n_disk,

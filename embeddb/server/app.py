@@ -38,7 +38,7 @@ SERVICE_NAME = pb.DESCRIPTOR.services_by_name["EmbeddingStore"].full_name
 # Callable without a token, so orchestrators can probe and tools can discover the API.
 OPEN_SERVICES = frozenset({health.SERVICE_NAME, reflection.SERVICE_NAME})
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -220,7 +220,7 @@ def build_server(
         registry = CollectorRegistry()
     metrics = ShardMetrics(registry) if registry is not None else None
     if cfg.tokens is not None and not cfg.tls and not _is_loopback(cfg.host):
-        log.warning("bearer tokens travel in plain text: serving %s without TLS", cfg.host)
+        logger.warning("bearer tokens travel in plain text: serving %s without TLS", cfg.host)
     # Streams per role: rw and replica (with tokens), or everyone as one role (without); one
     # spare thread answers a stream beyond its role's limit with RESOURCE_EXHAUSTED at once.
     roles = 2 if cfg.tokens is not None else 1

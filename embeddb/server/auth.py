@@ -64,7 +64,7 @@ __all__ = [
     "authenticate",
 ]
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 MIN_TOKEN_CHARS = 16
 _HINT = "generate one with: python -c 'import secrets; print(secrets.token_urlsafe(32))'"

@@ -49,7 +49,7 @@ from embeddb.server.interceptors import RateLimitedLog
 
 __all__ = ["Boundary", "RefusalObserver", "RefusedCall", "enum_problem"]
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -162,7 +162,7 @@ class Boundary(grpc.ServerInterceptor):  # type: ignore[misc]
         self._on_refused = on_refused
         self._pools = dict(dedicated_pools or {})
         self._stream_pool = stream_pool
-        self._log = RateLimitedLog(log, log_interval)
+        self._log = RateLimitedLog(logger, log_interval)
 
     def intercept_service(
         self,

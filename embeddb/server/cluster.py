@@ -73,7 +73,7 @@ from embeddb.server.daemon import write_atomically
 
 __all__ = ["Cluster", "ClusterConfig", "ShardState"]
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 _TAIL_LINES = 20  # a shard's last output lines, quoted when it fails
 _POLL_S = 0.1
@@ -324,7 +324,7 @@ class Cluster:
                     self._supervise_one(member)
                 failed = [m.index for m in self._members if m.state is ShardState.FAILED]
             if failed and self.config.fail_fast:
-                log.error("shard %d failed; stopping the cluster (--fail-fast)", failed[0])
+                logger.error("shard %d failed; stopping the cluster (--fail-fast)", failed[0])
                 return 1
         with self._lock:
             return 1 if any(m.state is ShardState.FAILED for m in self._members) else 0
@@ -351,11 +351,11 @@ class Cluster:
                 try:
                     code = member.process.wait(max(0.0, deadline - time.monotonic()))
                 except subprocess.TimeoutExpired:
-                    log.warning("shard %d did not stop in time; sending SIGKILL", member.index)
+                    logger.warning("shard %d did not stop in time; sending SIGKILL", member.index)
                     member.process.kill()
                     code = member.process.wait()
                 if code != 0 and member.state is ShardState.SERVING:
-                    log.warning("shard %d exited with code %d on shutdown", member.index, code)
+                    logger.warning("shard %d exited with code %d on shutdown", member.index, code)
                 self._reap(member)
                 member.state = ShardState.STOPPED
             if self._run_dir is not None:
@@ -452,7 +452,7 @@ class Cluster:
         member.port = port
         member.state = ShardState.SERVING
         member.failures = 0
-        log.info(
+        logger.info(
             "shard %d serving on %s:%d (pid %d)",
             member.index,
             self.config.host,
@@ -516,7 +516,7 @@ class Cluster:
 
     def _failed_start(self, member: _Member, why: str) -> None:
         member.failures += 1
-        log.error(
+        logger.error(
             "shard %d failed to restart (%s); its last output:\n%s",
             member.index,
             why,
@@ -539,11 +539,11 @@ class Cluster:
         down = f"{cfg.host}:{member.port} stays down"
         if member.failures >= cfg.max_restarts:
             member.state = ShardState.FAILED
-            log.error("%s giving up after %d failed restarts; %s", head, member.failures, down)
+            logger.error("%s giving up after %d failed restarts; %s", head, member.failures, down)
             return
         if len(recent) >= cfg.max_restarts:
             member.state = ShardState.FAILED
-            log.error(
+            logger.error(
                 "%s giving up after %d restarts in the last %.1fs (at most %d within a "
                 "restart window of %gs); %s",
                 head,
@@ -556,16 +556,16 @@ class Cluster:
             return
         attempts = max(len(recent), member.failures)
         if attempts == 0:
-            log.warning("%s restarting", head)
+            logger.warning("%s restarting", head)
             self._restart(member)
             return
         delay = cfg.restart_backoff * 2 ** (attempts - 1)
         member.state = ShardState.WAITING
         member.next_start = now + delay
         if code is None:
-            log.warning("%s restart attempt %d in %.1fs", head, member.failures + 1, delay)
+            logger.warning("%s restart attempt %d in %.1fs", head, member.failures + 1, delay)
         else:
-            log.warning(
+            logger.warning(
                 "%s restarting in %.1fs (restart %d within %gs; at most %d)",
                 head,
                 delay,

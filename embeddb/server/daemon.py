@@ -58,7 +58,7 @@ from embeddb.storage.private import private_umask
 
 __all__ = ["DaemonOptions", "private_umask", "run_daemon", "stop_on_signals", "write_atomically"]
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 _SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -125,9 +125,9 @@ def stop_on_signals(stop: threading.Event, enabled: bool) -> Iterator[None]:
     def handler(signum: int, frame: FrameType | None) -> None:
         name = signal.Signals(signum).name
         if stop.is_set():
-            log.warning("%s received while already shutting down; still draining", name)
+            logger.warning("%s received while already shutting down; still draining", name)
         else:
-            log.info("%s received: shutting down", name)
+            logger.info("%s received: shutting down", name)
         stop.set()
 
     previous = {sig: signal.signal(sig, handler) for sig in _SIGNALS}
@@ -195,7 +195,7 @@ def _run_shard(
         )
         recovery = shard.recovery
         if recovery.source not in ("new", "clean"):
-            log.warning(
+            logger.warning(
                 "%s: opened from %s%s at seq %d, %d log records replayed (seq %d, %.2fs)",
                 where,
                 recovery.source,
@@ -218,12 +218,12 @@ def _run_shard(
                 if options.data_dir is not None
                 else "temporary, removed at exit"
             )
-            log.info(
+            logger.info(
                 "serving %s on %s:%d (data dir %s)", where, server_config.host, served.port, data
             )
             _log_extras(where, server_config, served)
             _wait(stop, options, where)
-            log.info("%s: health NOT_SERVING, draining calls (grace %gs)", where, options.grace)
+            logger.info("%s: health NOT_SERVING, draining calls (grace %gs)", where, options.grace)
         finally:
             try:
                 served.stop(options.grace)
@@ -233,7 +233,7 @@ def _run_shard(
                 finally:
                     if options.port_file is not None:
                         options.port_file.unlink(missing_ok=True)
-    log.info("%s stopped cleanly", where)
+    logger.info("%s stopped cleanly", where)
     return 0
 
 
@@ -271,7 +271,7 @@ def _run_follower(
             follower.start(on_ready=lambda: served.set_serving(True))
             if options.port_file is not None:
                 write_atomically(options.port_file, f"{served.port}\n")
-            log.info(
+            logger.info(
                 "serving %s on %s:%d (data dir %s); NOT_SERVING until bootstrapped",
                 where,
                 server_config.host,
@@ -280,7 +280,7 @@ def _run_follower(
             )
             _log_extras(where, server_config, served)
             _wait(stop, options, where, follower.done)
-            log.info("%s: health NOT_SERVING, draining calls (grace %gs)", where, options.grace)
+            logger.info("%s: health NOT_SERVING, draining calls (grace %gs)", where, options.grace)
         finally:
             try:
                 served.stop(options.grace)
@@ -293,18 +293,18 @@ def _run_follower(
                     if temporary:
                         shutil.rmtree(data_dir, ignore_errors=True)
     if follower.error is not None:
-        log.error("%s stopped: %s", where, follower.error)
+        logger.error("%s stopped: %s", where, follower.error)
         return 1
-    log.info("%s stopped cleanly", where)
+    logger.info("%s stopped cleanly", where)
     return 0
 
 
 def _log_extras(where: str, server_config: ServerConfig, served: ShardServer) -> None:
     if served.metrics_port is not None:
         host = server_config.metrics_host or server_config.host
-        log.info("%s metrics on http://%s:%d/metrics", where, host, served.metrics_port)
+        logger.info("%s metrics on http://%s:%d/metrics", where, host, served.metrics_port)
     if server_config.tls or server_config.tokens is not None:
-        log.info(
+        logger.info(
             "%s: TLS %s, bearer tokens %s",
             where,
             "on" if server_config.tls else "off",
@@ -321,7 +321,9 @@ def _wait(
     """Until ``stop`` (signals), the parent's death, or ``failed`` (a follower's end)."""
     while not stop.wait(0.5):  # a timed wait keeps the main thread responsive to signals
         if options.parent_pid is not None and os.getppid() != options.parent_pid:
-            log.warning("%s: parent process %d is gone; shutting down", where, options.parent_pid)
+            logger.warning(
+                "%s: parent process %d is gone; shutting down", where, options.parent_pid
+            )
             stop.set()
         if failed is not None and failed.is_set():
             stop.set()

@@ -63,7 +63,7 @@ from embeddb.v1 import embeddb_pb2_grpc as pb_grpc
 
 __all__ = ["Follower", "FollowerOptions"]
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 _PRIMARY_MARKERS = ("disk", "log", "clean-shutdown.json", "base.json")
 
@@ -315,17 +315,17 @@ class Follower:
                         )
                     ) from exc
                 except OutOfRangeError as exc:
-                    log.warning("%s; bootstrapping again from a snapshot", exc)
+                    logger.warning("%s; bootstrapping again from a snapshot", exc)
                     bootstrap = True
                 except CorruptDataError as exc:
-                    log.error("following %s: %s; bootstrapping again", self.options.primary, exc)
+                    logger.error("following %s: %s; bootstrapping again", self.options.primary, exc)
                     bootstrap = True
                 except EmbeddbError as exc:
                     if self._stop.is_set():
                         break
                     failures = 0 if self._progress else failures + 1
                     level = logging.WARNING if failures % 50 <= 1 else logging.DEBUG
-                    log.log(level, "feed from %s broken: %s", self.options.primary, exc)
+                    logger.log(level, "feed from %s broken: %s", self.options.primary, exc)
                 if self._stop.is_set():
                     break
                 if self._progress:
@@ -335,9 +335,9 @@ class Follower:
                 delay = min(self.options.max_backoff, delay * 2)
         except _Fatal as exc:
             self.error = exc.error
-            log.error("follower of %s stopped: %s", self.options.primary, exc.error)
+            logger.error("follower of %s stopped: %s", self.options.primary, exc.error)
         except Exception:
-            log.exception("follower of %s failed", self.options.primary)
+            logger.exception("follower of %s failed", self.options.primary)
             self.error = UnavailableError("the follower failed unexpectedly; see its log")
         finally:
             self.done.set()
@@ -426,7 +426,7 @@ class Follower:
         self._applied_at = info.created
         self.bootstraps += 1
         self._progress = True
-        log.info(
+        logger.info(
             "follower bootstrapped from snapshot %s of %s (seq %d, %d bytes, %.2fs)",
             info.snapshot_id,
             self.options.primary,
@@ -456,7 +456,7 @@ class Follower:
                 call, watched = self._call, self._watched
                 silent = time.monotonic() - self._last_message
             if call is not None and watched and silent > limit:
-                log.warning(
+                logger.warning(
                     "no message from %s for %.1fs; reconnecting", self.options.primary, silent
                 )
                 call.cancel()

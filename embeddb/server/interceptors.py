@@ -15,7 +15,7 @@ from embeddb.errors import EmbeddbError, status_of
 
 __all__ = ["ErrorInterceptor", "RateLimitedLog", "abort_with", "rewrap"]
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 
 class RateLimitedLog:
@@ -72,7 +72,7 @@ class ErrorInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
     """
 
     def __init__(self, log_interval: float = 10.0) -> None:
-        self._log = RateLimitedLog(log, log_interval)
+        self._log = RateLimitedLog(logger, log_interval)
 
     def intercept_service(
         self,

@@ -31,7 +31,7 @@ from embeddb.server.auth import CALLER_ROLE
 
 __all__ = ["StreamSlots", "StreamTicket"]
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 
 @dataclass(eq=False)
@@ -142,7 +142,7 @@ class StreamSlots:
                     ticket.dropped = True
                     self._dropped[ticket.role] = self._dropped.get(ticket.role, 0) + 1
             for ticket in stuck:
-                log.warning(
+                logger.warning(
                     "dropping a %s stream of %s: it has not read for %.0fs (stream idle timeout)",
                     ticket.role,
                     _peer(ticket.context),

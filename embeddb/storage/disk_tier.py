@@ -47,7 +47,7 @@ from embeddb.storage.paths import confined_root, resolve_inside
 
 __all__ = ["DiskTier"]
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 _CF_PREFIX = "table."
 _ROCKSDICT_CONFIG = "rocksdict-config.json"  # written by rocksdict on every open
@@ -214,7 +214,7 @@ class DiskTier:
     def _lost(self, table: str, exc: Exception) -> None:
         with self._data_loss_lock:
             self._data_loss[table] += 1
-        log.error("disk tier data loss in table %r at %s: %s", table, self.path, exc)
+        logger.error("disk tier data loss in table %r at %s: %s", table, self.path, exc)
 
     def put(self, table: str, ids: npt.NDArray[np.uint64], rows: npt.NDArray[np.float32]) -> None:
         """Write ``rows[i]`` under ``ids[i]`` in one write batch."""

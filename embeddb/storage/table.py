@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import numpy.typing as npt
 
+from embeddb.arrays import F32, I64, U64
 from embeddb.config import StoreConfig, TableConfig
 from embeddb.errors import CorruptDataError
 from embeddb.initializers import initial_vectors, table_key
@@ -48,10 +49,6 @@ from embeddb.storage.ram_tier import DIRTY, ON_DISK, Counters, RamStripe
 from embeddb.storage.tiering import Tiers
 
 __all__ = ["TableStats", "TieredTable", "UpdateResult"]
-
-F32 = npt.NDArray[np.float32]
-U64 = npt.NDArray[np.uint64]
-I64 = npt.NDArray[np.int64]
 
 
 @dataclass(frozen=True)

@@ -16,15 +16,12 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
+from embeddb.arrays import F32, I64, U64
 from embeddb.storage import hash_index
 from embeddb.storage.disk_tier import DiskTier
 from embeddb.storage.ram_tier import DIRTY, ON_DISK, RamStripe
 
 __all__ = ["Tiers"]
-
-F32 = npt.NDArray[np.float32]
-U64 = npt.NDArray[np.uint64]
-I64 = npt.NDArray[np.int64]
 
 
 class Tiers:

@@ -7,6 +7,7 @@ only in how they wait (threads vs. ``asyncio``).
 from __future__ import annotations
 
 import math
+import os
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -141,7 +142,7 @@ def check_addresses(addresses: Sequence[str]) -> tuple[str, ...]:
     return out
 
 
-def read_address_file(path: str | Path) -> tuple[str, ...]:
+def read_address_file(path: str | os.PathLike[str]) -> tuple[str, ...]:
     """Read shard addresses: one ``host:port`` per line, in shard order.
 
     Blank lines and ``#`` comments (whole-line or trailing) are ignored.
@@ -170,7 +171,7 @@ def read_address_file(path: str | Path) -> tuple[str, ...]:
     return tuple(addresses)
 
 
-def tls_credentials(ca: str | Path | None) -> grpc.ChannelCredentials | None:
+def tls_credentials(ca: str | os.PathLike[str] | None) -> grpc.ChannelCredentials | None:
     """TLS channel credentials trusting the PEM certificate(s) in ``ca``; ``None`` for
     plaintext (for callers such as the trainer, which never import grpc themselves).
 

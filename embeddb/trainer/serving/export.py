@@ -38,7 +38,7 @@ from .spec import DENSE_FILE, EMBEDDING_FILE, MODEL_FILE, ModelSpec, NonIdSpec
 
 __all__ = ["export_model"]
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 _EXAMPLE_ROWS = 4  # rows of the synthetic example when no example batch is given
 
@@ -104,7 +104,7 @@ def export_model(
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    log.info("exported the model (%s) to %s", how, target)
+    logger.info("exported the model (%s) to %s", how, target)
     return target
 
 
@@ -194,7 +194,7 @@ def _compile(
             compiled = torch.jit.script(model)
         except Exception as exc:  # TorchScript's frontend raises many types
             errors.append(f"script: {type(exc).__name__}: {str(exc).strip().splitlines()[0]}")
-            log.info("torch.jit.script failed (%s); tracing instead", errors[-1])
+            logger.info("torch.jit.script failed (%s); tracing instead", errors[-1])
         if compiled is not None and not _agrees(compiled, non_id, embeddings, expected):
             errors.append("script: the scripted module disagrees with the eager model")
             compiled = None

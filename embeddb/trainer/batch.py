@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
+from embeddb.arrays import I64, U64
 from embeddb.errors import InvalidArgumentError
 from embeddb.routing import as_ids
 
@@ -38,9 +39,6 @@ __all__ = [
     "NonIDTypeFeature",
     "PersiaBatch",
 ]
-
-U64 = npt.NDArray[np.uint64]
-I64 = npt.NDArray[np.int64]
 
 
 class IDTypeFeature:

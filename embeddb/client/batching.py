@@ -50,14 +50,13 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from embeddb.arrays import IntP
 from embeddb.errors import InvalidArgumentError
 from embeddb.routing import as_ids, split_by_shard
 
 from . import _kernels
 
 __all__ = ["Budget", "IdBatch", "Part", "as_matrix", "split_many"]
-
-Rows = npt.NDArray[np.intp]
 
 
 @dataclass(frozen=True)
@@ -103,7 +102,7 @@ class Part:
     """
 
     shard: int
-    rows: Rows
+    rows: IntP
     whole: bool = False
 
 
@@ -118,8 +117,8 @@ class IdBatch:
     """
 
     unique: npt.NDArray[np.uint64]
-    inverse: Rows
-    counts: Rows
+    inverse: IntP
+    counts: IntP
 
     @classmethod
     def of(cls, ids: object) -> IdBatch:
@@ -166,7 +165,7 @@ class IdBatch:
         return parts
 
     def sum_rows(self, values: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
-        """Rows of ``values`` (one per input id) summed per unique id: ``(len(unique), dim)``.
+        """IntP of ``values`` (one per input id) summed per unique id: ``(len(unique), dim)``.
 
         Without duplicates that is ``values`` itself. A NaN or Inf in any occurrence makes the
         sum non-finite, as the shard's own sum would.
@@ -186,7 +185,7 @@ class IdBatch:
         return picked
 
     def expand(self, per_unique: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
-        """Rows per unique id → rows in the caller's order, duplicates repeated.
+        """IntP per unique id → rows in the caller's order, duplicates repeated.
 
         Without duplicates the caller's order is ``unique`` order: ``per_unique`` is returned.
         """

@@ -27,8 +27,8 @@ from collections.abc import Sequence
 from typing import Protocol
 
 import numpy as np
-import numpy.typing as npt
 
+from embeddb.arrays import F32
 from embeddb.errors import InvalidArgumentError, ResourceExhaustedError
 from embeddb.trainer.batch import Batch, IDTypeFeature, IDTypeFeatureWithSingleID, NonIDTypeFeature
 from embeddb.v1 import model_pb2 as mpb
@@ -43,8 +43,6 @@ __all__ = [
     "merge_batches",
     "split_scores",
 ]
-
-F32 = npt.NDArray[np.float32]
 
 
 class NonIdInput(Protocol):

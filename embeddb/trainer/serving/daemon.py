@@ -28,7 +28,7 @@ from .server import ModelServerConfig, build_model_server
 
 __all__ = ["ModelDaemonOptions", "run_model_server"]
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ def run_model_server(
                 ports = served.ports()
                 if options.port_file is not None:
                     write_atomically(options.port_file, json.dumps(ports) + "\n")
-                log.info(
+                logger.info(
                     "serving model %s on %s: gRPC %d, HTTP %s, metrics %s (shards %s; "
                     "max batch %d, max delay %g ms)",
                     options.model_dir,
@@ -100,7 +100,7 @@ def run_model_server(
                 )
                 while not stop.wait(0.5):  # a timed wait keeps the main thread responsive
                     pass
-                log.info("health NOT_SERVING, draining calls (grace %gs)", options.grace)
+                logger.info("health NOT_SERVING, draining calls (grace %gs)", options.grace)
             finally:
                 served.stop(options.grace)
         finally:
@@ -109,5 +109,5 @@ def run_model_server(
             finally:
                 if options.port_file is not None:
                     options.port_file.unlink(missing_ok=True)
-    log.info("model server stopped cleanly")
+    logger.info("model server stopped cleanly")
     return 0

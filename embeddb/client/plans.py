@@ -21,6 +21,7 @@ import numpy as np
 import numpy.typing as npt
 
 import embeddb.wire as wire
+from embeddb.arrays import F32
 from embeddb.errors import InvalidArgumentError, TableNotFoundError
 from embeddb.v1 import embeddb_pb2 as pb
 
@@ -63,7 +64,6 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-F32 = npt.NDArray[np.float32]
 
 
 @dataclass(frozen=True)

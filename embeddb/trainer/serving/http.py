@@ -79,7 +79,7 @@ __all__ = [
     "parse_json",
 ]
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 # gRPC status name → HTTP status of the JSON API.
 HTTP_STATUS: dict[str, int] = {
@@ -244,7 +244,7 @@ class HttpFrontend:
         self.config = config
         self.serving = True
         self.stopping = False
-        self.errors = RateLimitedLog(log)
+        self.errors = RateLimitedLog(logger)
         self._lock = threading.Condition()
         self._in_flight = 0
         self._connections: set[socket.socket] = set()
@@ -357,10 +357,10 @@ def _handler(front: HttpFrontend) -> type[BaseHTTPRequestHandler]:
             try:
                 super().handle()
             except (ConnectionError, TimeoutError) as exc:  # the peer went away or stalled
-                log.debug("http %s: connection lost: %r", self.address_string(), exc)
+                logger.debug("http %s: connection lost: %r", self.address_string(), exc)
 
         def log_message(self, format: str, *args: Any) -> None:
-            log.debug("http %s: " + format, self.address_string(), *args)
+            logger.debug("http %s: " + format, self.address_string(), *args)
 
         def __getattr__(self, name: str) -> Any:
             # handle_one_request calls do_<METHOD>, else answers HTML 501: route them all
@@ -519,7 +519,9 @@ def _handler(front: HttpFrontend) -> type[BaseHTTPRequestHandler]:
                 command = self.command
                 method = command if command in _METHODS else "OTHER" if command else "NONE"
                 front.metrics.observe_bad_request(method, reason)
-            log.debug("http %s: %d %s: %s", self.address_string(), code, reason or status, message)
+            logger.debug(
+                "http %s: %d %s: %s", self.address_string(), code, reason or status, message
+            )
             self._drop_body()
             headers = [("Allow", ", ".join(allow))] if allow else []
             self._send(code, {"error": message, "status": status}, headers)

@@ -19,8 +19,33 @@ worker process, which imports this package, never loads torch.
 
 from __future__ import annotations
 
+if __name__ != "embeddb.trainer":  # the top-level folder is a link, not a second package
+    raise ImportError(f"import embeddb.trainer, not {__name__}")
+
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # what a type checker sees of the lazy names below
+    from .batch import (
+        Batch,
+        IDTypeFeature,
+        IDTypeFeatureWithSingleID,
+        Label,
+        NonIDTypeFeature,
+        PersiaBatch,
+    )
+    from .checkpoint import CheckpointInfo
+    from .config import Mode, TrainerConfig
+    from .ctx import EvalCtx, PreparedBatch, TrainCtx
+    from .dist import DistEnv
+    from .embedding_worker import EmbeddingWorkerConfig
+    from .errors import (
+        EmbeddingWorkerError,
+        GradientPushFailedError,
+        LookupFailedError,
+        TrainerError,
+    )
+    from .pooling import Pooling
 
 __all__ = [
     "Batch",

@@ -29,9 +29,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
-import numpy as np
-import numpy.typing as npt
-
+from embeddb.arrays import F32
 from embeddb.errors import ConfigError, UnavailableError
 from embeddb.trainer.batch import Batch
 
@@ -39,9 +37,8 @@ from .codec import merge_batches, split_scores
 
 __all__ = ["MicroBatcher"]
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
-F32 = npt.NDArray[np.float32]
 Predict = Callable[[Batch], F32]
 OnBatch = Callable[[int, float, bool], None]  # samples, seconds, succeeded: one predict call
 

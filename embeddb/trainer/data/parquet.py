@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
+from embeddb.arrays import F64, I64, U64, Bool
 from embeddb.errors import ConfigError, CorruptDataError, InvalidArgumentError
 
 from ._block import Block
@@ -28,11 +28,6 @@ from ._reader import Chunk, Reader, build_block
 from .spec import ColumnSpec, IDColumn, IdKind
 
 __all__ = ["ParquetReader"]
-
-U64 = npt.NDArray[np.uint64]
-I64 = npt.NDArray[np.int64]
-F64 = npt.NDArray[np.float64]
-Bool = npt.NDArray[np.bool_]
 
 
 def _pyarrow() -> tuple[Any, Any, Any]:

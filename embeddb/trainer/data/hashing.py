@@ -26,13 +26,13 @@ from collections.abc import Iterable
 import numpy as np
 import numpy.typing as npt
 
+from embeddb.arrays import U64
 from embeddb.routing import mix64
 
 from ._fields import BYTE_MASKS, Fields, u64_at
 
 __all__ = ["hash_fields", "hash_strings", "namespace_seed"]
 
-U64 = npt.NDArray[np.uint64]
 _ROOT_SEED = np.uint64(0)
 
 

@@ -56,8 +56,8 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 import numpy as np
-import numpy.typing as npt
 
+from embeddb.arrays import F32, I64, U64
 from embeddb.client import AsyncClient, DeadlineExceededError, UpdateResult
 from embeddb.client.batching import IdBatch
 from embeddb.config import EmbeddingConfig
@@ -77,11 +77,8 @@ __all__ = [
     "pooling_specs",
 ]
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
-F32 = npt.NDArray[np.float32]
-U64 = npt.NDArray[np.uint64]
-I64 = npt.NDArray[np.int64]
 T = TypeVar("T")
 
 IdFeature = tuple[str, U64, "I64 | None"]
@@ -320,7 +317,7 @@ class EmbeddingWorker:
             await self._lookups_drained.wait()
         await self.flush()
         if self._buffer:
-            log.info(
+            logger.info(
                 "closing with %d batches still waiting for gradients (discarded): batch_ref %s",
                 len(self._buffer),
                 sorted(self._buffer),
@@ -419,7 +416,7 @@ class EmbeddingWorker:
             if not isinstance(exc, Exception):
                 raise
             tables = ", ".join(repr(t) for t in requests)
-            log.error("lookup of batch %d failed: tables %s: %s", batch_ref, tables, exc)
+            logger.error("lookup of batch %d failed: tables %s: %s", batch_ref, tables, exc)
             raise LookupFailedError(
                 f"lookup of batch {batch_ref} failed (tables {tables}): "
                 f"{type(exc).__name__}: {exc}",
@@ -446,7 +443,7 @@ class EmbeddingWorker:
         if entry is None:
             self.metrics.gradients_dropped.inc()
             why = "it expired" if batch_ref in self._expired else "it is unknown"
-            log.warning("dropped the gradients of batch %d: %s", batch_ref, why)
+            logger.warning("dropped the gradients of batch %d: %s", batch_ref, why)
             return None
         task = asyncio.get_running_loop().create_task(self._push(batch_ref, entry.plan, grads))
         self._pushes.add(task)
@@ -479,7 +476,7 @@ class EmbeddingWorker:
             self.metrics.gradient_pushes.inc()
             self.metrics.gradient_push_seconds.observe(time.perf_counter() - started)
         except Exception as exc:  # a bug: never lose it silently
-            log.exception("pushing the gradients of batch %d failed", batch_ref)
+            logger.exception("pushing the gradients of batch %d failed", batch_ref)
             self._push_failed(batch_ref, tables, exc)
         finally:
             self._window.release()
@@ -488,7 +485,7 @@ class EmbeddingWorker:
         self.metrics.failures.labels("gradient_push").inc()
         names = ", ".join(repr(t) for t in tables) or "?"
         detail = f"tables {names}: {type(error).__name__}: {error}"
-        log.error("the gradients of batch %d were not applied: %s", batch_ref, detail)
+        logger.error("the gradients of batch %d were not applied: %s", batch_ref, detail)
         self._on_failure(
             GradientPushFailedError(
                 f"the gradients of batch {batch_ref} were not applied: {detail}",
@@ -538,7 +535,7 @@ class EmbeddingWorker:
                 self._expired.popitem(last=False)
             self.metrics.batches_expired.inc()
         if due:
-            log.warning(
+            logger.warning(
                 "%d batches expired: no gradients within %.3g s (batch_ref %s)",
                 len(due),
                 self.config.batch_timeout,
@@ -569,7 +566,7 @@ class EmbeddingWorker:
                 delay = self.config.retry_backoff * 2.0**attempt
                 attempt += 1
                 self.metrics.retries.labels(operation).inc()
-                log.warning(
+                logger.warning(
                     "%s failed (%s: %s); retry %d/%d in %.2g s",
                     operation,
                     type(exc).__name__,

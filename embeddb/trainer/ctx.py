@@ -69,7 +69,7 @@ from .worker_process import EmbeddingWorkerProcess
 
 __all__ = ["EmbeddingTensor", "EvalCtx", "PreparedBatch", "TrainCtx"]
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 EmbeddingTensor = torch.Tensor | tuple[torch.Tensor, torch.Tensor]
 Shards = Sequence[str] | str | os.PathLike[str]
@@ -478,7 +478,7 @@ class TrainCtx(_EmbeddingCtx):
         if info is None:
             info = ckpt.read_checkpoint(directory, name)
         self._last_checkpoint = info.checkpoint_id
-        log.info("checkpoint %s at step %d", name, self.step)
+        logger.info("checkpoint %s at step %d", name, self.step)
         return info
 
     def load_checkpoint(

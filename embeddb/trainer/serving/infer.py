@@ -36,9 +36,9 @@ from pathlib import Path
 from types import TracebackType
 
 import numpy as np
-import numpy.typing as npt
 import torch
 
+from embeddb.arrays import F32
 from embeddb.client import Client
 from embeddb.client.options import check_addresses, read_address_file, tls_credentials
 from embeddb.config import EmbeddingConfig
@@ -55,8 +55,6 @@ from .spec import DENSE_FILE, EMBEDDING_FILE, ModelSpec, NonIdSpec, load_model_s
 
 __all__ = ["InferCtx", "load_dense", "load_embedding_config", "quiet_jit"]
 
-F32 = npt.NDArray[np.float32]
-U64 = npt.NDArray[np.uint64]
 _MAX_ID = (1 << 64) - 1
 _RECORD_KEYS = frozenset(("ids", "non_id"))
 

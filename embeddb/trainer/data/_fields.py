@@ -22,13 +22,10 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from embeddb.arrays import F64, I64, U8, U64, Bool
+
 __all__ = ["BYTE_MASKS", "Fields", "Lines", "ParseError", "split_lines", "u64_at"]
 
-U8 = npt.NDArray[np.uint8]
-I64 = npt.NDArray[np.int64]
-U64 = npt.NDArray[np.uint64]
-F64 = npt.NDArray[np.float64]
-Bool = npt.NDArray[np.bool_]
 
 _SPACE, _TAB, _PLUS, _MINUS, _DOT, _ZERO = 32, 9, 43, 45, 46, 48
 

@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
+from embeddb.arrays import F64, U64
 from embeddb.errors import ConfigError, CorruptDataError, InvalidArgumentError, NotFoundError
 
 from ._block import Block, Ids
@@ -62,8 +63,6 @@ ID_FEATURES = (
 )
 _AGE_BUCKETS = np.array([1, 18, 25, 35, 45, 50, 56], dtype=np.uint64)
 _SECONDS_PER_YEAR = 365.2425 * 86400
-U64 = npt.NDArray[np.uint64]
-F64 = npt.NDArray[np.float64]
 
 
 @dataclass(frozen=True)

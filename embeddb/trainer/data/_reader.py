@@ -15,6 +15,7 @@ from typing import TypeVar
 import numpy as np
 import numpy.typing as npt
 
+from embeddb.arrays import F32, F64, I64, U64, Bool
 from embeddb.errors import CorruptDataError, InvalidArgumentError
 
 from ..batch import Batch
@@ -23,11 +24,6 @@ from ._fields import Fields, ParseError
 from .hashing import hash_fields, hash_strings, namespace_seed
 from .spec import ColumnSpec, IDColumn, IdKind, LabelColumn, NumericColumn
 
-U64 = npt.NDArray[np.uint64]
-I64 = npt.NDArray[np.int64]
-F64 = npt.NDArray[np.float64]
-F32 = npt.NDArray[np.float32]
-Bool = npt.NDArray[np.bool_]
 _T = TypeVar("_T")
 
 

@@ -49,7 +49,7 @@ from .job import JobConfig
 
 __all__ = ["launch", "torchrun_command"]
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 _STOP_S = 20.0  # seconds torchrun and its ranks (or the shards) get to exit after SIGTERM
 _CLUSTER_START_S = 120.0
@@ -157,7 +157,7 @@ def _shards(job: JobConfig, address_file: Path, echo: Callable[[str], None]) -> 
         try:
             cluster.wait(_STOP_S)
         except subprocess.TimeoutExpired:
-            log.warning("the local shards did not stop in %.0f s; killing them", _STOP_S)
+            logger.warning("the local shards did not stop in %.0f s; killing them", _STOP_S)
             cluster.kill()
             cluster.wait()
 
@@ -195,7 +195,7 @@ def _stop_group(child: subprocess.Popen[bytes]) -> None:
     try:
         child.wait(_STOP_S)
     except subprocess.TimeoutExpired:
-        log.warning("torchrun did not stop in %.0f s; killing its process group", _STOP_S)
+        logger.warning("torchrun did not stop in %.0f s; killing its process group", _STOP_S)
     with contextlib.suppress(ProcessLookupError):
         os.killpg(child.pid, signal.SIGKILL)  # ranks or embedding workers left behind
     child.wait()

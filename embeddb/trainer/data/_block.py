@@ -14,6 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from embeddb.arrays import F32, I64, U64
+
 from ..batch import (
     Batch,
     IDTypeFeature,
@@ -21,10 +23,6 @@ from ..batch import (
     Label,
     NonIDTypeFeature,
 )
-
-U64 = npt.NDArray[np.uint64]
-I64 = npt.NDArray[np.int64]
-F32 = npt.NDArray[np.float32]
 
 
 @dataclass(frozen=True)

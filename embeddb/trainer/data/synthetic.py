@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from embeddb.arrays import F32, F64, I64, U64
 from embeddb.errors import ConfigError, InvalidArgumentError
 from embeddb.routing import mix64
 
@@ -44,10 +45,6 @@ from .criteo import CATEGORICAL_COLUMNS, DENSE_FEATURE, LABEL
 
 __all__ = ["SyntheticCriteo", "SyntheticCriteoConfig", "SyntheticSamples", "ZipfSampler"]
 
-U64 = npt.NDArray[np.uint64]
-I64 = npt.NDArray[np.int64]
-F32 = npt.NDArray[np.float32]
-F64 = npt.NDArray[np.float64]
 
 _STREAMS = {"train": 0, "test": 1}
 _CALIBRATION_STREAM = 1 << 32

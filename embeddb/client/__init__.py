@@ -33,6 +33,9 @@ numpy), :mod:`~embeddb.client.calls` (the plan and call types both clients execu
 
 from __future__ import annotations
 
+if __name__ != "embeddb.client":  # the top-level folder is a link, not a second package
+    raise ImportError(f"import embeddb.client, not {__name__}")
+
 from .aio import AsyncClient
 from .errors import DeadlineExceededError, RemoteError
 from .options import ClientOptions, read_address_file

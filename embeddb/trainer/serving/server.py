@@ -35,12 +35,11 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 import grpc
-import numpy as np
-import numpy.typing as npt
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import CollectorRegistry
 
+from embeddb.arrays import F32
 from embeddb.errors import ConfigError
 from embeddb.server.assembly import ConnectionConfig, ServerPools, connection_options
 from embeddb.server.auth import AccessPolicy, Role, Tokens
@@ -65,14 +64,12 @@ __all__ = [
     "build_model_server",
 ]
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 MODEL_SERVICE = mpb.DESCRIPTOR.services_by_name["ModelService"].full_name
 _OPEN_SERVICES = frozenset({health.SERVICE_NAME, reflection.SERVICE_NAME})
 # Every role may predict (evaluation lookups only); nothing else is served.
 _POLICY = AccessPolicy(allowed={role: frozenset({"Predict"}) for role in Role})
-
-F32 = npt.NDArray[np.float32]
 
 
 class Predictor(Protocol):
@@ -234,7 +231,7 @@ def build_model_server(
         on_batch=metrics.observe_batch,
     )
     if cfg.tokens is not None and cfg.tls_cert is None and not _is_loopback(cfg.host):
-        log.warning("bearer tokens travel in plain text: serving %s without TLS", cfg.host)
+        logger.warning("bearer tokens travel in plain text: serving %s without TLS", cfg.host)
     pools = ServerPools.create(cfg.workers, prefix="embeddb-model")
     interceptors: list[grpc.ServerInterceptor] = [
         Boundary(

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from embeddb.arrays import I64, Bool, Floats, IntP
 from embeddb.config import FeatureConfig
 from embeddb.errors import InvalidArgumentError
 
@@ -46,12 +47,7 @@ __all__ = [
     "unpool",
 ]
 
-F32 = npt.NDArray[np.float32]
-Floats = npt.NDArray[np.floating]
-I64 = npt.NDArray[np.int64]
-IntP = npt.NDArray[np.intp]
-Mask = npt.NDArray[np.bool_]
-Pooled = Floats | tuple[Floats, Mask]  # (B, dim), or (B, L, dim) with a (B, L) mask
+Pooled = Floats | tuple[Floats, Bool]  # (B, dim), or (B, L, dim) with a (B, L) mask
 
 
 class Pooling(str, enum.Enum):
@@ -228,7 +224,7 @@ def _scale(counts: I64, pooling: Pooling, dtype: np.dtype[np.floating]) -> Float
     return (1.0 / n if pooling is Pooling.MEAN else 1.0 / np.sqrt(n)).astype(dtype)
 
 
-def _to_sequence(vectors: Floats, segments: Segments, fixed_size: int) -> tuple[Floats, Mask]:
+def _to_sequence(vectors: Floats, segments: Segments, fixed_size: int) -> tuple[Floats, Bool]:
     batch_size, dim = segments.batch_size, vectors.shape[1]
     out = np.zeros((batch_size, fixed_size, dim), dtype=vectors.dtype)
     mask = np.zeros((batch_size, fixed_size), dtype=np.bool_)

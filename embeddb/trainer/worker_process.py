@@ -53,7 +53,7 @@ from .worker_metrics import WorkerMetrics
 
 __all__ = ["EmbeddingWorkerProcess", "serve"]
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 _JOIN_S = 10.0
 _EXIT_WATCHDOG_S = 5.0
@@ -196,9 +196,9 @@ class EmbeddingWorkerProcess:
             try:
                 final = self._request(msg.CLOSE, timeout)
             except EmbeddbError as exc:
-                log.warning("the embedding worker did not close cleanly: %s", exc)
+                logger.warning("the embedding worker did not close cleanly: %s", exc)
         if not self._exited(_JOIN_S):
-            log.warning("the embedding worker (pid %d) did not exit; terminating it", self.pid)
+            logger.warning("the embedding worker (pid %d) did not exit; terminating it", self.pid)
             self._kill()
         self._conn.close()
         return final
@@ -248,7 +248,7 @@ class EmbeddingWorkerProcess:
         except (EOFError, OSError):
             pass
         except Exception:  # a bug in dispatch: never die silently
-            log.exception("the embedding worker receiver failed")
+            logger.exception("the embedding worker receiver failed")
         self._mark_dead()
 
     def _dispatch(self, message: tuple[Any, ...]) -> None:
@@ -273,7 +273,7 @@ class EmbeddingWorkerProcess:
             with self._lock:
                 self._failures.append(error)
         else:
-            log.error("unexpected message from the embedding worker: %r", kind)
+            logger.error("unexpected message from the embedding worker: %r", kind)
 
     def _mark_dead(self) -> None:
         self._exited(1.0 if self._closing else 5.0)
@@ -286,7 +286,7 @@ class EmbeddingWorkerProcess:
                     + (f" with code {code}" if code is not None else "")
                 )
                 if not self._closing:
-                    log.error("%s", self._dead)
+                    logger.error("%s", self._dead)
             pending = [*self._lookups.values(), *self._requests.values()]
             self._lookups.clear()
             self._requests.clear()
@@ -313,7 +313,7 @@ def serve(
     _configure_logging(config.log_level)
     try:
         asyncio.run(_Server(conn, embedding_config, addresses, config).run())
-        log.debug("the event loop is closed")
+        logger.debug("the event loop is closed")
     finally:
         conn.close()
         # Served and drained: should the interpreter's exit hang (a library thread), print
@@ -372,7 +372,7 @@ class _Server:
             if cfg.metrics_port is not None:
                 _serve_metrics(metrics, cfg.metrics_port)
         except Exception as exc:
-            log.error("cannot start: %s: %s", type(exc).__name__, exc)
+            logger.error("cannot start: %s: %s", type(exc).__name__, exc)
             self._outbox.put((msg.START_FAILED, type(exc).__name__, str(exc)))
             await client.close()
             self._stop_writer(writer)
@@ -380,17 +380,17 @@ class _Server:
         self._outbox.put((msg.READY, os.getpid()))
         expiry = loop.create_task(worker.run_expiry())
         close_request = await self._dispatch(worker, inbox)
-        log.debug("closing: draining pushes")
+        logger.debug("closing: draining pushes")
         await worker.close()
-        log.debug("closing: waiting for %d lookups", len(self._tasks))
+        logger.debug("closing: waiting for %d lookups", len(self._tasks))
         if self._tasks:
             await asyncio.wait(set(self._tasks))
         expiry.cancel()
         if close_request is not None:
             self._outbox.put((msg.REPLY, close_request, worker.stats()))
-        log.debug("closing: stopping the writer")
+        logger.debug("closing: stopping the writer")
         self._stop_writer(writer)
-        log.debug("closed")
+        logger.debug("closed")
 
     async def _dispatch(
         self, worker: EmbeddingWorker, inbox: asyncio.Queue[tuple[Any, ...] | None]
@@ -400,7 +400,7 @@ class _Server:
         while True:
             message = await inbox.get()
             if message is None:
-                log.warning("the NN worker went away; draining pending pushes and exiting")
+                logger.warning("the NN worker went away; draining pending pushes and exiting")
                 return None
             kind = message[0]
             if kind == msg.LOOKUP:
@@ -416,7 +416,7 @@ class _Server:
             elif kind == msg.CLOSE:
                 return int(message[1])
             else:
-                log.error("unexpected message from the NN worker: %r", kind)
+                logger.error("unexpected message from the NN worker: %r", kind)
 
     def _spawn(self, loop: asyncio.AbstractEventLoop, coro: Any) -> None:
         task = loop.create_task(coro)
@@ -433,7 +433,7 @@ class _Server:
                 (msg.LOOKUP_FAILED, batch_ref, type(exc).__name__, str(exc), exc.cause)
             )
         except Exception as exc:  # a bug: report it rather than leave the NN worker waiting
-            log.exception("lookup of batch %d failed", batch_ref)
+            logger.exception("lookup of batch %d failed", batch_ref)
             self._outbox.put(
                 (msg.LOOKUP_FAILED, batch_ref, "LookupFailedError", str(exc), type(exc).__name__)
             )
@@ -471,7 +471,7 @@ class _Server:
             try:
                 self._conn.send(message)
             except (OSError, ValueError):
-                log.warning("the NN worker went away; dropping answers")
+                logger.warning("the NN worker went away; dropping answers")
                 return
 
     def _stop_writer(self, writer: threading.Thread) -> None:
@@ -483,4 +483,4 @@ def _serve_metrics(metrics: WorkerMetrics, port: int) -> None:
     from prometheus_client import start_http_server
 
     start_http_server(port, registry=metrics.registry)
-    log.info("metrics on port %d", port)
+    logger.info("metrics on port %d", port)
