@@ -62,10 +62,12 @@ from _report import finish, fmt_rate, say, verdict
 from embeddb.arrays import F32, U64
 from embeddb.config import (
     EmbeddingConfig,
+    FsyncPolicy,
     OptimizerConfig,
     OptimizerKind,
     StoreConfig,
     TableConfig,
+    UpdateLogConfig,
 )
 from embeddb.shard import Shard
 
@@ -86,7 +88,8 @@ def make_config(rows: int, policy: str) -> EmbeddingConfig:
         capacity=int(rows * 1.05),  # all resident (stripes split the capacity evenly)
         optimizer=OptimizerConfig(kind=OptimizerKind.ADAGRAD, lr=0.01),
     )
-    store = StoreConfig(update_log=policy != "off", fsync="interval" if policy == "off" else policy)
+    fsync = FsyncPolicy.INTERVAL if policy == "off" else FsyncPolicy(policy)
+    store = StoreConfig(log=UpdateLogConfig(enabled=policy != "off", fsync=fsync))
     return EmbeddingConfig(tables={TABLE: table}, store=store)
 
 

@@ -25,7 +25,15 @@ from typing import Any
 
 import numpy as np
 
-from embeddb.config import EmbeddingConfig, OptimizerConfig, OptimizerKind, StoreConfig, TableConfig
+from embeddb.config import (
+    EmbeddingConfig,
+    FsyncPolicy,
+    OptimizerConfig,
+    OptimizerKind,
+    StoreConfig,
+    TableConfig,
+    UpdateLogConfig,
+)
 from embeddb.server import ServerConfig, build_server
 from embeddb.server.follower import Follower, FollowerOptions
 from embeddb.shard import Shard
@@ -43,7 +51,9 @@ def _config(rows: int) -> EmbeddingConfig:
         capacity=int(rows * 1.05),
         optimizer=OptimizerConfig(kind=OptimizerKind.ADAGRAD, lr=0.01),
     )
-    return EmbeddingConfig(tables={TABLE: table}, store=StoreConfig(fsync="interval"))
+    return EmbeddingConfig(
+        tables={TABLE: table}, store=StoreConfig(log=UpdateLogConfig(fsync=FsyncPolicy.INTERVAL))
+    )
 
 
 def _primary(conn: Connection, rows: int, data_dir: str) -> None:
@@ -53,7 +63,7 @@ def _primary(conn: Connection, rows: int, data_dir: str) -> None:
         for low in range(0, rows, 65536):
             shard.lookup(TABLE, np.arange(low, min(low + 65536, rows), dtype=np.uint64))
         shard.snapshot("bootstrap")
-        server = build_server(shard, ServerConfig(port=0, workers=8))
+        server = build_server(shard, ServerConfig(workers=8))
         conn.send({"port": server.port})
         seconds = conn.recv()
         rng = np.random.default_rng(1)

@@ -6,7 +6,7 @@ the measuring client, so that on a 2-core machine the client and the server each
 core (nothing is pinned; gRPC's own threads are scheduled by the OS). The server process holds
 the shard (one table ``t`` of dim 16, SGD, 1.1M RAM rows, ids 0..2**20-1 pre-populated with
 training lookups before serving, so every measured id is RAM-resident) served by
-``build_server(shard, ServerConfig(port=0, workers=8))`` and, on another port of the same
+``build_server(shard, ServerConfig(workers=8))`` and, on another port of the same
 process, a raw gRPC **echo** server with the same worker count and message-size options. The
 process is stopped in ``finally`` (and exits by itself if the benchmark dies: its end of the
 control pipe closes).
@@ -89,10 +89,11 @@ from _report import finish, fmt_rate, say, verdict
 from embeddb import wire
 from embeddb.allocator import tune_allocator
 from embeddb.arrays import U64
-from embeddb.client import Client
+from embeddb.client import Client, ClientOptions
 from embeddb.client.batching import IdBatch
 from embeddb.config import EmbeddingConfig, OptimizerConfig, OptimizerKind
-from embeddb.server.app import ServerConfig, ShardServer, build_server
+from embeddb.rpc import RpcServer
+from embeddb.server.app import ServerConfig, build_server
 from embeddb.shard import Shard
 from embeddb.v1 import embeddb_pb2 as pb
 from embeddb.v1 import embeddb_pb2_grpc as pb_grpc
@@ -186,7 +187,7 @@ def serve(conn: Connection, workers: int) -> None:
         TABLE, DIM, capacity=RAM_CAPACITY, optimizer=OptimizerConfig(kind=OptimizerKind.SGD)
     )
     shard = Shard(config)
-    shard_server: ShardServer | None = None
+    shard_server: RpcServer | None = None
     echo: tuple[grpc.Server, futures.ThreadPoolExecutor, int] | None = None
     try:
         began = time.perf_counter()
@@ -194,7 +195,7 @@ def serve(conn: Connection, workers: int) -> None:
             shard.lookup(TABLE, np.arange(low, low + BATCH, dtype=np.uint64), train=True)
         populate_s = time.perf_counter() - began
         stats = shard.stats().tables[TABLE]
-        shard_server = build_server(shard, ServerConfig(port=0, workers=workers))
+        shard_server = build_server(shard, ServerConfig(workers=workers))
         echo = start_echo(workers)
         conn.send(
             {
@@ -389,7 +390,9 @@ def run_throughput(
     """Echo, training lookups and the four encodings' eval lookups, interleaved."""
     address = f"127.0.0.1:{info['lookup_port']}"
     clients = {
-        name: Client([address], fp16=enc.fp16, lz4_min_bytes=enc.lz4_min_bytes, timeout=30.0)
+        name: Client(
+            [address], ClientOptions(fp16=enc.fp16, lz4_min_bytes=enc.lz4_min_bytes, timeout=30.0)
+        )
         for name, enc in ENCODINGS.items()
     }
     echo_channel = grpc.insecure_channel(

@@ -274,7 +274,7 @@ def train_and_export(primary: str, model_dir: Path, batches: int | None) -> dict
     from torch import nn
 
     from embeddb.config import EmbeddingConfig
-    from embeddb.trainer import TrainCtx, TrainerConfig
+    from embeddb.trainer import EmbeddingWorkerConfig, TrainCtx, TrainerConfig
     from embeddb.trainer.data import AdultReader
 
     spec = importlib.util.spec_from_file_location("adult_model", ROOT / "examples/adult/model.py")
@@ -288,7 +288,9 @@ def train_and_export(primary: str, model_dir: Path, batches: int | None) -> dict
     config = EmbeddingConfig.from_yaml(ADULT_YAML)
     started = time.perf_counter()
     steps = 0
-    trainer = TrainerConfig(mode="hybrid", max_staleness=4, device="cpu")
+    trainer = TrainerConfig(
+        mode="hybrid", device="cpu", worker=EmbeddingWorkerConfig(max_staleness=4)
+    )
     with TrainCtx(model, optimizer, config, [primary], trainer) as ctx:
         for prepared in itertools.islice(ctx.prepare(AdultReader(256, "train")), batches):
             output, labels = ctx.forward(prepared)

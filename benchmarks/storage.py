@@ -88,6 +88,8 @@ from embeddb.config import (
     EmbeddingConfig,
     OptimizerConfig,
     OptimizerKind,
+    ParallelConfig,
+    RamTierConfig,
     StoreConfig,
     TableConfig,
 )
@@ -673,13 +675,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--stripes",
         type=int,
         default=None,
-        help=f"lock stripes per table (default: StoreConfig's, {StoreConfig().stripes})",
+        help=f"lock stripes per table (default: StoreConfig's, {RamTierConfig().stripes})",
     )
     parser.add_argument(
         "--threads",
         type=int,
         default=0,
-        help="threads that may serve the stripes of one call (StoreConfig.threads; default 0: "
+        help="threads that may serve the stripes of one call (store.parallel.threads; default 0: "
         "every CPU; 1: the calling thread only, as the numpy baselines run)",
     )
     parser.add_argument(
@@ -689,11 +691,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     if args.max_ids is not None and args.max_ids < CAPACITY_SIZES[0]:
         parser.error(f"--max-ids must be at least {CAPACITY_SIZES[0]:,}")
     try:
-        defaults = StoreConfig()
-        args.store = StoreConfig(
-            stripes=defaults.stripes if args.stripes is None else args.stripes,
-            threads=args.threads,
-        )
+        ram = RamTierConfig() if args.stripes is None else RamTierConfig(stripes=args.stripes)
+        args.store = StoreConfig(ram=ram, parallel=ParallelConfig(threads=args.threads))
     except ConfigError as exc:
         parser.error(f"--stripes/--threads: {exc}")
     return args
@@ -811,8 +810,8 @@ def build_result(args: argparse.Namespace, phases: dict[str, Any]) -> dict[str, 
             "dims": list(DIMS),
             "zipf_s": ZIPF_S,
             "lr": LR,
-            "stripes": args.store.stripes,
-            "threads": args.store.threads or default_threads(),
+            "stripes": args.store.ram.stripes,
+            "threads": args.store.parallel.threads or default_threads(),
             "seed": args.seed,
             "timing": TIMING_METHOD,
             "min_seconds": MIN_SECONDS,
@@ -836,10 +835,11 @@ def build_result(args: argparse.Namespace, phases: dict[str, Any]) -> dict[str, 
 def main(argv: Sequence[str] | None = None) -> int:
     started = time.perf_counter()
     args = parse_args(argv)
-    stripes = args.store.stripes
+    stripes = args.store.ram.stripes
+    threads = args.store.parallel.threads or default_threads()
     say(
         f"embeddb storage benchmark: {'quick' if args.quick else 'full'} mode, batch {BATCH:,} "
-        f"ids, {stripes} stripes, {args.store.threads or default_threads()} threads per call, "
+        f"ids, {stripes} stripes, {threads} threads per call, "
         f"seed {args.seed}, {os.cpu_count()} CPUs, "
         f"{platform.python_implementation()} {platform.python_version()}, numpy {np.__version__}"
     )

@@ -77,10 +77,10 @@ from _report import finish, fmt_rate, say, verdict
 from torch import nn
 
 from embeddb.config import EmbeddingConfig
+from embeddb.evaluation import auc
 from embeddb.server.cluster import Cluster, ClusterConfig
-from embeddb.trainer import Batch, TrainCtx, TrainerConfig
+from embeddb.trainer import Batch, EmbeddingWorkerConfig, TrainCtx, TrainerConfig
 from embeddb.trainer.data import AdultReader, CriteoReader, SyntheticCriteo, SyntheticCriteoConfig
-from embeddb.trainer.metrics import auc
 
 NUM_ID = 26
 NUM_DENSE = 13
@@ -321,7 +321,9 @@ def run_embeddb(
         else torch.optim.SGD(model.parameters(), lr=DENSE_LR)
     )
     loss_fn = nn.BCEWithLogitsLoss()
-    config = TrainerConfig(mode=mode, max_staleness=staleness, device=str(device))
+    config = TrainerConfig(
+        mode=mode, device=str(device), worker=EmbeddingWorkerConfig(max_staleness=staleness)
+    )
     truth = labels_of(test)
     run = Run(name)
     emb_config = EmbeddingConfig.from_yaml_text(yaml_text)

@@ -50,12 +50,20 @@ def _du(path: Path) -> int:
 
 def _config(kind: str, dim: int, capacity: int, update_log: bool) -> Any:
     from embeddb import EmbeddingConfig
-    from embeddb.config import OptimizerConfig, OptimizerKind, StoreConfig, TableConfig
+    from embeddb.config import (
+        OptimizerConfig,
+        OptimizerKind,
+        StoreConfig,
+        TableConfig,
+        UpdateLogConfig,
+    )
 
     table = TableConfig(
         name="t", dim=dim, optimizer=OptimizerConfig(kind=OptimizerKind(kind)), capacity=capacity
     )
-    return EmbeddingConfig(tables={"t": table}, store=StoreConfig(update_log=update_log))
+    return EmbeddingConfig(
+        tables={"t": table}, store=StoreConfig(log=UpdateLogConfig(enabled=update_log))
+    )
 
 
 def _ram(kind: str, dim: int, rows: int) -> dict[str, Any]:

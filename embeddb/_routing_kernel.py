@@ -9,23 +9,28 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from embeddb.splitmix import GAMMA, MULTIPLIER_1, MULTIPLIER_2, SHIFT_1, SHIFT_2, SHIFT_3
+
 __all__ = ["first_foreign_kernel"]
+
+
+@numba.njit(nogil=True, cache=True, inline="always")
+def _mix(z):
+    """:func:`embeddb.routing.mix64` of one id."""
+    z = z + GAMMA
+    z = (z ^ (z >> SHIFT_1)) * MULTIPLIER_1
+    z = (z ^ (z >> SHIFT_2)) * MULTIPLIER_2
+    return z ^ (z >> SHIFT_3)
 
 
 @numba.njit(nogil=True, cache=True)
 def first_foreign_kernel(ids, salt, num_shards, shard_index):
     """Position of the first id whose shard is not ``shard_index`` (-1: none); ``shard_of``
     fused into one pass."""
-    golden = np.uint64(0x9E3779B97F4A7C15)
-    m1 = np.uint64(0xBF58476D1CE4E5B9)
-    m2 = np.uint64(0x94D049BB133111EB)
     count = np.uint64(num_shards)
     want = np.uint64(shard_index)
     for i in range(ids.size):
-        z = (ids[i] ^ salt) + golden
-        z = (z ^ (z >> np.uint64(30))) * m1
-        z = (z ^ (z >> np.uint64(27))) * m2
-        z = z ^ (z >> np.uint64(31))
+        z = _mix(ids[i] ^ salt)
         if ((z >> np.uint64(32)) * count) >> np.uint64(32) != want:
             return i
     return -1

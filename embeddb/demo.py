@@ -26,8 +26,8 @@ import numpy.typing as npt
 from embeddb.arrays import F32
 from embeddb.config import EmbeddingConfig, FeatureConfig
 from embeddb.datasets.adult import AdultTable, load_adult
+from embeddb.evaluation import auc  # re-exported: embeddb.demo.auc is public
 from embeddb.shard import Shard
-from embeddb.trainer.metrics import auc  # re-exported: embeddb.demo.auc is public
 
 __all__ = ["DemoResult", "auc", "feature_ids", "run_demo"]
 

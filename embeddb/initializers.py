@@ -19,15 +19,10 @@ import numpy as np
 import numpy.typing as npt
 
 from embeddb.config import InitializerConfig, InitializerKind
+from embeddb.splitmix import GAMMA, MULTIPLIER_1, MULTIPLIER_2, SHIFT_1, SHIFT_2, SHIFT_3
 
 __all__ = ["initial_vectors", "table_key"]
 
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-_M1 = np.uint64(0xBF58476D1CE4E5B9)
-_M2 = np.uint64(0x94D049BB133111EB)
-_S30 = np.uint64(30)
-_S27 = np.uint64(27)
-_S31 = np.uint64(31)
 _S40 = np.uint64(40)
 _ONE = np.uint64(1)
 _TWO = np.uint64(2)
@@ -43,26 +38,27 @@ def table_key(name: str, seed: int) -> np.uint64:
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
-def _splitmix(z):  # type: ignore[no-untyped-def]
-    z = z + _GOLDEN
-    z = (z ^ (z >> _S30)) * _M1
-    z = (z ^ (z >> _S27)) * _M2
-    return z ^ (z >> _S31)
+def _mix(z):  # type: ignore[no-untyped-def]
+    """:func:`embeddb.routing.mix64` of one counter."""
+    z = z + GAMMA
+    z = (z ^ (z >> SHIFT_1)) * MULTIPLIER_1
+    z = (z ^ (z >> SHIFT_2)) * MULTIPLIER_2
+    return z ^ (z >> SHIFT_3)
 
 
 @numba.njit(nogil=True, cache=True)
 def _fill(ids, key, kind, a, b, out):  # type: ignore[no-untyped-def]
     n, dim = out.shape
     for i in range(n):
-        base = _splitmix(ids[i] ^ key)
+        base = _mix(ids[i] ^ key)
         for j in range(dim):
             c = base + np.uint64(j) * _TWO
             if kind == 0:
-                u = np.float64(_splitmix(c) >> _S40) * _INV24
+                u = np.float64(_mix(c) >> _S40) * _INV24
                 out[i, j] = a + (b - a) * u
             elif kind == 1:
-                u1 = (np.float64(_splitmix(c) >> _S40) + 1.0) * _INV24  # (0, 1]
-                u2 = np.float64(_splitmix(c + _ONE) >> _S40) * _INV24
+                u1 = (np.float64(_mix(c) >> _S40) + 1.0) * _INV24  # (0, 1]
+                u2 = np.float64(_mix(c + _ONE) >> _S40) * _INV24
                 z = np.sqrt(-2.0 * np.log(u1)) * np.cos(2.0 * np.pi * u2)
                 out[i, j] = a + b * z
             else:

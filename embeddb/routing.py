@@ -3,9 +3,10 @@
 All functions work on whole ``numpy.uint64`` arrays and are exact (integer arithmetic modulo
 2**64), so a client and a shard always agree on where an id lives.
 
-* :func:`mix64` is the SplitMix64 finaliser: a bijective, well-mixed 64-bit hash. Keys that
-  differ in one bit differ in about half the output bits, so sequential ids, ids sharing a
-  feature-group prefix, and ids that are multiples of a power of two all spread uniformly.
+* :func:`mix64` is the SplitMix64 finaliser (its constants: :mod:`embeddb.splitmix`): a
+  bijective, well-mixed 64-bit hash. Keys that differ in one bit differ in about half the output
+  bits, so sequential ids, ids sharing a feature-group prefix, and ids that are multiples of a
+  power of two all spread uniformly.
 * :func:`shard_of` picks the shard of each id from ``mix64(id ^ SHARD_SALT)``. The salt keeps
   shard routing independent of the in-shard hashing (stripes and hash buckets use other salts,
   see ``embeddb.storage.hash_index``), so the ids of one shard still spread evenly over that
@@ -32,6 +33,7 @@ import numpy.typing as npt
 
 from embeddb.arrays import U64
 from embeddb.errors import FailedPreconditionError, InvalidArgumentError
+from embeddb.splitmix import GAMMA, MULTIPLIER_1, MULTIPLIER_2, SHIFT_1, SHIFT_2, SHIFT_3
 
 __all__ = [
     "ROUTING_ALGORITHM",
@@ -53,9 +55,6 @@ ROUTING_ALGORITHM = "splitmix64-lemire-v1"
 SHARD_SALT = np.uint64(0x5D1C_E0DB_5EED_0001)
 STRIPE_SALT = np.uint64(0x3C6E_F372_FE94_F82B)
 _HASH_STACK_SALT = np.uint64(0xA076_1D64_78BD_642F)
-_GOLDEN = np.uint64(0x9E37_79B9_7F4A_7C15)
-_M1 = np.uint64(0xBF58_476D_1CE4_E5B9)
-_M2 = np.uint64(0x94D0_49BB_1331_11EB)
 
 
 def as_ids(ids: object, name: str = "ids") -> U64:
@@ -105,10 +104,10 @@ _NO_SALT = np.uint64(0)
 def mix64(ids: U64, salt: np.uint64 = _NO_SALT) -> U64:
     """SplitMix64 finaliser of ``ids ^ salt`` (a bijection on uint64)."""
     with np.errstate(over="ignore"):
-        z = (ids ^ salt) + _GOLDEN
-        z = (z ^ (z >> np.uint64(30))) * _M1
-        z = (z ^ (z >> np.uint64(27))) * _M2
-        out: U64 = z ^ (z >> np.uint64(31))
+        z = (ids ^ salt) + GAMMA
+        z = (z ^ (z >> SHIFT_1)) * MULTIPLIER_1
+        z = (z ^ (z >> SHIFT_2)) * MULTIPLIER_2
+        out: U64 = z ^ (z >> SHIFT_3)
         return out
 
 

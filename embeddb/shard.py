@@ -150,8 +150,8 @@ class Shard:
         self._log: UpdateLog | None = None
         self._disk: DiskTier | None = None
         self._exporter: Exporter | None = None
-        store = config.store
-        self._pool = StripePool(store.threads or default_threads(), store.parallel_min_ids)
+        parallel = config.store.parallel
+        self._pool = StripePool(parallel.threads or default_threads(), parallel.min_ids)
         opener = ShardOpener(
             config,
             self.data_dir,
@@ -289,7 +289,7 @@ class Shard:
         with self._snapshot_lock:
             self._table_check_open()
             info, pause = self._snapshots.take(snapshot_id, lambda: self.seq)
-            self._snapshots.prune(self.config.store.snapshot_retention)
+            self._snapshots.prune(self.config.store.snapshots.retention)
             self._truncate_log()
         return SnapshotResult(info, pause, time.perf_counter() - began)
 

@@ -172,22 +172,22 @@ def start_export(
     Raises:
         ConfigError: ``store.export_dir`` on a shard that keeps no update log.
     """
-    store = config.store
-    if store.export_dir is None:
+    export = config.store.export
+    if export.directory is None:
         return None
     if not readers.logged:
         raise ConfigError(
             "store.export_dir", "the export reads the update log: it needs a data directory "
             "and update_log: true"
         )  # fmt: skip
-    directory = Path(store.export_dir.replace("{index}", str(topology.shard_index)))
+    directory = Path(export.directory.replace("{index}", str(topology.shard_index)))
     dims = {n: (t.dim, tables[n].width) for n, t in config.tables.items()}
     return Exporter(
         directory if directory.is_absolute() else data_dir / directory,
         readers.read,
         dims,
         seq,
-        store.export_interval_s,
+        export.interval_s,
         empty=not any(t.stats().rows for t in tables.values()),
     )
 

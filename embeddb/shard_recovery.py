@@ -41,7 +41,7 @@ from typing import Any
 
 from embeddb.config import EmbeddingConfig
 from embeddb.durability import records, snapshot, topology
-from embeddb.durability.log import FsyncPolicy, LogConfig, LogCut, UpdateLog
+from embeddb.durability.log import LogConfig, LogCut, UpdateLog
 from embeddb.errors import CorruptDataError, InvalidArgumentError, StorageError
 from embeddb.routing import Topology
 from embeddb.storage import DiskTier, TieredTable
@@ -189,7 +189,7 @@ class ShardOpener:
     @property
     def logged(self) -> bool:
         """Whether the shard keeps an update log."""
-        return not self._ephemeral and not self._follower and self._config.store.update_log
+        return not self._ephemeral and not self._follower and self._config.store.log.enabled
 
     @property
     def seq(self) -> int:
@@ -361,9 +361,9 @@ class ShardOpener:
 
     def _start_tables(self, disk_rows: dict[str, int] | None) -> None:
         store = self._config.store
-        self.disk = DiskTier(self._data_dir / "disk", self._widths, store.disk_cache_mb)
+        self.disk = DiskTier(self._data_dir / "disk", self._widths, store.disk.cache_mb)
         self.tables = {
-            name: TieredTable(t, store, self.disk, 0, self._pool)
+            name: TieredTable(t, store.ram, self.disk, 0, self._pool)
             for name, t in self._config.tables.items()
         }
         for name, table in self.tables.items():
@@ -373,13 +373,13 @@ class ShardOpener:
     def _start_log(self, start_seq: int) -> None:
         if not self.logged or self.log is not None:
             return
-        store = self._config.store
+        settings = self._config.store.log
         cfg = LogConfig(
-            fsync=FsyncPolicy(store.fsync),
-            interval_ms=store.fsync_interval_ms,
-            segment_bytes=store.log_segment_mb << 20,
-            lz4_min_bytes=store.log_lz4_min_bytes,
-            recovery=store.log_recovery,
+            fsync=settings.fsync,
+            interval_ms=settings.fsync_interval_ms,
+            segment_bytes=settings.segment_mb << 20,
+            lz4_min_bytes=settings.lz4_min_bytes,
+            recovery=settings.recovery,
             cut_corrupt_tail=self._cut_corrupt_log_tail,
             cuts_dir=self._data_dir,
         )

@@ -10,7 +10,14 @@ import numpy as np
 import pytest
 from hypothesis import settings
 
-from embeddb.config import EmbeddingConfig, OptimizerConfig, OptimizerKind, StoreConfig, TableConfig
+from embeddb.config import (
+    EmbeddingConfig,
+    OptimizerConfig,
+    OptimizerKind,
+    RamTierConfig,
+    StoreConfig,
+    TableConfig,
+)
 from embeddb.shard import Shard
 
 # numba compiles each kernel on its first call (seconds on a fresh checkout with no cache), so a
@@ -41,7 +48,9 @@ def one_table_config(
     )
     return EmbeddingConfig(
         tables={"t": spec},
-        store=StoreConfig(stripes=stripes, eviction_chunk=eviction_chunk, min_stripe_rows=1),
+        store=StoreConfig(
+            ram=RamTierConfig(stripes=stripes, eviction_chunk=eviction_chunk, min_stripe_rows=1)
+        ),
     )
 
 

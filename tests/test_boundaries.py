@@ -7,7 +7,6 @@ user would, and checks that nothing stored changed on every refused call.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -22,7 +21,7 @@ from embeddb import wire
 from embeddb.routing import ROUTING_ALGORITHM, SHARD_SALT, shard_of
 from embeddb.v1 import embeddb_pb2 as pb
 from embeddb.v1 import embeddb_pb2_grpc as pb_grpc
-from tests.serve_process import ServeProcess, StartServe, serve_processes
+from tests.support import ServeProcess, StartServe, eventually, serve_processes
 
 DIM = 8
 RW = "rw-token-" + "a" * 24
@@ -274,11 +273,11 @@ def test_resident_memory_returns_after_a_burst_of_large_lookups(serve, tmp_path)
         assert all(a > 60 << 20 for a in answers)
         del answers
         peak = served.rss_bytes()
-        deadline = time.monotonic() + 30
-        while served.rss_bytes() > 1.3 * before:
-            assert time.monotonic() < deadline, (before, peak, served.rss_bytes())
-            time.sleep(0.2)
-        after = served.rss_bytes()
+        after = eventually(
+            lambda: (rss := served.rss_bytes()) <= 1.3 * before and rss,
+            60,
+            f"RSS back within 1.3x of {before >> 20} MiB (peak {peak >> 20} MiB)",
+        )
     print(f"RSS before {before >> 20} MiB, at the burst's end {peak >> 20}, after {after >> 20}")
     assert served.stop() == 0
 
@@ -343,12 +342,15 @@ def test_a_subscriber_that_stops_reading_is_dropped(serve, tmp_path, tokens_file
             stub.Assign(pb.AssignRequest(table="t", ids=ids, vectors=vectors), metadata=bearer(RW))
         with grpc.insecure_channel(served.address) as lazy:
             stalled = subscribe(lazy, REPLICA)  # never read
-            deadline = time.monotonic() + 30
-            dropped = {}
-            while not dropped.get((("role", "replica"),)):
-                assert time.monotonic() < deadline, served.output()
-                time.sleep(0.1)
-                dropped = served.metrics().get("embeddb_streams_dropped_total", {})
+            eventually(
+                lambda: (
+                    served.metrics()
+                    .get("embeddb_streams_dropped_total", {})
+                    .get((("role", "replica"),))
+                ),
+                60,
+                "the stalled replica stream to be dropped",
+            )
             stalled.cancel()
         # The slot is free again: a reading follower gets a stream.
         feed = subscribe(channel, REPLICA, from_seq=15)
@@ -382,13 +384,11 @@ def test_health_is_answered_while_every_worker_is_busy(tmp_path) -> None:
                 # Every worker holds a call: a data call waits in the queue.
                 error = error_of(lambda: stub.DescribeShard(pb.DescribeShardRequest(), timeout=1))
                 assert error.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-                began = time.perf_counter()
-                reply = health.Check(health_pb2.HealthCheckRequest(), timeout=5)
-                took = time.perf_counter() - began
+                # Queued behind the blocked workers it would never be answered.
+                reply = health.Check(health_pb2.HealthCheckRequest(), timeout=30)
                 assert reply.status == health_pb2.HealthCheckResponse.SERVING
                 assert not any(f.done() for f in blocked)
             assert all(f.result(timeout=10).vectors.shape == [3, DIM] for f in blocked)
-        print(f"health check answered in {took * 1000:.1f} ms with every worker busy")
     finally:
         served.stop(0)
         shard.close()
@@ -416,10 +416,11 @@ def test_an_idle_connection_is_closed_by_the_server(serve) -> None:
         stub = pb_grpc.EmbeddingStoreStub(channel)
         stub.DescribeShard(pb.DescribeShardRequest(), timeout=10)
         channel.subscribe(states.append, try_to_connect=False)
-        deadline = time.monotonic() + 30
-        while not (states and states[-1] is grpc.ChannelConnectivity.IDLE):
-            assert time.monotonic() < deadline, states
-            time.sleep(0.05)
+        eventually(
+            lambda: states and states[-1] is grpc.ChannelConnectivity.IDLE,
+            30,
+            "the channel to go IDLE",
+        )
         assert grpc.ChannelConnectivity.READY in states
         assert stub.DescribeShard(pb.DescribeShardRequest(), timeout=10).num_shards == 1
     assert served.stop() == 0

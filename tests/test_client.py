@@ -26,10 +26,11 @@ from embeddb import wire
 from embeddb.arrays import F32
 from embeddb.client import (
     Client,
+    ClientOptions,
     DeadlineExceededError,
+    PushResult,
     RemoteError,
-    TableInfo,
-    UpdateResult,
+    TableDescription,
     read_address_file,
     topology,
 )
@@ -44,7 +45,8 @@ from embeddb.errors import (
     UnavailableError,
 )
 from embeddb.routing import ROUTING_ALGORITHM, SHARD_SALT, shard_of
-from embeddb.server import ServerConfig, ShardServer, build_server
+from embeddb.rpc import RpcServer
+from embeddb.server import ServerConfig, build_server
 from embeddb.shard import Shard
 from embeddb.v1 import embeddb_pb2 as pb
 from embeddb.v1 import embeddb_pb2_grpc as pb_grpc
@@ -58,7 +60,7 @@ class Cluster:
     """``n`` shards, each served on its own port, in shard order."""
 
     shards: list[Shard]
-    servers: list[ShardServer]
+    servers: list[RpcServer]
     addresses: list[str] = field(default_factory=list)
 
     def owned(self, ids: npt.NDArray[np.uint64], k: int) -> npt.NDArray[np.uint64]:
@@ -91,7 +93,7 @@ def serve_cluster(
         for k in range(n):
             shard = Shard(config, data_dir / f"shard-{k}", shard_index=k, num_shards=n)
             cluster.shards.append(shard)
-            served = ServerConfig(port=0, shard_index=k, num_shards=n, **settings)
+            served = ServerConfig(shard_index=k, num_shards=n, **settings)
             server = build_server(shard, served)
             cluster.servers.append(server)
             cluster.addresses.append(f"127.0.0.1:{server.port}")
@@ -238,7 +240,7 @@ def test_empty_requests(two: Cluster) -> None:
         empty = client.lookup("t", np.empty(0, np.uint64))
         assert empty.shape == (0, DIM) and empty.dtype == np.float32
         assert client.lookup("t", []).shape == (0, DIM)
-        assert client.apply_gradients("t", [], np.zeros((0, DIM))) == UpdateResult(0, 0, 0)
+        assert client.apply_gradients("t", [], np.zeros((0, DIM))) == PushResult(0, 0, 0)
         assert client.assign("t", [], np.zeros((0, DIM))) == 0
         assert client.delete("t", []) == 0
         with pytest.raises(NotFoundError, match="unknown table 'nope'"):
@@ -258,7 +260,7 @@ def test_apply_gradients_sums_duplicates_exactly(
     with Client(cluster.addresses) as client:
         assert client.assign("t", unique, np.zeros((unique.size, DIM), np.float32)) == unique.size
         result = client.apply_gradients("t", ids, grads)
-        assert result == UpdateResult(applied=unique.size, nan_skipped=0, missing=0)
+        assert result == PushResult(applied=unique.size, nan_skipped=0, missing=0)
         want = {int(i): np.zeros(DIM, np.float64) for i in unique}
         for i, g in zip(ids, grads, strict=True):
             want[int(i)] -= LR * g.astype(np.float64)
@@ -277,7 +279,7 @@ def test_nan_rows_are_sent_as_is_and_missing_ids_counted(two: Cluster) -> None:
     grads[1, 0] = np.nan  # one occurrence of id 2: its sum is NaN
     with Client(two.addresses) as client:
         client.assign("t", [1, 2], np.zeros((2, DIM), np.float32))
-        assert client.apply_gradients("t", ids, grads) == UpdateResult(1, 1, 1)
+        assert client.apply_gradients("t", ids, grads) == PushResult(1, 1, 1)
         got = client.lookup("t", [1, 2], train=False)
     np.testing.assert_array_equal(got, [[-LR] * DIM, [0.0] * DIM])
 
@@ -295,7 +297,7 @@ def test_assign_last_duplicate_wins_and_delete_counts(two: Cluster) -> None:
 
 def test_metadata_calls(two: Cluster) -> None:
     with Client(two.addresses) as client:
-        want = TableInfo(name="t", dim=DIM, optimizer="sgd", state_dim=0, capacity=1000)
+        want = TableDescription(name="t", dim=DIM, optimizer="sgd", state_dim=0, capacity=1000)
         assert client.list_tables() == [want]
         assert client.describe_table("t") == want
 
@@ -321,14 +323,16 @@ def test_batches_above_max_ids_per_message_are_split(two: Cluster) -> None:
     grads = (np.arange(100 * DIM).reshape(100, DIM) % 8 / 8).astype(np.float32)
     with (
         Client(two.addresses) as whole,
-        Client(two.addresses, max_ids_per_message=7, channel_factory=factory) as split,
+        Client(
+            two.addresses, ClientOptions(max_ids_per_message=7), channel_factory=factory
+        ) as split,
     ):
         first = split.lookup("t", ids)
         np.testing.assert_array_equal(first, whole.lookup("t", ids, train=False))
         per_shard = [two.owned(ids, k).size for k in range(2)]
         lookups = [method for method, _ in recorder.calls if method == "Lookup"]
         assert len(lookups) == sum(-(-c // 7) for c in per_shard)
-        assert split.apply_gradients("t", ids, grads) == UpdateResult(100, 0, 0)
+        assert split.apply_gradients("t", ids, grads) == PushResult(100, 0, 0)
         split_after = split.lookup("t", ids, train=False)
     np.testing.assert_array_equal(split_after, first - LR * grads)
 
@@ -339,7 +343,7 @@ def test_token_is_sent_as_bearer_metadata(two: Cluster) -> None:
     def factory(address: str) -> grpc.Channel:
         return grpc.intercept_channel(grpc.insecure_channel(address), recorder)
 
-    with Client(two.addresses, token="s3cret", channel_factory=factory) as client:
+    with Client(two.addresses, ClientOptions(token="s3cret"), channel_factory=factory) as client:
         client.lookup("t", [1, 2, 3], train=False)
     assert recorder.calls
     assert all(md["authorization"] == "Bearer s3cret" for _, md in recorder.calls)
@@ -350,7 +354,7 @@ def test_fp16_and_lz4_stay_within_the_documented_bound(two: Cluster, fp16: bool,
     ids = np.arange(500, dtype=np.uint64)
     with (
         Client(two.addresses) as exact_client,
-        Client(two.addresses, fp16=fp16, lz4_min_bytes=lz4) as client,
+        Client(two.addresses, ClientOptions(fp16=fp16, lz4_min_bytes=lz4)) as client,
     ):
         exact = exact_client.lookup("t", ids)
         got = client.lookup("t", ids, train=False)
@@ -382,12 +386,12 @@ def test_bad_arguments(two: Cluster) -> None:
 
 def test_a_stopped_shard_is_retried_only_for_idempotent_calls(two: Cluster) -> None:
     ids = np.arange(50, dtype=np.uint64)
-    quick = Client(two.addresses, retries=2, backoff=0.001)
-    patient = Client(two.addresses, retries=3, backoff=0.5)
+    quick = Client(two.addresses, ClientOptions(retries=2, backoff=0.001))
+    patient = Client(two.addresses, ClientOptions(retries=3, backoff=0.5))
     for described in (quick, patient):  # both have checked the cluster while it was whole
         described.check_topology()
     two.servers[1].stop(grace=0)
-    fresh = Client(two.addresses, retries=2, backoff=0.001)
+    fresh = Client(two.addresses, ClientOptions(retries=2, backoff=0.001))
     with fresh, pytest.raises(UnavailableError, match=r"shard 1 .* DescribeShard failed after 3"):
         fresh.lookup("t", two.owned(ids, 0), train=False)  # cannot check: sends nothing
     with quick as client:
@@ -411,7 +415,10 @@ def test_a_stopped_shard_is_retried_only_for_idempotent_calls(two: Cluster) -> N
 
 
 def test_deadline_exceeded_is_a_timeout_error_and_not_retried() -> None:
-    with silent_address() as address, Client([address], timeout=0.2, retries=3) as client:
+    with (
+        silent_address() as address,
+        Client([address], ClientOptions(timeout=0.2, retries=3)) as client,
+    ):
         start = time.monotonic()
         with pytest.raises(TimeoutError) as info:
             client.lookup("t", [1, 2, 3], train=False)
@@ -498,7 +505,7 @@ def test_without_verification_the_shards_refuse_misrouted_ids(
 ) -> None:
     cluster = make_cluster(2)
     ids = np.arange(300, dtype=np.uint64)
-    with Client(cluster.addresses[::-1], verify_topology=False) as client:
+    with Client(cluster.addresses[::-1], ClientOptions(verify_topology=False)) as client:
         assert client.options.verify_topology is False
         with pytest.raises(FailedPreconditionError, match=r"belongs to shard \d of 2"):
             client.lookup("t", ids, train=True)
@@ -643,7 +650,9 @@ def test_requests_fit_the_servers_response_limit(tmp_path: Path, fp16: bool) -> 
                     call()
                 assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, name
         assert cluster.shards[0].stats().tables["wide"].rows == 0
-        with Client(cluster.addresses, fp16=fp16, lz4_min_bytes=1, channel_factory=factory) as c:
+        with Client(
+            cluster.addresses, ClientOptions(fp16=fp16, lz4_min_bytes=1), channel_factory=factory
+        ) as c:
             assert c.assign("wide", ids, wide) == n
             assert c.assign("narrow", ids, narrow) == n
             close(c.lookup("wide", ids, train=False), wide)
@@ -680,7 +689,7 @@ def test_from_address_file(two: Cluster, tmp_path: Path) -> None:
     path = tmp_path / "shards.txt"
     path.write_text(f"# shard order matters\n\n{two.addresses[0]}  # zero\n{two.addresses[1]}\n")
     assert read_address_file(path) == tuple(two.addresses)
-    with Client.from_address_file(path, timeout=5.0) as client:
+    with Client.from_address_file(path, ClientOptions(timeout=5.0)) as client:
         assert client.num_shards == 2 and client.options.timeout == 5.0
         client.check_topology()
 
@@ -710,5 +719,6 @@ def test_address_file_errors(tmp_path: Path) -> None:
     ],
 )
 def test_bad_construction(kwargs: dict[str, Any], key: str) -> None:
+    options = {k: v for k, v in kwargs.items() if k != "addresses"}
     with pytest.raises(ConfigError, match=key):
-        Client(**kwargs)
+        Client(kwargs["addresses"], ClientOptions(**options))

@@ -13,7 +13,13 @@ import grpc.aio
 import numpy as np
 import pytest
 
-from embeddb.client import AsyncClient, DeadlineExceededError, RemoteError, UpdateResult
+from embeddb.client import (
+    AsyncClient,
+    ClientOptions,
+    DeadlineExceededError,
+    PushResult,
+    RemoteError,
+)
 from embeddb.errors import (
     ConfigError,
     FailedPreconditionError,
@@ -61,7 +67,7 @@ def test_round_trip_on_two_shards(two: Cluster) -> None:
 
             assert await client.assign("t", unique, np.zeros((unique.size, DIM))) == unique.size
             grads = np.full((ids.size, DIM), 0.25, np.float32)
-            assert await client.apply_gradients("t", ids, grads) == UpdateResult(unique.size)
+            assert await client.apply_gradients("t", ids, grads) == PushResult(unique.size)
             counts = np.unique(ids, return_counts=True)[1]
             want = (-LR * 0.25 * counts)[np.searchsorted(unique, ids)]
             after = await client.lookup("t", ids, train=False)
@@ -69,7 +75,7 @@ def test_round_trip_on_two_shards(two: Cluster) -> None:
 
             assert await client.delete("t", unique[:10]) == 10
             assert (await client.lookup("t", [], train=False)).shape == (0, DIM)
-            assert await client.apply_gradients("t", [], np.zeros((0, DIM))) == UpdateResult()
+            assert await client.apply_gradients("t", [], np.zeros((0, DIM))) == PushResult()
             assert (await client.describe_table("t")).dim == DIM
             assert [t.name for t in await client.list_tables()] == ["t"]
 
@@ -80,7 +86,7 @@ def test_concurrent_lookups_with_gather(two: Cluster) -> None:
     batches = [batch_with_duplicates(200, 1000, seed) for seed in range(8)]
 
     async def main() -> None:
-        async with AsyncClient(two.addresses, max_ids_per_message=50) as client:
+        async with AsyncClient(two.addresses, ClientOptions(max_ids_per_message=50)) as client:
             await client.lookup("t", np.concatenate(batches))  # admit every row first
             together = await asyncio.gather(*(client.lookup("t", b, train=False) for b in batches))
             for batch, got in zip(batches, together, strict=True):
@@ -99,13 +105,13 @@ def test_errors(two: Cluster) -> None:
             with pytest.raises(InvalidArgumentError, match="grads must have shape"):
                 await client.apply_gradients("t", ids, np.ones((50, DIM + 1), np.float32))
         with silent_address() as address:
-            async with AsyncClient([address], timeout=0.2) as client:
+            async with AsyncClient([address], ClientOptions(timeout=0.2)) as client:
                 with pytest.raises(DeadlineExceededError, match="shard 0"):
                     await client.lookup("t", ids, train=False)
-        patient = AsyncClient(two.addresses, retries=3, backoff=0.5)
+        patient = AsyncClient(two.addresses, ClientOptions(retries=3, backoff=0.5))
         await patient.check_topology()  # while the cluster is whole
         two.servers[1].stop(grace=0)
-        async with AsyncClient(two.addresses, retries=2, backoff=0.001) as client:
+        async with AsyncClient(two.addresses, ClientOptions(retries=2, backoff=0.001)) as client:
             with pytest.raises(UnavailableError, match=r"shard 1 .* DescribeShard failed after 3"):
                 await client.lookup("t", ids, train=False)
         async with patient as client:
@@ -172,7 +178,7 @@ def test_without_verification_the_shards_refuse_misrouted_ids(two: Cluster) -> N
     ids = np.arange(300, dtype=np.uint64)
 
     async def main() -> None:
-        async with AsyncClient(two.addresses[::-1], verify_topology=False) as client:
+        async with AsyncClient(two.addresses[::-1], ClientOptions(verify_topology=False)) as client:
             with pytest.raises(FailedPreconditionError, match="belongs to shard"):
                 await client.lookup("t", ids, train=True)
             with pytest.raises(FailedPreconditionError, match="belongs to shard"):
@@ -193,7 +199,7 @@ def test_requests_fit_the_servers_response_limit(tmp_path: Path, fp16: bool) -> 
     config = sgd_tables(capacity=n, wide=16)
 
     async def main(addresses: list[str]) -> None:
-        async with AsyncClient(addresses, fp16=fp16, lz4_min_bytes=1) as client:
+        async with AsyncClient(addresses, ClientOptions(fp16=fp16, lz4_min_bytes=1)) as client:
             assert await client.assign("wide", ids, wide) == n
             got = [
                 await client.lookup("wide", ids, train=False),

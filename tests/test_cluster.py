@@ -5,14 +5,11 @@ from __future__ import annotations
 
 import logging
 import os
-import random
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
-import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -22,9 +19,10 @@ import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from embeddb.client import Client
+from embeddb.client import Client, ClientOptions
 from embeddb.errors import ConfigError, UnauthenticatedError, UnavailableError
 from embeddb.server.cluster import Cluster, ClusterConfig, ShardState
+from tests.support import StartServe, eventually, free_port_range, serve_processes
 from tests.test_server_security import RW, make_cert
 
 TIMEOUT_S = 20.0
@@ -54,30 +52,9 @@ def running(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")  # the field after "(comm)"
 
 
-def free_port_range(n: int) -> int:
-    """A base port with ``n`` free consecutive ports below the usual ephemeral range (32768+),
-    where the port-0 binds of the shards and of other tests cannot take them meanwhile."""
-    for _ in range(100):
-        base = random.randrange(20000, 30000)
-        sockets = [socket.socket() for _ in range(n)]
-        try:
-            for i, sock in enumerate(sockets):
-                sock.bind(("127.0.0.1", base + i))
-            return base
-        except OSError:
-            continue
-        finally:
-            for sock in sockets:
-                sock.close()
-    pytest.fail(f"found no {n} free consecutive ports")
-
-
-def wait_until(condition: Callable[[], bool], what: str, timeout: float = TIMEOUT_S) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(0.05)
+@pytest.fixture
+def serve(tmp_path: Path) -> Iterator[StartServe]:
+    yield from serve_processes(tmp_path)
 
 
 @pytest.fixture
@@ -119,8 +96,9 @@ def test_two_shards_start_healthy_and_a_killed_one_is_restarted(
     victim = cluster.pids()[1]
     assert victim is not None
     os.kill(victim, signal.SIGKILL)
-    wait_until(
+    eventually(
         lambda: cluster.restarts()[1] == 1 and cluster.states()[1] is ShardState.SERVING,
+        TIMEOUT_S,
         "shard 1 to be restarted",
     )
     assert cluster.pids()[1] != victim
@@ -156,8 +134,9 @@ def test_a_killed_persistent_shard_recovers_every_acknowledged_update(
     victim = cluster.pids()[0]
     assert victim is not None
     os.kill(victim, signal.SIGKILL)  # no flush, no clean-shutdown record
-    wait_until(
+    eventually(
         lambda: cluster.restarts()[0] == 1 and cluster.states()[0] is ShardState.SERVING,
+        TIMEOUT_S,
         "shard 0 to be restarted",
     )
     with Client(addresses) as client:
@@ -201,24 +180,12 @@ def test_config_is_checked(tmp_path: Path) -> None:
         Cluster(missing)
 
 
-def test_embeddb_cluster_command_serves_and_stops_on_sigterm(tmp_path: Path) -> None:
-    address_file = tmp_path / "addresses"
-    cmd = [sys.executable, "-m", "embeddb.cli", "cluster", "--num-shards", "2", "--base-port",
-           "0", "--ephemeral", "--grace", "1", "--address-file", str(address_file)]  # fmt: skip
-    log = tmp_path / "cluster.log"
-    with log.open("wb") as out:
-        process = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
-    try:
-        wait_until(lambda: address_file.exists() or process.poll() is not None, "the address file")
-        addresses = address_file.read_text().splitlines()
-        assert len(addresses) == 2 and all(serving(a) for a in addresses), log.read_text()
-        process.send_signal(signal.SIGTERM)
-        assert process.wait(timeout=TIMEOUT_S) == 0, log.read_text()
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-    output = log.read_text()
+def test_embeddb_cluster_command_serves_and_stops_on_sigterm(serve: StartServe) -> None:
+    cluster = serve("--num-shards", "2", "--ephemeral", "--grace", "1", command="cluster")
+    addresses = cluster.addresses
+    assert len(addresses) == 2 and all(serving(a) for a in addresses), cluster.stderr()
+    cluster.stop()
+    output = cluster.stdout() + cluster.stderr()
     assert f"shard 0: {addresses[0]}" in output and f"shard 1: {addresses[1]}" in output
     assert output.count("stopped cleanly") == 2, output
     assert "Traceback" not in output
@@ -255,11 +222,14 @@ def test_tls_shards_requiring_tokens_are_probed_over_tls_and_serve_tls_clients(
     addresses = cluster.wait_healthy()  # health checks over TLS, without a token
     credentials = grpc.ssl_channel_credentials(root_certificates=cert.read_bytes())
     ids = np.arange(100, dtype=np.uint64)  # both shards own some of them
-    with Client(addresses, credentials=credentials, token=RW) as client:
+    with Client(addresses, ClientOptions(credentials=credentials, token=RW)) as client:
         vectors = client.lookup(TABLE, ids)
         assert vectors.shape == (100, 16) and np.all(np.isfinite(vectors))
         np.testing.assert_array_equal(client.lookup(TABLE, ids, train=False), vectors)
-    with Client(addresses, credentials=credentials) as client, pytest.raises(UnauthenticatedError):
+    with (
+        Client(addresses, ClientOptions(credentials=credentials)) as client,
+        pytest.raises(UnauthenticatedError),
+    ):
         client.lookup(TABLE, ids, train=False)
     for address in addresses:  # TLS only: a plaintext channel cannot even check health
         with pytest.raises(grpc.RpcError) as refused:
@@ -281,7 +251,7 @@ def test_the_health_probe_checks_the_tls_server_name_and_says_why_it_fails(
         output=lines.append,
     )
     cluster.start()
-    wait_until(lambda: any("serving shard" in line for line in lines), "the shard to serve")
+    eventually(lambda: any("serving shard" in line for line in lines), TIMEOUT_S, "the shard")
     with pytest.raises(UnavailableError, match=r"last health check: UNAVAILABLE: .*Hostname"):
         cluster.wait_healthy(timeout=2)
 
@@ -306,30 +276,23 @@ def test_each_shard_serves_metrics_on_the_base_port_plus_its_index(
 # ---------------------------------------------------------------- shards die with the supervisor
 
 
-def test_shards_shut_down_cleanly_when_the_supervisor_is_killed(tmp_path: Path) -> None:
-    address_file, data = tmp_path / "addresses", tmp_path / "data"
-    cmd = [sys.executable, "-m", "embeddb.cli", "cluster", "--num-shards", "2",
-           "--base-port", "0", "--data-dir", str(data), "--grace", "1",
-           "--address-file", str(address_file)]  # fmt: skip
-    log = tmp_path / "cluster.log"
-    with log.open("wb") as out:
-        supervisor = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+def test_shards_shut_down_cleanly_when_the_supervisor_is_killed(
+    serve: StartServe, tmp_path: Path
+) -> None:
+    data = tmp_path / "data"
+    supervisor = serve(
+        "--num-shards", "2", "--data-dir", str(data), "--grace", "1", command="cluster"
+    )
     pids: dict[int, int] = {}
     try:
-        wait_until(
-            lambda: address_file.exists() or supervisor.poll() is not None, "the address file"
-        )
         # The supervisor logs each shard's pid when it becomes healthy.
-        found = re.findall(r"shard (\d+) serving on \S+ \(pid (\d+)\)", log.read_text())
+        found = re.findall(r"shard (\d+) serving on \S+ \(pid (\d+)\)", supervisor.stderr())
         pids = {int(index): int(pid) for index, pid in found}
-        assert sorted(pids) == [0, 1] and all(map(running, pids.values())), log.read_text()
-        supervisor.kill()
-        supervisor.wait()
-        wait_until(lambda: not any(map(running, pids.values())), "the shards to exit", 10)
+        assert sorted(pids) == [0, 1] and all(map(running, pids.values())), supervisor.stderr()
+        supervisor.process.kill()
+        supervisor.process.wait()
+        eventually(lambda: not any(map(running, pids.values())), TIMEOUT_S, "the shards to exit")
     finally:
-        if supervisor.poll() is None:
-            supervisor.kill()
-            supervisor.wait()
         for pid in pids.values():
             if running(pid):
                 os.kill(pid, signal.SIGKILL)
@@ -375,7 +338,7 @@ def test_a_crash_looping_shard_is_given_up(
             killed.append(before)
         return False
 
-    wait_until(kill_when_healthy, "shard 0 to be given up")
+    eventually(kill_when_healthy, TIMEOUT_S, "shard 0 to be given up")
     thread.join(TIMEOUT_S)
     assert codes == [1]  # fail_fast
     assert cluster.restarts() == [2] and len(killed) == 3

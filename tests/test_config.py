@@ -217,6 +217,14 @@ def test_state_dim_and_row_width(optimizer: OptimizerConfig, state_dim: int) -> 
 SLOTS_AB = "slots_config: {a: {dim: 4}, b: {dim: 4}}\n"
 SLOT_A = "slots_config: {a: {dim: 4}}\n"
 
+
+def each_value(
+    key: str, yaml: str, fragment: str, *values: object
+) -> list[tuple[str, str, str, str]]:
+    """One error case per bad value of ``key``: ``yaml % value``, id ``key=value``."""
+    return [(f"{key}={value}", yaml % (value,), key, fragment) for value in values]
+
+
 ERROR_CASES: list[tuple[str, str, str, str]] = [
     # (id, yaml, key path, message fragment)
     ("top-unknown", "slotsconfig: {a: {dim: 4}}", "slotsconfig", "did you mean 'slots_config'"),
@@ -302,17 +310,8 @@ ERROR_CASES: list[tuple[str, str, str, str]] = [
         "feature_index_prefix_bit",
         "3 feature groups",
     ),
-    (
-        "prefix-bit-too-big",
-        SLOT_A + "feature_index_prefix_bit: 33",
-        "feature_index_prefix_bit",
-        "[0, 32]",
-    ),
-    (
-        "prefix-bit-negative",
-        SLOT_A + "feature_index_prefix_bit: -1",
-        "feature_index_prefix_bit",
-        "[0, 32]",
+    *each_value(
+        "feature_index_prefix_bit", SLOT_A + "feature_index_prefix_bit: %s", "[0, 32]", 33, -1
     ),
     ("capacity-zero", SLOT_A + "defaults: {capacity: 0}", "defaults.capacity", "integer >= 1"),
     ("capacity-table", SLOT_A + "tables: {a: {capacity: -5}}", "tables.a.capacity", "integer >= 1"),
@@ -397,21 +396,23 @@ ERROR_CASES: list[tuple[str, str, str, str]] = [
         "defaults.initializer.low",
         "takes no parameters",
     ),
-    ("stripes-three", SLOT_A + "store: {stripes: 3}", "store.stripes", "power of two"),
-    ("stripes-zero", SLOT_A + "store: {stripes: 0}", "store.stripes", "[1, 64]"),
-    ("stripes-128", SLOT_A + "store: {stripes: 128}", "store.stripes", "[1, 64]"),
-    (
-        "eviction-chunk-zero",
-        SLOT_A + "store: {eviction_chunk: 0}",
-        "store.eviction_chunk",
-        "(0, 0.5]",
+    # store: the YAML is flat, StoreConfig grouped; errors name the YAML key
+    *each_value("store.stripes", SLOT_A + "store: {stripes: %s}", "power of two", 3),
+    *each_value("store.stripes", SLOT_A + "store: {stripes: %s}", "[1, 64]", 0, 128),
+    *each_value(
+        "store.eviction_chunk", SLOT_A + "store: {eviction_chunk: %s}", "(0, 0.5]", 0, 0.75
     ),
-    (
-        "eviction-chunk-big",
-        SLOT_A + "store: {eviction_chunk: 0.75}",
-        "store.eviction_chunk",
-        "(0, 0.5]",
+    *each_value("store.disk_cache_mb", SLOT_A + "store: {disk_cache_mb: %s}", ">= 1", 0),
+    *each_value("store.parallel_min_ids", SLOT_A + "store: {parallel_min_ids: %s}", ">= 1", 0),
+    *each_value(
+        "store.update_log", SLOT_A + "store: {update_log: %s}", "true or false", "yes please"
     ),
+    *each_value(
+        "store.fsync", SLOT_A + "store: {fsync: %s}", "expected one of: always", "sometimes"
+    ),
+    *each_value("store.log_segment_mb", SLOT_A + "store: {log_segment_mb: %s}", ">= 1", 0),
+    *each_value("store.snapshot_retention", SLOT_A + "store: {snapshot_retention: %s}", ">= 1", 0),
+    *each_value("store.export_dir", SLOT_A + "store: {export_dir: %s}", "directory path", "' '"),
     (
         "feature-name-space",
         "slots_config: {'a b': {dim: 4}}",

@@ -4,19 +4,19 @@ the ``interval`` policy's window only matters for a power loss, which a test can
 
 from __future__ import annotations
 
+import itertools
 import random
 import signal
-import subprocess
-import sys
 import threading
-import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from embeddb.client import Client
+from embeddb.client import Client, ClientOptions
 from embeddb.errors import EmbeddbError
+from tests.support import START_TIMEOUT_S, StartServe, serve_processes
 
 CONFIG = """
 slots_config:
@@ -30,24 +30,15 @@ IDS = 2000
 BATCH = 64
 
 
-def start(tmp_path: Path, config: Path, n: int) -> tuple[subprocess.Popen[bytes], str]:
-    port_file = tmp_path / f"port-{n}"
-    port_file.unlink(missing_ok=True)
-    cmd = [sys.executable, "-m", "embeddb.cli", "serve", "--config", str(config),
-           "--data-dir", str(tmp_path / "data"), "--port", "0",
-           "--port-file", str(port_file)]  # fmt: skip
-    with open(tmp_path / f"serve-{n}.log", "wb") as log:  # the child keeps its own copy
-        process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 60
-    while not port_file.exists():
-        if process.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError((tmp_path / f"serve-{n}.log").read_text())
-        time.sleep(0.05)
-    return process, f"127.0.0.1:{int(port_file.read_text())}"
+@pytest.fixture
+def serve(tmp_path: Path) -> Iterator[StartServe]:
+    yield from serve_processes(tmp_path)
 
 
 @pytest.mark.parametrize("fsync", ["always", "interval"])
-def test_kill_9_under_load_loses_no_acknowledged_update(tmp_path: Path, fsync: str) -> None:
+def test_kill_9_under_load_loses_no_acknowledged_update(
+    tmp_path: Path, serve: StartServe, fsync: str
+) -> None:
     config = tmp_path / "config.yaml"
     config.write_text(CONFIG % fsync)
     rng = random.Random(fsync)
@@ -55,15 +46,30 @@ def test_kill_9_under_load_loses_no_acknowledged_update(tmp_path: Path, fsync: s
     acked = np.full(IDS, -1.0, dtype=np.float32)
     tried: list[set[float]] = [set() for _ in range(IDS)]
     counter = 0
+    args = ("--config", str(config), "--data-dir", str(tmp_path / "data"))
     for round_ in range(3):  # kill at several random points
-        process, address = start(tmp_path, config, round_)
-        stop = threading.Event()
+        served = serve(*args)
+        stop, killable = threading.Event(), threading.Event()
 
-        def writer(address: str, stop: threading.Event, seed: int) -> None:
+        def writer(
+            address: str,
+            stop: threading.Event,
+            seed: int,
+            killable: threading.Event,
+            kill_after: int,
+        ) -> None:
+            """Stream writes; set ``killable`` after ``kill_after`` acknowledged batches (or
+            when the writer gives up)."""
             nonlocal counter
             gen = np.random.default_rng(seed)
-            with Client([address], timeout=5, retries=0) as client:
-                while not stop.is_set():
+            # The timeout covers the first call's JIT compile when the numba cache is cold: a
+            # killed server fails the call at once (the connection drops), not by timing out.
+            with Client([address], ClientOptions(timeout=START_TIMEOUT_S, retries=0)) as client:
+                for acks in itertools.count():
+                    if acks == kill_after:
+                        killable.set()
+                    if stop.is_set():
+                        break
                     ids = gen.choice(IDS, size=BATCH, replace=False).astype(np.uint64)
                     counter += 1
                     value = float(counter)
@@ -73,25 +79,26 @@ def test_kill_9_under_load_loses_no_acknowledged_update(tmp_path: Path, fsync: s
                         client.assign("item", ids, np.full((BATCH, 4), value, np.float32))
                         client.apply_gradients("item", ids, np.zeros((BATCH, 4), np.float32))
                     except EmbeddbError:
-                        return  # the server died: this request is unacknowledged
+                        break  # the server died: this request is unacknowledged
                     acked[ids] = value
+            killable.set()
 
-        thread = threading.Thread(target=writer, args=(address, stop, round_))
+        kill_after = rng.randint(10, 100)  # acknowledged batches: a random point under load
+        thread = threading.Thread(
+            target=writer, args=(served.address, stop, round_, killable, kill_after)
+        )
         thread.start()
-        time.sleep(rng.uniform(0.3, 1.2))
-        process.send_signal(signal.SIGKILL)
-        process.wait()
+        assert killable.wait(START_TIMEOUT_S), f"{kill_after} batches were not acknowledged"
+        served.process.send_signal(signal.SIGKILL)
+        served.process.wait()
         stop.set()
         thread.join(30)
         assert not thread.is_alive()
 
-    process, address = start(tmp_path, config, 99)
-    try:
-        with Client([address]) as client:
-            stored = client.lookup("item", np.arange(IDS, dtype=np.uint64), train=False)
-    finally:
-        process.send_signal(signal.SIGTERM)
-        process.wait(30)
+    served = serve(*args)
+    with Client([served.address]) as client:
+        stored = client.lookup("item", np.arange(IDS, dtype=np.uint64), train=False)
+    served.stop()
     assert (acked > 0).sum() > 100  # the test did exercise the shard
     for i in np.flatnonzero(acked > 0):
         v = float(stored[i, 0])
@@ -102,4 +109,4 @@ def test_kill_9_under_load_loses_no_acknowledged_update(tmp_path: Path, fsync: s
     for i in never:  # never acknowledged: absent, or a value that was sent
         v = float(stored[i, 0])
         assert v == 0.0 or v in tried[i]
-    assert "recovered" in (tmp_path / "serve-99.log").read_text()
+    assert "recovered" in served.stderr()

@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,12 +25,11 @@ from embeddb.server.daemon import DaemonOptions, run_daemon
 from embeddb.v1 import embeddb_pb2 as pb
 from embeddb.v1 import embeddb_pb2_grpc as pb_grpc
 from tests.conftest import one_table_config
-from tests.serve_process import StartServe, serve_processes
+from tests.support import START_TIMEOUT_S, StartServe, eventually, serve_processes
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 TABLE = "item_id"  # a table of the packaged presets/default.yaml (dim 16)
-START_TIMEOUT_S = 20.0
 
 
 @pytest.fixture
@@ -117,16 +115,13 @@ def test_calls_in_flight_at_sigterm_finish_or_fail_unavailable(serve, tmp_path) 
                 except grpc.RpcError as exc:
                     with lock:
                         errors.append(exc.code())
-                    time.sleep(0.01)
+                    done.wait(0.01)  # no busy loop against a stopping server
 
     threads = [threading.Thread(target=client, args=(i,)) for i in range(4)]
     for t in threads:
         t.start()
     try:
-        deadline = time.monotonic() + 10
-        while ok[0] < 20 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert ok[0] >= 20, served.output()
+        eventually(lambda: ok[0] >= 20, 60, "20 lookups to succeed")
         served.process.send_signal(signal.SIGTERM)
         code = served.process.wait(timeout=3 + 10)
     finally:
@@ -203,16 +198,15 @@ def test_run_daemon_in_process_writes_and_removes_the_port_file(tmp_path) -> Non
     )
     codes: list[int] = []
     thread = threading.Thread(
-        target=lambda: codes.append(
-            run_daemon(one_table_config(), ServerConfig(port=0), options, stop)
-        )
+        target=lambda: codes.append(run_daemon(one_table_config(), ServerConfig(), options, stop))
     )
     thread.start()
     try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while not port_file.exists() and time.monotonic() < deadline and thread.is_alive():
-            time.sleep(0.02)
-        port = int(port_file.read_text())
+        port = eventually(
+            lambda: thread.is_alive() and port_file.exists() and int(port_file.read_text()),
+            START_TIMEOUT_S,
+            "the port file",
+        )
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
             assert health_status(channel) == SERVING
         assert [p.name for p in port_file.parent.iterdir()] == ["port"]  # no temp file left

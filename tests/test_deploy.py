@@ -35,9 +35,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from embeddb.cli import main
 from embeddb.config import EmbeddingConfig
 from embeddb.errors import ConfigError
+from embeddb.rpc import ListenConfig
+from embeddb.rpc.auth import Role, Tokens
 from embeddb.secrets import read_token_file
 from embeddb.server import ServerConfig, build_server
-from embeddb.server.auth import Role, Tokens
 from embeddb.server.follower import Follower, FollowerOptions
 from embeddb.server.metrics import FollowerCollector
 from embeddb.shard import Shard
@@ -724,11 +725,13 @@ def exported_metrics(tmp_path: Path) -> Iterator[set[str]]:
     model server's registries."""
     config = EmbeddingConfig.from_yaml(DOCKER / "config" / "embedding.yaml")
     shard = Shard(config, tmp_path / "primary")
-    primary = build_server(shard, ServerConfig(metrics_port=0))
+    primary = build_server(shard, ServerConfig(ListenConfig(metrics_port=0)))
     follower = Follower(
         config, tmp_path / "follower", FollowerOptions(f"127.0.0.1:{primary.port}", backoff=0.02)
     )
-    replica = build_server(follower.slot, ServerConfig(metrics_port=0), serving=False)
+    replica = build_server(
+        follower.served, ServerConfig(ListenConfig(metrics_port=0)), serving=False
+    )
     assert replica.metrics_registry is not None
     replica.metrics_registry.register(FollowerCollector(follower))
     try:

@@ -19,7 +19,7 @@ from embeddb.errors import CorruptDataError
 from embeddb.storage import DiskTier
 from embeddb.v1 import embeddb_pb2 as pb
 from embeddb.v1 import embeddb_pb2_grpc as pb_grpc
-from tests.serve_process import StartServe, serve_processes
+from tests.support import StartServe, serve_processes
 
 TABLE = "t"
 DIM = 16

@@ -4,20 +4,21 @@ close, deletes are exported, files are complete, and a crashed export resumes wi
 from __future__ import annotations
 
 import shutil
-import time
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from embeddb.config import EmbeddingConfig, OptimizerConfig, OptimizerKind, StoreConfig
+from embeddb.config import EmbeddingConfig, ExportConfig, OptimizerConfig, OptimizerKind
+from embeddb.config.schema import store_from_keys
 from embeddb.durability.export import INDEX, Exporter, load_file, read_index
 from embeddb.durability.reshard import reshard
 from embeddb.errors import ConfigError, StorageError
 from embeddb.routing import shard_of
 from embeddb.shard import Shard
 from tests.conftest import one_table_config
+from tests.support import eventually
 
 DIM = 4
 UNIVERSE = np.arange(1, 801, dtype=np.uint64)
@@ -27,7 +28,7 @@ def config(**store: object) -> EmbeddingConfig:
     cfg = one_table_config(
         dim=DIM, capacity=128, stripes=2, optimizer=OptimizerConfig(kind=OptimizerKind.ADAGRAD)
     )
-    return replace(cfg, store=replace(cfg.store, export_dir="export", **store))
+    return replace(cfg, store=store_from_keys({"export_dir": "export", **store}, cfg.store))
 
 
 def replay(directory: Path) -> dict[int, np.ndarray]:
@@ -67,12 +68,10 @@ def churn(shard: Shard, rng: np.random.Generator) -> None:
     shard.delete("t", rng.choice(UNIVERSE, size=10, replace=False).astype(np.uint64))
 
 
-def wait_for(predicate: object, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():  # type: ignore[operator]
-        if time.monotonic() > deadline:
-            raise AssertionError("timed out")
-        time.sleep(0.02)
+def exported(shard: Shard, export: Path) -> bool:
+    """Whether an export covers every record of ``shard`` so far."""
+    lines = read_index(export)
+    return bool(lines) and lines[-1]["last_seq"] >= shard.seq
 
 
 def test_updates_appear_after_the_interval(tmp_path: Path) -> None:
@@ -82,7 +81,11 @@ def test_updates_appear_after_the_interval(tmp_path: Path) -> None:
         shard.apply_gradients("t", ids, np.ones((50, DIM), np.float32))
         seq = shard.seq
         export = tmp_path / "s" / "export"
-        wait_for(lambda: any(line["last_seq"] >= seq for line in read_index(export)))
+        eventually(
+            lambda: any(line["last_seq"] >= seq for line in read_index(export)),
+            10,
+            f"an export up to seq {seq}",
+        )
         assert_same(replay(export), state(shard))
         line = read_index(export)[1]
         f = load_file(export / line["files"]["t"]["path"])
@@ -96,7 +99,10 @@ def test_close_writes_the_tail(tmp_path: Path) -> None:
     every acknowledged mutation."""
     with Shard(config(export_interval_s=3600), tmp_path / "s") as shard:
         churn(shard, np.random.default_rng(1))
-        time.sleep(0.2)  # the thread has read the log, but the interval is not over
+        exporter = shard._exporter
+        assert exporter is not None
+        # The thread has read the log, but the interval is not over.
+        eventually(lambda: exporter._read_seq == shard.seq, 10, "the export to read the log")
         start = read_index(tmp_path / "s" / "export")
         assert len(start) == 1 and (start[0]["last_seq"], start[0]["files"]) == (0, {})
         want, seq = state(shard), shard.seq
@@ -106,12 +112,12 @@ def test_close_writes_the_tail(tmp_path: Path) -> None:
 
 
 def test_the_latest_file_wins_over_many_exports(tmp_path: Path) -> None:
-    rng = np.random.default_rng(2)
+    rng, export = np.random.default_rng(2), tmp_path / "s" / "export"
     with Shard(config(export_interval_s=0.05), tmp_path / "s") as shard:
         for step in range(12):
             churn(shard, rng)
-            if step % 3 == 0:
-                time.sleep(0.12)
+            if step % 3 == 0:  # several exports, each with rows the next ones change again
+                eventually(lambda: exported(shard, export), 10, f"the export after step {step}")
         want = state(shard)
     lines = read_index(tmp_path / "s" / "export")
     assert len(lines) >= 3
@@ -136,11 +142,11 @@ def test_deletes_are_exported_and_a_recreated_row_is_not_deleted(tmp_path: Path)
 
 
 def test_files_are_complete_and_plain_numpy(tmp_path: Path) -> None:
+    export = tmp_path / "s" / "export"
     with Shard(config(export_interval_s=0.05), tmp_path / "s") as shard:
         for _ in range(3):
             churn(shard, np.random.default_rng(3))
-            time.sleep(0.1)
-    export = tmp_path / "s" / "export"
+            eventually(lambda: exported(shard, export), 10, "an export")
     assert not list(export.rglob(".tmp-*"))
     named = {line["files"]["t"]["path"] for line in read_index(export) if line["files"]}
     assert {p.relative_to(export).as_posix() for p in export.glob("t/*.npz")} == named
@@ -209,23 +215,23 @@ def test_a_shard_restored_to_an_older_state_marks_a_gap(tmp_path: Path) -> None:
 
 def test_export_directory_placement_and_config(tmp_path: Path) -> None:
     absolute = str(tmp_path / "exports" / "shard-{index}")
-    cfg = replace(config(), store=replace(config().store, export_dir=absolute))
+    cfg = replace(config(), store=replace(config().store, export=ExportConfig(absolute)))
     with Shard(cfg, tmp_path / "s", shard_index=3, num_shards=4) as shard:
         shard.lookup("t", UNIVERSE[shard_of(UNIVERSE, 4) == 3][:3])  # ids shard 3 owns
     assert len(read_index(tmp_path / "exports" / "shard-3")) == 2
     with pytest.raises(ConfigError, match=r"store\.export_dir"):
         Shard(config())  # no data directory: no update log to export from
     with pytest.raises(ConfigError, match="export_interval_s"):
-        StoreConfig(export_interval_s=0)
+        ExportConfig(interval_s=0)
     with pytest.raises(ConfigError, match="export_dir"):
-        StoreConfig(export_dir="  ")
+        ExportConfig(directory="  ")
     yaml = "tables: {t: {dim: 4}}\nstore: {export_dir: out, export_interval_s: 2.5}\n"
     store = EmbeddingConfig.from_yaml_text(yaml).store
-    assert (store.export_dir, store.export_interval_s) == ("out", 2.5)
+    assert (store.export.directory, store.export.interval_s) == ("out", 2.5)
 
 
 def test_an_export_started_on_a_non_empty_shard_marks_a_gap(tmp_path: Path) -> None:
-    cfg = replace(config(), store=replace(config().store, export_dir=None))
+    cfg = replace(config(), store=replace(config().store, export=ExportConfig()))
     with Shard(cfg, tmp_path / "s") as shard:
         shard.lookup("t", UNIVERSE[:10])
         seq = shard.seq
@@ -238,7 +244,7 @@ def test_an_export_started_on_a_non_empty_shard_marks_a_gap(tmp_path: Path) -> N
 
 def test_an_export_of_a_resharded_shard_starts_with_a_gap(tmp_path: Path) -> None:
     """A shard recovered from ``embeddb reshard`` output holds rows at seq 0."""
-    cfg = replace(config(), store=replace(config().store, export_dir=None))
+    cfg = replace(config(), store=replace(config().store, export=ExportConfig()))
     with Shard(cfg, tmp_path / "src" / "shard-0") as shard:
         shard.lookup("t", UNIVERSE[:10])
         shard.snapshot("ckpt")
@@ -268,12 +274,16 @@ def test_a_failed_write_loses_nothing_and_is_retried(tmp_path: Path) -> None:
         shutil.rmtree(export / "t")
         (export / "t").write_bytes(b"")  # the table's directory is unusable: writes fail
         churn(shard, rng)
-        wait_for(lambda: exporter.error is not None)
+        eventually(lambda: exporter.error is not None, 10, "the export to fail")
         assert isinstance(exporter.error, StorageError)
         (export / "t").unlink()
         (export / "t").mkdir()
         churn(shard, rng)
-        wait_for(lambda: exporter.error is None and exporter.exported_seq == shard.seq)
+        eventually(
+            lambda: exporter.error is None and exporter.exported_seq == shard.seq,
+            10,
+            "the export to recover",
+        )
         churn(shard, rng)
         want = state(shard)
     assert_same(replay(export), want)

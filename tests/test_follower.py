@@ -4,7 +4,6 @@ restarts, bootstrapping again when the records were truncated, metrics."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -16,8 +15,9 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client import CollectorRegistry
 
-from embeddb.client import Client
+from embeddb.client import Client, ClientOptions
 from embeddb.config import EmbeddingConfig, OptimizerConfig, OptimizerKind
+from embeddb.config.schema import store_from_keys
 from embeddb.errors import (
     ConfigError,
     FailedPreconditionError,
@@ -25,12 +25,14 @@ from embeddb.errors import (
     StorageError,
     UnavailableError,
 )
-from embeddb.server import ServerConfig, ShardServer, build_server
-from embeddb.server.auth import Tokens
+from embeddb.rpc import ListenConfig, RpcServer
+from embeddb.rpc.auth import Tokens
+from embeddb.server import ServerConfig, build_server
 from embeddb.server.follower import Follower, FollowerOptions
 from embeddb.server.metrics import FollowerCollector
 from embeddb.shard import Shard
 from tests.conftest import one_table_config
+from tests.support import eventually
 
 DIM = 4
 UNIVERSE = np.arange(400, dtype=np.uint64)
@@ -43,7 +45,7 @@ def config(dim: int = DIM, **store: object) -> EmbeddingConfig:
     cfg = one_table_config(
         dim=dim, capacity=128, stripes=2, optimizer=OptimizerConfig(kind=OptimizerKind.ADAGRAD)
     )
-    return replace(cfg, store=replace(cfg.store, **store))
+    return replace(cfg, store=store_from_keys(store, cfg.store))
 
 
 @dataclass
@@ -54,7 +56,7 @@ class Primary:
     data_dir: Path
     tokens: Tokens | None = None
     shard: Shard | None = None
-    server: ShardServer | None = None
+    server: RpcServer | None = None
     port: int = 0
 
     @property
@@ -68,7 +70,9 @@ class Primary:
 
     def serve(self) -> Primary:
         assert self.shard is not None
-        self.server = build_server(self.shard, ServerConfig(port=self.port, tokens=self.tokens))
+        self.server = build_server(
+            self.shard, ServerConfig(listen=ListenConfig(port=self.port, tokens=self.tokens))
+        )
         self.port = self.server.port
         return self
 
@@ -87,7 +91,7 @@ class Primary:
 @dataclass
 class Replica:
     follower: Follower
-    server: ShardServer
+    server: RpcServer
     channel: grpc.Channel
 
     @property
@@ -96,7 +100,7 @@ class Replica:
 
     @property
     def shard(self) -> Shard:
-        shard = self.follower.slot.current
+        shard = self.follower.served.current
         assert shard is not None
         return shard
 
@@ -125,7 +129,7 @@ def replica(
 ) -> Iterator[Replica]:
     options = FollowerOptions(address, backoff=0.02, max_backoff=0.2, **kw)
     follower = Follower(cfg or config(), data_dir, options)
-    served = build_server(follower.slot, serving=False)
+    served = build_server(follower.served, serving=False)
     channel = grpc.insecure_channel(f"127.0.0.1:{served.port}")
     node = Replica(follower, served, channel)
     if start:
@@ -138,15 +142,17 @@ def replica(
         follower.stop()
 
 
-def caught_up(follower: Follower, shard: Shard, timeout: float = 10.0) -> float:
-    """Wait until the follower has applied the primary's last seq; returns the seconds taken."""
-    began = time.perf_counter()
+def caught_up(follower: Follower, shard: Shard) -> None:
+    """Wait until the follower has applied the primary's last seq (a follower error fails
+    at once)."""
     target = shard.seq
-    while follower.applied_seq < target:
-        assert follower.error is None, follower.error
-        assert time.perf_counter() - began < timeout, (follower.applied_seq, target)
-        time.sleep(0.001)
-    return time.perf_counter() - began
+
+    def applied() -> bool:
+        if follower.error is not None:
+            pytest.fail(f"the follower failed: {follower.error!r}")
+        return follower.applied_seq >= target
+
+    eventually(applied, 30, f"the follower to apply seq {target}")
 
 
 def churn(client: Client, rng: np.random.Generator) -> None:
@@ -174,7 +180,10 @@ def test_a_follower_serves_the_primarys_rows_and_refuses_writes(primary, tmp_pat
         churn(writer, rng)  # before the bootstrap: comes with the snapshot
         with replica(p.address, tmp_path / "f", start=False) as r:
             assert r.health() == NOT_SERVING
-            with Client([r.address], retries=0) as early, pytest.raises(UnavailableError):
+            with (
+                Client([r.address], ClientOptions(retries=0)) as early,
+                pytest.raises(UnavailableError),
+            ):
                 early.lookup("t", UNIVERSE[:3], train=False)
             r.follower.start(on_ready=lambda: r.server.set_serving(True))
             assert r.follower.wait_ready(10)
@@ -206,21 +215,15 @@ def test_a_follower_serves_the_primarys_rows_and_refuses_writes(primary, tmp_pat
                 assert reader.stats()[0]["tables"]["t"]["rows"] == p.shard.stats().tables["t"].rows
 
 
-def test_follower_latency_and_metrics(primary, tmp_path) -> None:
+def test_follower_applies_each_assign_and_reports_metrics(primary, tmp_path) -> None:
+    """The apply latency is a figure of ``benchmarks/follower_lag.py``, not asserted here."""
     p = primary()
     assert p.shard is not None
     with replica(p.address, tmp_path / "f") as r:
         assert r.follower.wait_ready(10)
-        latencies = []
         for i in range(20):
             p.shard.assign("t", [i], np.full((1, DIM), float(i), np.float32))
-            latencies.append(caught_up(r.follower, p.shard))
-        latencies.sort()
-        print(
-            f"follower apply latency over 20 assigns: median {latencies[10] * 1000:.2f} ms, "
-            f"max {latencies[-1] * 1000:.2f} ms"
-        )
-        assert latencies[-1] < 1.0  # the target is 100 ms; 1 s keeps a loaded CI machine green
+            caught_up(r.follower, p.shard)
         registry = CollectorRegistry()
         registry.register(FollowerCollector(r.follower))
         sample = registry.get_sample_value
@@ -305,10 +308,8 @@ def test_a_follower_whose_records_were_truncated_bootstraps_again(primary, tmp_p
         p.shard.assign("t", UNIVERSE[:1], np.ones((1, 64), np.float32))
         p.shard.snapshot("after")  # truncates the log before its seq
         p.serve()
-        deadline = time.monotonic() + 20
-        while r.follower.bootstraps < 2:
-            assert time.monotonic() < deadline and r.follower.error is None
-            time.sleep(0.01)
+        eventually(lambda: r.follower.bootstraps >= 2 or r.follower.error, 30, "a second bootstrap")
+        assert r.follower.error is None
         caught_up(r.follower, p.shard)
         assert r.shard is not first and r.shard.seq == p.shard.seq
         assert not first.data_dir.exists()  # the old replica is closed and deleted
@@ -323,7 +324,7 @@ def test_a_follower_through_a_replica_token(primary, tmp_path) -> None:
     p = primary(tokens=Tokens(frozenset({rw}), frozenset({ro}), frozenset({rep})))
     assert p.shard is not None
     p.shard.assign("t", [5], np.ones((1, DIM), np.float32))
-    with replica(p.address, tmp_path / "f", token=rep) as r:
+    with replica(p.address, tmp_path / "f", client=ClientOptions(token=rep)) as r:
         assert r.follower.wait_ready(10)
         caught_up(r.follower, p.shard)
         assert_same_rows(r.shard, p.shard)
@@ -336,7 +337,7 @@ def test_a_follower_with_a_read_only_token_stops_naming_the_replica_role(primary
     p = primary(tokens=Tokens(frozenset({rw}), frozenset({ro})))
     assert p.shard is not None
     p.shard.assign("t", [5], np.ones((1, DIM), np.float32))
-    with replica(p.address, tmp_path / "f", token=ro) as r:
+    with replica(p.address, tmp_path / "f", client=ClientOptions(token=ro)) as r:
         assert r.follower.done.wait(10)
         assert isinstance(r.follower.error, PermissionDeniedError)
         assert "replica token" in str(r.follower.error)

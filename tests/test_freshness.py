@@ -1,9 +1,9 @@
-"""Freshness: a model served from a read-only follower sees the primary's training within a
-bounded delay, and once caught up predicts exactly what the primary would."""
+"""Freshness: a model served from a read-only follower sees the primary's training, and once
+caught up predicts exactly what the primary would (how soon is a figure of
+``benchmarks/follower_lag.py``, not asserted here)."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,12 +15,15 @@ from torch import nn
 from embeddb.server import build_server
 from embeddb.server.follower import Follower, FollowerOptions
 from embeddb.shard import Shard
-from embeddb.trainer import TrainCtx, TrainerConfig
+from embeddb.trainer import EmbeddingWorkerConfig, TrainCtx, TrainerConfig
 from embeddb.trainer.serving import InferCtx
+from tests.support import eventually
 from tests.trainer_harness import adult, adult_config, adult_model
 
-FAST = TrainerConfig(device="cpu", max_staleness=2, retries=1, shard_timeout=5.0)
-MAX_DELAY_S = 5.0
+FAST = TrainerConfig(
+    device="cpu", worker=EmbeddingWorkerConfig(max_staleness=2, retries=1, shard_timeout=5.0)
+)
+TIMEOUT_S = 30.0
 
 
 @pytest.fixture
@@ -30,7 +33,7 @@ def primary_and_follower(tmp_path: Path) -> Iterator[tuple[str, str, Shard, Foll
     primary = f"127.0.0.1:{server.port}"
     options = FollowerOptions(primary, backoff=0.02, max_backoff=0.2)
     follower = Follower(adult_config(), tmp_path / "follower", options)
-    served = build_server(follower.slot, serving=False)
+    served = build_server(follower.served, serving=False)
     follower.start(on_ready=lambda: served.set_serving(True))
     try:
         assert follower.wait_ready(10)
@@ -63,28 +66,21 @@ def test_follower_predictions_follow_training(
         train(5)
         model_dir = ctx.export_model(tmp_path / "model")
         with InferCtx(model_dir, [replica]) as served, InferCtx(model_dir, [primary]) as direct:
-            deadline = time.monotonic() + MAX_DELAY_S
-            while follower.applied_seq < shard.seq:  # the first steps reach the follower
-                assert time.monotonic() < deadline, (follower.applied_seq, shard.seq)
-                time.sleep(0.005)
+
+            def caught_up() -> bool:
+                return follower.applied_seq >= shard.seq
+
+            eventually(caught_up, TIMEOUT_S, "the first steps to reach the follower")
             before = served.predict(test)
             np.testing.assert_array_equal(before, direct.predict(test))
             train(5)  # embeddings move on the primary only; the dense part is the exported one
-            trained_at = time.monotonic()
             moved = direct.predict(test)
             assert np.abs(moved - before).max() > 1e-4  # training changed the embeddings
-            while True:
-                now = served.predict(test)
-                delay = time.monotonic() - trained_at
-                if not np.array_equal(now, before):
-                    break
-                assert delay < MAX_DELAY_S, "the follower's predictions never changed"
-                time.sleep(0.005)
-            print(f"follower-served predictions changed {delay * 1000:.1f} ms after training")
-            while follower.applied_seq < shard.seq:
-                assert time.monotonic() - trained_at < MAX_DELAY_S
-                time.sleep(0.005)
-            caught_up = time.monotonic() - trained_at
-            print(f"follower caught up (seq {shard.seq}) {caught_up * 1000:.1f} ms after training")
+            eventually(
+                lambda: not np.array_equal(served.predict(test), before),
+                TIMEOUT_S,
+                "the follower's predictions to change",
+            )
+            eventually(caught_up, TIMEOUT_S, "the follower to catch up")
             np.testing.assert_array_equal(served.predict(test), direct.predict(test))
             np.testing.assert_array_equal(served.predict(test), moved)

@@ -21,7 +21,14 @@ from torch import nn
 
 from embeddb.config import EmbeddingConfig
 from embeddb.errors import ConfigError, CorruptDataError, InvalidArgumentError, NotFoundError
-from embeddb.trainer import Batch, IDTypeFeature, NonIDTypeFeature, TrainCtx, TrainerConfig
+from embeddb.trainer import (
+    Batch,
+    EmbeddingWorkerConfig,
+    IDTypeFeature,
+    NonIDTypeFeature,
+    TrainCtx,
+    TrainerConfig,
+)
 from embeddb.trainer.job import JobConfig
 from embeddb.trainer.serving import InferCtx, export_model, load_model_spec
 from embeddb.trainer.serving.infer import load_dense
@@ -29,7 +36,9 @@ from embeddb.trainer.serving.torchserve import EmbeddbHandler
 from tests.trainer_harness import Shards, adult, adult_config, adult_model, serve_shards
 
 ROOT = Path(__file__).resolve().parents[1]
-FAST = TrainerConfig(device="cpu", max_staleness=2, retries=1, shard_timeout=5.0)
+FAST = TrainerConfig(
+    device="cpu", worker=EmbeddingWorkerConfig(max_staleness=2, retries=1, shard_timeout=5.0)
+)
 ROWS = 64
 
 

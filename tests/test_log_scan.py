@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from embeddb.config import EmbeddingConfig, LogRecovery, StoreConfig
-from embeddb.durability.log import FsyncPolicy, LogConfig, LogCut, UpdateLog
+from embeddb.config import EmbeddingConfig, FsyncPolicy, LogRecovery, StoreConfig
+from embeddb.durability.log import LogConfig, LogCut, UpdateLog
 from embeddb.errors import ConfigError, CorruptDataError
 
 SEGMENT_HEADER = 24
@@ -242,8 +242,8 @@ def test_auto_recovery_follows_the_fsync_policy() -> None:
 def test_store_log_recovery_is_read_from_yaml_and_validated() -> None:
     base = "slots_config:\n  item: {dim: 4}\nstore: {fsync: always, log_recovery: %s}\n"
     config = EmbeddingConfig.from_yaml_text(base % "point_in_time")
-    assert config.store.log_recovery is LogRecovery.POINT_IN_TIME
+    assert config.store.log.recovery is LogRecovery.POINT_IN_TIME
     assert EmbeddingConfig.from_dict(config.to_dict()) == config
-    assert StoreConfig().log_recovery is LogRecovery.AUTO
+    assert StoreConfig().log.recovery is LogRecovery.AUTO
     with pytest.raises(ConfigError, match=r"store\.log_recovery.*absolute_consistency"):
         EmbeddingConfig.from_yaml_text(base % "absolute")

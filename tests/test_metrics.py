@@ -17,11 +17,13 @@ from embeddb.config import (
     EmbeddingConfig,
     OptimizerConfig,
     OptimizerKind,
+    RamTierConfig,
     StoreConfig,
     TableConfig,
 )
-from embeddb.server import ServerConfig, ShardServer, build_server
-from embeddb.server.auth import Tokens
+from embeddb.rpc import ListenConfig, RpcServer
+from embeddb.rpc.auth import Tokens
+from embeddb.server import ServerConfig, build_server
 from embeddb.server.metrics import ShardMetrics
 from embeddb.shard import Shard
 from embeddb.v1 import embeddb_pb2 as pb
@@ -40,7 +42,7 @@ def make_shard(path: Path, capacity: int = 100) -> Shard:
     table = TableConfig(
         name="t", dim=DIM, capacity=capacity, optimizer=OptimizerConfig(kind=OptimizerKind.SGD)
     )
-    store = StoreConfig(stripes=1, eviction_chunk=1e-6, min_stripe_rows=1)
+    store = StoreConfig(ram=RamTierConfig(stripes=1, eviction_chunk=1e-6, min_stripe_rows=1))
     return Shard(EmbeddingConfig(tables={"t": table}, store=store), path)
 
 
@@ -59,7 +61,7 @@ def value(samples: Samples, name: str, **labels: str) -> float:
 
 
 class Served:
-    def __init__(self, shard: Shard, server: ShardServer, channel: grpc.Channel) -> None:
+    def __init__(self, shard: Shard, server: RpcServer, channel: grpc.Channel) -> None:
         self.shard = shard
         self.server = server
         self.stub = pb_grpc.EmbeddingStoreStub(channel)
@@ -71,11 +73,11 @@ class Served:
 
 @pytest.fixture
 def start(tmp_path: Path) -> Iterator[Callable[..., Served]]:
-    opened: list[tuple[Shard, ShardServer, grpc.Channel]] = []
+    opened: list[tuple[Shard, RpcServer, grpc.Channel]] = []
 
     def go(capacity: int = 100, **config: object) -> Served:
         shard = make_shard(tmp_path / f"shard-{len(opened)}", capacity)
-        server = build_server(shard, ServerConfig(metrics_port=0, **config))  # type: ignore[arg-type]
+        server = build_server(shard, ServerConfig(ListenConfig(metrics_port=0, **config)))  # type: ignore[arg-type]
         channel = grpc.insecure_channel(f"127.0.0.1:{server.port}")
         opened.append((shard, server, channel))
         return Served(shard, server, channel)

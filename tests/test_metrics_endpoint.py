@@ -19,13 +19,13 @@ from prometheus_client import CollectorRegistry, Counter
 from embeddb.cli import main
 from embeddb.client import Client
 from embeddb.errors import ConfigError
+from embeddb.rpc import ListenConfig
+from embeddb.rpc.metrics_http import MetricsEndpoint, serve_metrics
 from embeddb.server import ServerConfig, build_server
 from embeddb.server.cluster import Cluster, ClusterConfig
-from embeddb.server.metrics import MetricsEndpoint, serve_metrics
 from embeddb.shard import Shard
 from tests.conftest import one_table_config
-from tests.serve_process import StartServe, serve_processes
-from tests.test_cluster import free_port_range
+from tests.support import StartServe, free_port_range, serve_processes
 
 METRIC = "embeddb_test_events_total"
 
@@ -104,7 +104,10 @@ def test_only_get_metrics_serves_the_registry(endpoint: MetricsEndpoint) -> None
 def test_server_config_metrics_host_binds_the_metrics_endpoint_there(tmp_path: Path) -> None:
     other = second_loopback()
     shard = Shard(one_table_config(), tmp_path / "shard")
-    server = build_server(shard, ServerConfig(host="127.0.0.1", metrics_port=0, metrics_host=other))
+    server = build_server(
+        shard,
+        ServerConfig(listen=ListenConfig(host="127.0.0.1", metrics_port=0, metrics_host=other)),
+    )
     try:
         assert server.metrics_port is not None
         assert scrapes(other, server.metrics_port)
@@ -113,7 +116,7 @@ def test_server_config_metrics_host_binds_the_metrics_endpoint_there(tmp_path: P
         server.stop(grace=1)
         shard.close()
     with pytest.raises(ConfigError, match="metrics_host"):
-        ServerConfig(metrics_port=0, metrics_host="")
+        ListenConfig(metrics_port=0, metrics_host="")
 
 
 def test_serve_metrics_host_option_binds_that_host(serve: StartServe) -> None:
@@ -182,7 +185,9 @@ def test_model_server_metrics_host_binds_the_metrics_endpoint_there(tmp_path: Pa
     from embeddb.trainer.serving.server import ModelServerConfig, build_model_server
 
     other = second_loopback()
-    config = ModelServerConfig(http_port=None, metrics_port=0, metrics_host=other)
+    config = ModelServerConfig(
+        listen=ListenConfig(metrics_port=0, metrics_host=other), http_port=None
+    )
     server = build_model_server(_Predictor(), config)  # type: ignore[arg-type]
     try:
         assert server.metrics_port is not None

@@ -8,11 +8,7 @@ import http.client
 import itertools
 import json
 import logging
-import signal
-import subprocess
-import sys
 import threading
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -30,13 +26,21 @@ from torch import nn
 
 from embeddb.cli import main
 from embeddb.errors import InvalidArgumentError, ResourceExhaustedError, UnauthenticatedError
-from embeddb.server.auth import Tokens
-from embeddb.trainer import Batch, IDTypeFeature, NonIDTypeFeature, TrainCtx, TrainerConfig
+from embeddb.rpc import ListenConfig, Tokens
+from embeddb.trainer import (
+    Batch,
+    EmbeddingWorkerConfig,
+    IDTypeFeature,
+    NonIDTypeFeature,
+    TrainCtx,
+    TrainerConfig,
+)
 from embeddb.trainer.serving import InferCtx
 from embeddb.trainer.serving.client import ModelClient
 from embeddb.trainer.serving.codec import encode_request, merge_batches, split_scores
 from embeddb.trainer.serving.server import ModelServer, ModelServerConfig, build_model_server
 from embeddb.v1 import model_pb2 as mpb
+from tests.support import StartServe, eventually, serve_processes
 from tests.trainer_harness import Shards, adult, adult_config, adult_model, serve_shards
 
 RW = "rw-token-0123456789abcdef"
@@ -60,7 +64,9 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     with serve_shards(adult_config(), None, 1) as shards:
         model = adult_model()
         optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
-        config = TrainerConfig(mode="hybrid", max_staleness=4, device="cpu")
+        config = TrainerConfig(
+            mode="hybrid", device="cpu", worker=EmbeddingWorkerConfig(max_staleness=4)
+        )
         with TrainCtx(model, optimizer, adult_config(), shards.addresses, config) as ctx:
             batches = adult("train").batches(512, shuffle_seed=0)
             for prepared in itertools.islice(ctx.prepare(batches), 30):
@@ -130,8 +136,9 @@ def start(served: Served) -> Iterator[Any]:
     """Build model servers on port 0 around the module's InferCtx; stopped at teardown."""
     servers: list[ModelServer] = []
 
-    def build(**config: Any) -> ModelServer:
-        server = build_model_server(served.infer, ModelServerConfig(**config))
+    def build(tokens: Tokens | None = None, **config: Any) -> ModelServer:
+        listen = ListenConfig(tokens=tokens)
+        server = build_model_server(served.infer, ModelServerConfig(listen, **config))
         servers.append(server)
         return server
 
@@ -414,42 +421,32 @@ def test_health_follows_set_serving(start: Any) -> None:
 
 
 # ---------------------------------------------------------------------------- the CLI
-def test_serve_model_cli_serves_and_exits_0_on_sigterm(served: Served, tmp_path: Path) -> None:
-    port_file = tmp_path / "ports.json"
-    log = tmp_path / "serve-model.log"
-    cmd = [sys.executable, "-m", "embeddb.cli", "serve-model", "--model", str(served.model_dir),
-           "--shard", served.shards.addresses[0], "--port", "0", "--http-port", "0",
-           "--metrics-port", "0", "--port-file", str(port_file), "--max-delay-ms", "1"]  # fmt: skip
-    with log.open("wb") as out:
-        process = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 120
-        while not port_file.exists():
-            assert process.poll() is None, log.read_text()
-            assert time.monotonic() < deadline, log.read_text()
-            time.sleep(0.05)
-        ports = json.loads(port_file.read_text())
-        assert set(ports) == {"grpc", "http", "metrics"}
-        batch = rows(30, 5)
-        want = served.infer.predict(batch)
-        with ModelClient(f"127.0.0.1:{ports['grpc']}") as client:
-            np.testing.assert_allclose(client.predict(batch), want, rtol=1e-6, atol=1e-7)
-        code, doc = call_http(ports["http"], "/v1/predict", {"records": records(batch)})
-        assert code == 200
-        np.testing.assert_allclose(np.float32(doc["scores"]), want, rtol=1e-6, atol=1e-7)
-        url = f"http://127.0.0.1:{ports['metrics']}/metrics"
-        with urllib.request.urlopen(url, timeout=10) as response:
-            text = response.read().decode()
-        assert "embeddb_model_predictions_total 10.0" in text
-        assert "embeddb_model_batch_samples_count 2.0" in text
-        process.send_signal(signal.SIGTERM)
-        assert process.wait(timeout=30) == 0, log.read_text()
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait(10)
-    assert not port_file.exists()
-    assert "stopped cleanly" in log.read_text()
+@pytest.fixture
+def serve(tmp_path: Path) -> Iterator[StartServe]:
+    yield from serve_processes(tmp_path)
+
+
+def test_serve_model_cli_serves_and_exits_0_on_sigterm(served: Served, serve: StartServe) -> None:
+    model = serve("--model", str(served.model_dir), "--shard", served.shards.addresses[0],
+                  "--http-port", "0", "--max-delay-ms", "1", command="serve-model",
+                  metrics=True)  # fmt: skip
+    ports = model.ports
+    assert set(ports) == {"grpc", "http", "metrics"}
+    batch = rows(30, 5)
+    want = served.infer.predict(batch)
+    with ModelClient(model.address) as client:
+        np.testing.assert_allclose(client.predict(batch), want, rtol=1e-6, atol=1e-7)
+    code, doc = call_http(ports["http"], "/v1/predict", {"records": records(batch)})
+    assert code == 200
+    np.testing.assert_allclose(np.float32(doc["scores"]), want, rtol=1e-6, atol=1e-7)
+    url = f"http://127.0.0.1:{ports['metrics']}/metrics"
+    with urllib.request.urlopen(url, timeout=10) as response:
+        text = response.read().decode()
+    assert "embeddb_model_predictions_total 10.0" in text
+    assert "embeddb_model_batch_samples_count 2.0" in text
+    model.stop()
+    assert model.port_file is not None and not model.port_file.exists()
+    assert "stopped cleanly" in model.stderr()
 
 
 def test_serve_model_cli_needs_exactly_one_way_to_name_the_shards(
@@ -490,8 +487,7 @@ def test_the_batcher_scores_a_lone_request_inline_and_merges_under_load() -> Non
             target=lambda: first.append(batcher.submit(rows(0, 2)).result()), name="caller"
         )
         lone.start()
-        while not calls:
-            time.sleep(0.001)
+        eventually(lambda: calls, 30, "the lone request to be scored")
         futures = [batcher.submit(rows(i, 1)) for i in range(5)]  # queue while busy
         gate.set()
         results = [f.result(5) for f in futures]

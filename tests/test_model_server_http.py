@@ -9,14 +9,8 @@ from __future__ import annotations
 import http.client
 import json
 import logging
-import queue
-import signal
 import socket
-import subprocess
-import sys
-import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,11 +19,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from embeddb.server.interceptors import RateLimitedLog
+from embeddb.rpc.interceptors import RateLimitedLog
 from embeddb.trainer import Batch
 from embeddb.trainer.serving.http import MAX_JSON_DEPTH, json_depth
 from embeddb.trainer.serving.server import ModelServerConfig, build_model_server
 from tests import test_model_server
+from tests.support import ServeProcess, serve_processes
 from tests.test_model_server import Served, call_http, records, rows, sample
 
 served = test_model_server.served  # the fixtures: one shard, one exported model served
@@ -355,61 +350,19 @@ def test_json_depth_is_the_nesting_of_arrays_and_objects(value: object, ensure_a
 
 
 # ---------------------------------------------------------------------------- the process
-@dataclass
-class ModelProcess:
-    """A running ``embeddb serve-model``, its ports and its log (stderr) so far."""
-
-    process: subprocess.Popen[str]
-    ports: dict[str, int]
-    lines: queue.Queue[str | None]  # stderr lines as read; None at its end
-    log: list[str]
-
-    def stop(self) -> str:
-        """SIGTERM; the process must exit 0; its whole log."""
-        self.process.send_signal(signal.SIGTERM)
-        assert self.process.wait(timeout=30) == 0, "".join(self.log)
-        while (line := self.lines.get(timeout=30)) is not None:
-            self.log.append(line)
-        return "".join(self.log)
-
-
 @pytest.fixture
-def model_process(served: Served, tmp_path: Path) -> Iterator[ModelProcess]:
-    """``embeddb serve-model`` on port 0, once its log says it serves (no polling: its
-    stderr is read line by line); killed at teardown if still running."""
-    port_file = tmp_path / "ports.json"
-    cmd = [sys.executable, "-m", "embeddb.cli", "serve-model", "--model", str(served.model_dir),
-           "--shard", served.shards.addresses[0], "--port", "0", "--http-port", "0",
-           "--port-file", str(port_file), "--max-delay-ms", "0"]  # fmt: skip
-    process = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    lines: queue.Queue[str | None] = queue.Queue()
-
-    def read() -> None:
-        assert process.stderr is not None
-        for line in process.stderr:
-            lines.put(line)
-        lines.put(None)
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    log: list[str] = []
-    try:
-        while not any("serving model" in line for line in log):
-            line = lines.get(timeout=120)
-            assert line is not None, "".join(log)
-            log.append(line)
-        yield ModelProcess(process, json.loads(port_file.read_text()), lines, log)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait(10)
-        reader.join(30)  # the pipe ends with the process
-        assert process.stderr is not None
-        process.stderr.close()
+def model_process(served: Served, tmp_path: Path) -> Iterator[ServeProcess]:
+    """``embeddb serve-model`` on port 0, once its port file is written; killed at teardown
+    if still running."""
+    starts = serve_processes(tmp_path)
+    start = next(starts)
+    yield start("--model", str(served.model_dir), "--shard", served.shards.addresses[0],
+                "--http-port", "0", "--max-delay-ms", "0", command="serve-model")  # fmt: skip
+    next(starts, None)
 
 
 def test_serve_model_answers_bad_http_with_json_and_logs_no_traceback(
-    served: Served, model_process: ModelProcess
+    served: Served, model_process: ServeProcess
 ) -> None:
     port = model_process.ports["http"]
     code, doc = call_http(port, "/v1/predict", raw=nested(DEEP, "").encode())
@@ -429,6 +382,7 @@ def test_serve_model_answers_bad_http_with_json_and_logs_no_traceback(
     np.testing.assert_allclose(
         np.float32(doc["scores"]), served.infer.predict(batch), rtol=1e-6, atol=1e-7
     )
-    log = model_process.stop()
+    model_process.stop()
+    log = model_process.stderr()
     assert "stopped cleanly" in log
     assert "Traceback" not in log and " ERROR " not in log, log

@@ -25,7 +25,7 @@ from prometheus_client import CollectorRegistry
 
 from embeddb import wire
 from embeddb.arrays import F32
-from embeddb.client import AsyncClient, Client, UpdateResult
+from embeddb.client import AsyncClient, Client, ClientOptions, PushResult
 from embeddb.client.batching import Budget, IdBatch, split_many
 from embeddb.config import EmbeddingConfig, OptimizerConfig, OptimizerKind, TableConfig
 from embeddb.errors import (
@@ -35,8 +35,9 @@ from embeddb.errors import (
     TableNotFoundError,
     UnavailableError,
 )
-from embeddb.server import ServerConfig, ShardServer, build_server
-from embeddb.server.auth import Tokens
+from embeddb.rpc import ListenConfig, RpcServer
+from embeddb.rpc.auth import Tokens
+from embeddb.server import ServerConfig, build_server
 from embeddb.shard import Shard
 from embeddb.v1 import embeddb_pb2 as pb
 from embeddb.v1 import embeddb_pb2_grpc as pb_grpc
@@ -64,7 +65,7 @@ def config() -> EmbeddingConfig:
 @dataclass
 class Cluster:
     shards: list[Shard] = field(default_factory=list)
-    servers: list[ShardServer] = field(default_factory=list)
+    servers: list[RpcServer] = field(default_factory=list)
     registries: list[CollectorRegistry] = field(default_factory=list)
 
     @property
@@ -93,7 +94,7 @@ class Cluster:
 
 
 @contextmanager
-def serve(data_dir: Path, n: int, **server: Any) -> Iterator[Cluster]:
+def serve(data_dir: Path, n: int, tokens: Tokens | None = None, **server: Any) -> Iterator[Cluster]:
     cluster = Cluster()
     try:
         for k in range(n):
@@ -105,6 +106,7 @@ def serve(data_dir: Path, n: int, **server: Any) -> Iterator[Cluster]:
                 build_server(
                     cluster.shards[-1],
                     ServerConfig(
+                        listen=ListenConfig(tokens=tokens),
                         shard_index=k,
                         num_shards=n,
                         metrics_registry=cluster.registries[-1],
@@ -146,8 +148,8 @@ def test_many_calls_equal_single_table_calls(pair: tuple[Cluster, Cluster], max_
     single, many = pair
     rng = np.random.default_rng(max_ids)
     with (
-        Client(single.addresses, max_ids_per_message=max_ids) as a,
-        Client(many.addresses, max_ids_per_message=max_ids) as b,
+        Client(single.addresses, ClientOptions(max_ids_per_message=max_ids)) as a,
+        Client(many.addresses, ClientOptions(max_ids_per_message=max_ids)) as b,
     ):
         for step in range(3):
             ids = batch(rng)
@@ -168,7 +170,7 @@ def test_many_calls_equal_single_table_calls(pair: tuple[Cluster, Cluster], max_
             assert single.state() == many.state()  # vectors, Adagrad state, every counter
         fresh = np.arange(1000, 1050, dtype=np.uint64)  # never looked up: missing
         zeros = np.zeros((fresh.size, DIMS["sgd"]), np.float32)
-        assert b.apply_gradients_many({"sgd": (fresh, zeros)})["sgd"] == UpdateResult(
+        assert b.apply_gradients_many({"sgd": (fresh, zeros)})["sgd"] == PushResult(
             missing=fresh.size
         )
 
@@ -305,7 +307,7 @@ def test_async_client_equals_the_sync_client(pair: tuple[Cluster, Cluster]) -> N
     ids = batch(rng)
     grads = gradients(rng, ids)
 
-    async def run() -> tuple[dict[str, F32], dict[str, UpdateResult], dict[str, F32]]:
+    async def run() -> tuple[dict[str, F32], dict[str, PushResult], dict[str, F32]]:
         async with AsyncClient(many.addresses) as client:
             looked = await client.lookup_many(ids, train=True)
             pushed = await client.apply_gradients_many({t: (ids[t], grads[t]) for t in ids})
@@ -351,7 +353,7 @@ def test_training_calls_are_not_retried_evaluation_lookups_are(
 ) -> None:
     _, many = pair
     ids = {"sgd": UNIVERSE[:100], "ada": UNIVERSE[:100]}
-    with Client(many.addresses, retries=2, backoff=0.001) as client:
+    with Client(many.addresses, ClientOptions(retries=2, backoff=0.001)) as client:
         client.list_tables()
         many.servers[1].stop(grace=0)
         with pytest.raises(
@@ -508,11 +510,11 @@ def test_read_only_token_may_evaluate_but_not_train_or_push(tmp_path: Path) -> N
     tokens = Tokens(read_write=frozenset({RW}), read_only=frozenset({RO}))
     with serve(tmp_path, 2, tokens=tokens) as cluster:
         ids = {"sgd": UNIVERSE[:80], "ada": UNIVERSE[40:120]}
-        with Client(cluster.addresses, token=RW) as writer:
+        with Client(cluster.addresses, ClientOptions(token=RW)) as writer:
             writer.lookup_many(ids, train=True)
             want = writer.lookup_many({**ids, "small": UNIVERSE[:5]}, train=False)
         rows = cluster.rows()
-        with Client(cluster.addresses, token=RO) as reader:
+        with Client(cluster.addresses, ClientOptions(token=RO)) as reader:
             got = reader.lookup_many({**ids, "small": UNIVERSE[:5]}, train=False)
             for t, v in want.items():
                 np.testing.assert_array_equal(got[t], v)

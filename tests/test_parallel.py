@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from embeddb.config import OptimizerConfig, OptimizerKind
+from embeddb.config import OptimizerConfig, OptimizerKind, ParallelConfig
 from embeddb.shard import Shard
 from embeddb.storage.parallel import StripePool
 from tests.conftest import one_table_config
@@ -68,7 +68,7 @@ def test_parallel_shards_match_serial_ones_exactly(tmp_path: Path, kind: Optimiz
     base = one_table_config(dim=8, capacity=600, stripes=8, optimizer=OptimizerConfig(kind=kind))
     shards = [
         Shard(
-            replace(base, store=replace(base.store, threads=t, parallel_min_ids=1)),
+            replace(base, store=replace(base.store, parallel=ParallelConfig(threads=t, min_ids=1))),
             tmp_path / f"s{t}",
         )
         for t in (1, 2)

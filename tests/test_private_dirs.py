@@ -13,12 +13,13 @@ import numpy as np
 import pytest
 
 from embeddb import wire
+from embeddb.rpc.lifecycle import private_umask
 from embeddb.shard import Shard
-from embeddb.storage.private import private_dir, private_umask
+from embeddb.storage.private import private_dir
 from embeddb.v1 import embeddb_pb2 as pb
 from embeddb.v1 import embeddb_pb2_grpc as pb_grpc
 from tests.conftest import one_table_config
-from tests.serve_process import StartServe, serve_processes
+from tests.support import StartServe, serve_processes
 
 CONFIG = """
 slots_config:

@@ -19,6 +19,7 @@ from embeddb.config import (
     EmbeddingConfig,
     OptimizerConfig,
     OptimizerKind,
+    RamTierConfig,
     StoreConfig,
     TableConfig,
 )
@@ -43,7 +44,8 @@ def config() -> EmbeddingConfig:
         for name, dim in TABLES.items()
     }
     return EmbeddingConfig(
-        tables=tables, store=StoreConfig(stripes=2, eviction_chunk=0.05, min_stripe_rows=1)
+        tables=tables,
+        store=StoreConfig(ram=RamTierConfig(stripes=2, eviction_chunk=0.05, min_stripe_rows=1)),
     )
 
 

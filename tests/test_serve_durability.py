@@ -5,7 +5,6 @@ follower's feed open)."""
 from __future__ import annotations
 
 import re
-import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -16,14 +15,13 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
-from embeddb.client import Client
+from embeddb.client import Client, ClientOptions
 from embeddb.config import EmbeddingConfig
-from embeddb.errors import FailedPreconditionError
+from embeddb.errors import ConfigError, FailedPreconditionError
 from embeddb.shard import Shard
-from tests.serve_process import ServeProcess, serve_processes
+from tests.support import START_TIMEOUT_S, ServeProcess, eventually, serve_processes
 
 DIM = 4
-START_TIMEOUT_S = 30.0
 CONFIG = """
 slots_config:
   t: {dim: 4}
@@ -127,25 +125,27 @@ def test_serve_follow_replicates_a_primary_process(serve, tmp_path) -> None:
     replica_file.write_text(f"{rep}\n")
     replica_file.chmod(0o600)
     primary = serve("--data-dir", str(tmp_path / "primary"), "--tokens-file", str(tokens),
-                    "--grace", "20")  # fmt: skip
+                    "--grace", "600")  # fmt: skip
     follower = serve("--follow", primary.address, "--primary-token-file", str(replica_file),
                      "--data-dir", str(tmp_path / "follower"), "--tokens-file", str(tokens),
                      "--metrics-port", "0")  # fmt: skip
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while health(follower.address) != health_pb2.HealthCheckResponse.SERVING:
-        assert time.monotonic() < deadline, follower.output()
-        time.sleep(0.05)
+    eventually(
+        lambda: health(follower.address) == health_pb2.HealthCheckResponse.SERVING,
+        START_TIMEOUT_S,
+        "the follower to serve",
+    )
     with (
-        Client([primary.address], token=rw) as writer,
-        Client([follower.address], token=rw) as reader,
+        Client([primary.address], ClientOptions(token=rw)) as writer,
+        Client([follower.address], ClientOptions(token=rw)) as reader,
     ):
         writer.assign("t", IDS, vectors(1.0))
         writer.delete("t", IDS[:5])
         expected = writer.lookup("t", IDS, train=False)
-        deadline = time.monotonic() + 10
-        while not np.array_equal(reader.lookup("t", IDS, train=False), expected):
-            assert time.monotonic() < deadline, follower.output()
-            time.sleep(0.02)
+        eventually(
+            lambda: np.array_equal(reader.lookup("t", IDS, train=False), expected),
+            30,
+            "the follower to apply the writes",
+        )
         assert not expected[:5].any()  # the delete reached the follower too
         with pytest.raises(FailedPreconditionError, match="read-only follower"):
             reader.assign("t", IDS, vectors(2.0))
@@ -156,11 +156,9 @@ def test_serve_follow_replicates_a_primary_process(serve, tmp_path) -> None:
     assert metrics["embeddb_follower_applied_seq"] == metrics["embeddb_follower_primary_seq"] > 0
     assert metrics["embeddb_follower_lag_seq"] == 0
 
-    began = time.monotonic()  # the follower's feed is open: the primary must not wait for it
+    # The follower's feed is open: the primary must not wait for it (the 600 s grace would
+    # outlast stop()'s 30 s wait).
     assert primary.stop() == 0, primary.output()
-    took = time.monotonic() - began
-    print(f"primary shutdown with an open follower feed: {took:.2f} s")
-    assert took < 10, "the primary's shutdown waited for the open feed"
     assert "stopped cleanly" in primary.output()
     assert follower.stop() == 0, follower.output()
     out = follower.output()
@@ -171,7 +169,8 @@ def test_serve_follow_replicates_a_primary_process(serve, tmp_path) -> None:
 def test_durability_options_that_exclude_each_other_are_usage_errors(tmp_path) -> None:
     from click.testing import CliRunner
 
-    from embeddb.cli import _read_token, main
+    from embeddb.cli import main
+    from embeddb.secrets import read_token_file
 
     cases = [
         (["--follow", "127.0.0.1:1", "--restore", "x"], "--follow excludes --restore"),
@@ -184,14 +183,14 @@ def test_durability_options_that_exclude_each_other_are_usage_errors(tmp_path) -
         assert result.exit_code == 2 and message in result.output, result.output
     tokens = tmp_path / "tokens"
     tokens.write_text("# a server's tokens file\nrw first-token-0123456789\nro other\n")
-    with pytest.raises(Exception, match="chmod 600"):
-        _read_token(tokens)  # a token file others may read is refused
+    with pytest.raises(ConfigError, match="chmod 600"):
+        read_token_file(tokens)  # a token file others may read is refused
     tokens.chmod(0o600)
-    assert _read_token(tokens) == "first-token-0123456789"
+    assert read_token_file(tokens) == "first-token-0123456789"
     tokens.write_text("replica replica-token-0123456789\n")
-    assert _read_token(tokens) == "replica-token-0123456789"
+    assert read_token_file(tokens) == "replica-token-0123456789"
     tokens.write_text("  only-a-token-0123456789  # comment\n")
-    assert _read_token(tokens) == "only-a-token-0123456789"
+    assert read_token_file(tokens) == "only-a-token-0123456789"
     tokens.write_text("three words here\n")
-    with pytest.raises(Exception, match="line is not shown"):
-        _read_token(tokens)
+    with pytest.raises(ConfigError, match="line is not shown"):
+        read_token_file(tokens)

@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from embeddb.client import Client
-from tests.serve_process import ServeProcess, serve_processes
+from embeddb.client import Client, ClientOptions
+from tests.support import ServeProcess, serve_processes
 
 CONFIG = """
 slots_config:
@@ -49,7 +49,7 @@ def serve(tmp_path: Path) -> Iterator[Callable[..., ServeProcess]]:
 
 def write_then_kill(served: ServeProcess) -> None:
     """Two acknowledged assigns of every id (1.0, then 2.0), then SIGKILL."""
-    with Client([served.address], timeout=10, retries=0) as client:
+    with Client([served.address], ClientOptions(timeout=10, retries=0)) as client:
         client.assign("item", IDS, np.full((IDS.size, 4), 1.0, np.float32))
         client.assign("item", IDS, np.full((IDS.size, 4), 2.0, np.float32))
     served.process.send_signal(signal.SIGKILL)
@@ -74,7 +74,7 @@ def flip_last_record(log_dir: Path) -> tuple[Path, int, int]:
 
 
 def lookup(served: ServeProcess) -> np.ndarray:
-    with Client([served.address], timeout=10, retries=0) as client:
+    with Client([served.address], ClientOptions(timeout=10, retries=0)) as client:
         return client.lookup("item", IDS, train=False)
 
 

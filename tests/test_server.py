@@ -12,7 +12,8 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from embeddb import wire
 from embeddb.config import EmbeddingConfig, OptimizerConfig, OptimizerKind, TableConfig
-from embeddb.server import SERVICE_NAME, ServerConfig, ShardServer, build_server
+from embeddb.rpc import RpcServer
+from embeddb.server import SERVICE_NAME, ServerConfig, build_server
 from embeddb.shard import Shard
 from embeddb.v1 import embeddb_pb2 as pb
 from embeddb.v1 import embeddb_pb2_grpc as pb_grpc
@@ -21,7 +22,7 @@ DIM = 4
 
 
 @pytest.fixture
-def served(tmp_path) -> Iterator[tuple[Shard, ShardServer, pb_grpc.EmbeddingStoreStub]]:
+def served(tmp_path) -> Iterator[tuple[Shard, RpcServer, pb_grpc.EmbeddingStoreStub]]:
     config = EmbeddingConfig(
         tables={
             "t": TableConfig(

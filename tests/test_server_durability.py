@@ -18,17 +18,20 @@ import pytest
 from click.testing import CliRunner
 
 from embeddb.cli import main
-from embeddb.client import AsyncClient, Client
+from embeddb.client import AsyncClient, Client, ClientOptions
 from embeddb.config import EmbeddingConfig
+from embeddb.config.schema import store_from_keys
 from embeddb.durability import records
 from embeddb.durability.snapshot import Chunk, SnapshotReceiver, verify
 from embeddb.errors import CorruptDataError, InvalidArgumentError, PermissionDeniedError
-from embeddb.server import ServerConfig, ShardServer, build_server
-from embeddb.server.auth import Tokens
+from embeddb.rpc import ListenConfig, RpcServer
+from embeddb.rpc.auth import Tokens
+from embeddb.server import ServerConfig, build_server
 from embeddb.shard import Shard
 from embeddb.v1 import embeddb_pb2 as pb
 from embeddb.v1 import embeddb_pb2_grpc as pb_grpc
 from tests.conftest import one_table_config
+from tests.support import eventually
 
 DIM = 4
 RW = "rw-token-" + "a" * 20
@@ -38,13 +41,13 @@ REPLICA = "replica-token-" + "c" * 20
 
 def config(dim: int = DIM, **store: object) -> EmbeddingConfig:
     cfg = one_table_config(dim=dim, capacity=1000, stripes=2)
-    return replace(cfg, store=replace(cfg.store, **store))
+    return replace(cfg, store=store_from_keys(store, cfg.store))
 
 
 @dataclass
 class Node:
     shard: Shard
-    server: ShardServer
+    server: RpcServer
     channel: grpc.Channel
 
     @property
@@ -61,11 +64,17 @@ def start(tmp_path: Path) -> Iterator[Callable[..., Node]]:
     """Start shards (index k of n) served on port 0; everything is stopped at teardown."""
     nodes: list[Node] = []
 
-    def go(k: int = 0, n: int = 1, cfg: EmbeddingConfig | None = None, **server: object) -> Node:
+    def go(
+        k: int = 0,
+        n: int = 1,
+        cfg: EmbeddingConfig | None = None,
+        tokens: Tokens | None = None,
+        **server: object,
+    ) -> Node:
         shard = Shard(
             cfg or config(), tmp_path / f"shard-{len(nodes)}", shard_index=k, num_shards=n
         )
-        served = build_server(shard, ServerConfig(shard_index=k, num_shards=n, **server))  # type: ignore[arg-type]
+        served = build_server(shard, ServerConfig(ListenConfig(tokens=tokens), k, n, **server))  # type: ignore[arg-type]
         node = Node(shard, served, grpc.insecure_channel(f"127.0.0.1:{served.port}"))
         nodes.append(node)
         return node
@@ -148,7 +157,7 @@ def test_read_only_tokens_list_snapshots_but_never_stream_the_log_or_snapshots(s
     token can never make the primary take a snapshot."""
     node = start(tokens=Tokens(frozenset({RW}), frozenset({RO}), frozenset({REPLICA})))
     assign(node.shard, [1], 1.0)
-    with Client([node.address], token=RO) as ro:
+    with Client([node.address], ClientOptions(token=RO)) as ro:
         with pytest.raises(PermissionDeniedError, match="may not call Snapshot"):
             ro.snapshot("nope")
         assert ro.list_snapshots() == [[]]
@@ -174,7 +183,7 @@ def test_replica_tokens_stream_the_log_and_snapshots_but_never_write(start) -> N
     assert next(feed).seq == 1
     feed.cancel()
     _, before = node.shard.peek("t", [1, 2])
-    with Client([node.address], token=REPLICA) as replica:
+    with Client([node.address], ClientOptions(token=REPLICA)) as replica:
         with pytest.raises(PermissionDeniedError, match="may not call Snapshot"):
             replica.snapshot("nope")
         with pytest.raises(PermissionDeniedError, match="may not call Assign"):
@@ -184,7 +193,7 @@ def test_replica_tokens_stream_the_log_and_snapshots_but_never_write(start) -> N
         assert replica.lookup("t", [1], train=False).any()
     _, after = node.shard.peek("t", [1, 2])
     assert after.tobytes() == before.tobytes()
-    with Client([node.address], token=RW) as rw:
+    with Client([node.address], ClientOptions(token=RW)) as rw:
         assert rw.snapshot("by-rw")[0].snapshot_id == "by-rw"
 
 
@@ -257,43 +266,34 @@ def test_a_received_snapshot_is_verified_and_paths_are_confined(tmp_path) -> Non
 # ------------------------------------------------------------------------------ Subscribe
 def test_subscribe_sends_the_records_after_from_seq_then_tails(start) -> None:
     node = start()
+    before = time.time()
     for value in range(5):
         assign(node.shard, [value], float(value))
+    after = time.time()
     logged = list(node.shard.read_log(2))
     feed = node.stub.Subscribe(pb.SubscribeRequest(from_seq=2))
     got = [next(feed) for _ in logged]
     assert [m.seq for m in got] == [r.seq for r in logged] == [3, 4, 5]
     assert [m.payload for m in got] == [r.payload for r in logged]
     assert all(m.primary_seq == 5 for m in got)
-    assert all(0 < time.time() - m.appended_at < 60 for m in got)
+    assert all(before <= m.appended_at <= after for m in got)
     changes = records.decode(got[-1].payload)
     assert changes[0].ids.tolist() == [4]
 
-    latencies = []
-    for value in range(5, 10):  # tailing: each new record arrives at once
-        began = time.perf_counter()
+    for value in range(5, 10):  # tailing: each new record arrives (how soon: a benchmark)
         assign(node.shard, [value], float(value))
         message = next(feed)
-        latencies.append(time.perf_counter() - began)
         assert message.seq == node.shard.seq == value + 1
         assert message.primary_seq == message.seq
     feed.cancel()
-    print(
-        "Subscribe tail latency (assign returned -> record received): "
-        + ", ".join(f"{s * 1000:.2f}" for s in latencies)
-        + " ms"
-    )
-    assert max(latencies) < 1.0  # the target is 100 ms; 1 s keeps a loaded CI machine green
 
 
 def test_an_idle_feed_sends_heartbeats(start) -> None:
     node = start()
     assign(node.shard, [1], 1.0)
     feed = node.stub.Subscribe(pb.SubscribeRequest(from_seq=1))
-    began = time.perf_counter()
     beat = next(feed)
     assert (beat.seq, beat.payload, beat.primary_seq) == (0, b"", 1)
-    assert 0.5 < time.perf_counter() - began < 5
     feed.cancel()
 
 
@@ -309,23 +309,23 @@ def test_cancel_ends_the_feed_and_frees_its_stream_slot(start) -> None:
     with pytest.raises(grpc.RpcError) as info:
         next(feed)
     assert info.value.code() == grpc.StatusCode.CANCELLED
-    deadline = time.monotonic() + 5
-    while True:  # the server notices within its poll interval and frees the slot
+
+    def subscribed() -> bool:  # RESOURCE_EXHAUSTED (an RpcError) until the slot is free
+        again = node.stub.Subscribe(pb.SubscribeRequest(from_seq=0))
         try:
-            again = node.stub.Subscribe(pb.SubscribeRequest(from_seq=0))
-            assert next(again).seq == 1
+            return next(again).seq == 1
+        finally:
             again.cancel()
-            break
-        except grpc.RpcError as exc:
-            assert exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-            assert time.monotonic() < deadline, "the cancelled stream kept its slot"
-            time.sleep(0.05)
+
+    # the server notices within its poll interval and frees the slot
+    eventually(subscribed, 30, "the cancelled stream's slot")
 
 
 def test_server_stop_ends_open_feeds_promptly(start) -> None:
     node = start()
     assign(node.shard, [1], 1.0)
-    feeds = [node.stub.Subscribe(pb.SubscribeRequest(from_seq=1)) for _ in range(3)]
+    feeds = [node.stub.Subscribe(pb.SubscribeRequest(from_seq=0)) for _ in range(3)]
+    assert [next(feed).seq for feed in feeds] == [1, 1, 1]  # open, and idle from now on
     ended: list[grpc.StatusCode] = []
 
     def drain(feed: Iterator[pb.LogRecordMessage]) -> None:
@@ -338,13 +338,13 @@ def test_server_stop_ends_open_feeds_promptly(start) -> None:
     threads = [threading.Thread(target=drain, args=(f,)) for f in feeds]
     for t in threads:
         t.start()
-    time.sleep(0.2)  # the feeds are open and idle
-    began = time.perf_counter()
-    node.server.stop(grace=30)
-    took = time.perf_counter() - began
+    # Waiting out the grace period would take an hour: the stop must end the feeds instead.
+    stopper = threading.Thread(target=node.server.stop, args=(3600,), daemon=True)
+    stopper.start()
+    stopper.join(60)
+    assert not stopper.is_alive(), "stop waited for the open feeds"
     for t in threads:
-        t.join(5)
-    assert took < 5.0, f"stop took {took:.2f}s with open feeds (grace 30 s)"
+        t.join(30)
     assert ended == [grpc.StatusCode.UNAVAILABLE] * 3
 
 
@@ -419,9 +419,7 @@ def test_shard_tail_log_waits_for_new_records_and_ends_when_the_shard_closes(tmp
     assert next(tail) is None  # idle: the consumer gets control back
     waker = threading.Timer(0.05, lambda: assign(shard, [2], 2.0))
     waker.start()
-    began = time.perf_counter()
-    while (record := next(tail)) is None:
-        assert time.perf_counter() - began < 5
+    record = eventually(lambda: next(tail), 30, "record 2")  # None while idle
     assert record.seq == 2
     waker.join()
     with pytest.raises(OutOfRangeError, match="beyond this shard's last seq 2"):

@@ -21,9 +21,10 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from embeddb import wire
 from embeddb.config import EmbeddingConfig, OptimizerConfig, OptimizerKind, TableConfig
 from embeddb.errors import ConfigError
+from embeddb.rpc import ListenConfig, RpcServer
+from embeddb.rpc.auth import Role, Tokens
 from embeddb.secrets import read_token_file
-from embeddb.server import SERVICE_NAME, ServerConfig, ShardServer, build_server
-from embeddb.server.auth import Role, Tokens
+from embeddb.server import SERVICE_NAME, ServerConfig, build_server
 from embeddb.shard import Shard
 from embeddb.v1 import embeddb_pb2 as pb
 from embeddb.v1 import embeddb_pb2_grpc as pb_grpc
@@ -64,15 +65,15 @@ def shard(tmp_path: Path) -> Iterator[Shard]:
     s.close()
 
 
-Serve = Callable[..., ShardServer]
+Serve = Callable[..., RpcServer]
 
 
 @pytest.fixture
 def serve(shard: Shard) -> Iterator[Serve]:
-    servers: list[ShardServer] = []
+    servers: list[RpcServer] = []
 
-    def start(**config: object) -> ShardServer:
-        server = build_server(shard, ServerConfig(**config))  # type: ignore[arg-type]
+    def start(**config: object) -> RpcServer:
+        server = build_server(shard, ServerConfig(ListenConfig(**config)))  # type: ignore[arg-type]
         servers.append(server)
         return server
 
@@ -231,7 +232,7 @@ def test_tokens_never_appear_in_logs_or_repr(
     for secret in (RW, RO, wrong):
         assert secret not in caplog.text
     assert RW not in repr(TOKENS) and RO not in repr(TOKENS)
-    assert RW not in repr(ServerConfig(tokens=TOKENS))
+    assert RW not in repr(ServerConfig(ListenConfig(tokens=TOKENS)))
 
 
 def test_grpc_access_token_credentials_over_tls(
@@ -418,8 +419,8 @@ def test_tls_port_serves_tls_clients_only(serve: Serve, tls_pair: tuple[bytes, b
 def test_tls_config_is_checked(tls_pair: tuple[bytes, bytes]) -> None:
     cert, key = tls_pair
     with pytest.raises(ConfigError, match="both tls_cert and tls_key"):
-        ServerConfig(tls_cert=cert)
+        ListenConfig(tls_cert=cert)
     with pytest.raises(ConfigError, match="not a PEM certificate"):
-        ServerConfig(tls_cert=b"garbage", tls_key=key)
+        ListenConfig(tls_cert=b"garbage", tls_key=key)
     with pytest.raises(ConfigError, match="not a PEM private key"):
-        ServerConfig(tls_cert=cert, tls_key=cert)
+        ListenConfig(tls_cert=cert, tls_key=cert)

@@ -10,7 +10,7 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from embeddb.config import EmbeddingConfig, StoreConfig, TableConfig
+from embeddb.config import EmbeddingConfig, RamTierConfig, StoreConfig, TableConfig
 from embeddb.errors import (
     ConfigError,
     CorruptDataError,
@@ -157,7 +157,7 @@ def test_concurrent_updates_are_neither_lost_nor_torn(tmp_path) -> None:
     dim = 4
     cfg = EmbeddingConfig(
         tables={"t": TableConfig(name="t", dim=dim, capacity=64, optimizer=sgd(lr=1.0))},
-        store=StoreConfig(stripes=4, eviction_chunk=0.1, min_stripe_rows=1),
+        store=StoreConfig(ram=RamTierConfig(stripes=4, eviction_chunk=0.1, min_stripe_rows=1)),
     )
     universe = np.arange(200, dtype=np.uint64)
     totals = np.zeros((200, dim), np.float64)

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from embeddb.config import EmbeddingConfig
+from embeddb.config import EmbeddingConfig, UpdateLogConfig
 from embeddb.errors import CorruptDataError, StorageError
 from embeddb.initializers import initial_vectors, table_key
 from embeddb.shard import Shard
@@ -259,7 +259,7 @@ def test_unclean_shutdown_is_recovered_from_the_update_log(tmp_path) -> None:
 
 def test_a_directory_without_log_or_marker_is_refused(tmp_path) -> None:
     cfg = one_table_config(capacity=4)
-    cfg = replace(cfg, store=replace(cfg.store, update_log=False))
+    cfg = replace(cfg, store=replace(cfg.store, log=UpdateLogConfig(enabled=False)))
     shard = Shard(cfg, tmp_path / "d")
     shard.lookup("t", np.arange(10, dtype=np.uint64))
     shard._pool.close()

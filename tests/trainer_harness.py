@@ -17,7 +17,8 @@ import numpy.typing as npt
 
 from embeddb.config import EmbeddingConfig
 from embeddb.datasets.adult import AdultTable, load_adult
-from embeddb.server import ServerConfig, ShardServer, build_server
+from embeddb.rpc import RpcServer
+from embeddb.server import ServerConfig, build_server
 from embeddb.shard import Shard
 from embeddb.trainer.batch import Batch, IDTypeFeatureWithSingleID, Label, NonIDTypeFeature
 
@@ -27,7 +28,7 @@ class Shards:
     """``n`` shards served on 127.0.0.1 (port 0), in shard order."""
 
     shards: list[Shard] = field(default_factory=list)
-    servers: list[ShardServer] = field(default_factory=list)
+    servers: list[RpcServer] = field(default_factory=list)
     addresses: list[str] = field(default_factory=list)
 
     def stop(self, k: int) -> None:
@@ -47,7 +48,7 @@ def serve_shards(
             path = None if data_dir is None else data_dir / f"shard-{k}"
             shard = Shard(config, path, shard_index=k, num_shards=n, restore=restore)
             out.shards.append(shard)
-            server = build_server(shard, ServerConfig(port=0, shard_index=k, num_shards=n))
+            server = build_server(shard, ServerConfig(shard_index=k, num_shards=n))
             out.servers.append(server)
             out.addresses.append(f"127.0.0.1:{server.port}")
         yield out

@@ -23,6 +23,5 @@ tokens, metrics, log level) and :mod:`~embeddb.cli.common` (reading the files op
 from __future__ import annotations
 
 from embeddb.cli.app import main
-from embeddb.cli.common import read_token as _read_token  # noqa: F401  (tests import it)
 
 __all__ = ["main"]

@@ -12,13 +12,13 @@ from embeddb.cli.common import load_config, set_log_level
 from embeddb.cli.options import (
     DEFAULT_PORT,
     NEW_FILE,
+    ListenArgs,
     config_option,
     data_dir_option,
-    host_option,
+    listen_options,
     log_level_option,
     metrics_host_option,
-    server_tls_options,
-    tokens_options,
+    options,
 )
 from embeddb.errors import EmbeddbError
 
@@ -36,13 +36,35 @@ __all__ = ["cluster"]
     show_default=True,
 )
 @click.option("--ephemeral", is_flag=True, help="Shards keep nothing after exit.")
-@host_option(help=None)
-@click.option(
-    "--base-port",
-    type=click.IntRange(0, 65535),
-    default=DEFAULT_PORT,
-    show_default=True,
-    help="Shard i binds BASE_PORT + i; 0: each picks a free port.",
+@listen_options(
+    host_help=None,
+    port=click.option(
+        "--base-port",
+        "port",
+        type=click.IntRange(0, 65535),
+        default=DEFAULT_PORT,
+        show_default=True,
+        help="Shard i binds BASE_PORT + i; 0: each picks a free port.",
+    ),
+    metrics=options(
+        click.option(
+            "--metrics-base-port",
+            "metrics_port",
+            type=click.IntRange(0, 65535),
+            default=0,
+            show_default=True,
+            help="Shard i serves Prometheus metrics at "
+            "http://HOST:(METRICS_BASE_PORT + i)/metrics; 0: no metrics.",
+        ),
+        metrics_host_option(
+            "Passed to every shard: the address its metrics endpoint binds (default: --host)."
+        ),
+    ),
+    cert_help="Passed to every shard (which then serves TLS only); the supervisor's health "
+    "checks trust this certificate.",
+    key_help="Passed to every shard: the PEM private key for --tls-cert.",
+    tokens_help="Passed to every shard: require bearer tokens (health checks need none).",
+    tokens_env_help="Passed to every shard.",
 )
 @click.option(
     "--address-file",
@@ -76,29 +98,9 @@ __all__ = ["cluster"]
 @log_level_option()
 @click.option("--workers", type=click.IntRange(min=1), help="Passed to every shard.")
 @click.option("--max-message-mb", type=click.IntRange(min=1), help="Passed to every shard.")
-@tokens_options(
-    "Passed to every shard: require bearer tokens (health checks need none).",
-    env_help="Passed to every shard.",
-)
-@server_tls_options(
-    "Passed to every shard (which then serves TLS only); the supervisor's health checks "
-    "trust this certificate.",
-    key_help="Passed to every shard: the PEM private key for --tls-cert.",
-)
 @click.option(
     "--tls-server-name",
     help="The name health checks expect in the certificate when it does not name HOST.",
-)
-@click.option(
-    "--metrics-base-port",
-    type=click.IntRange(0, 65535),
-    default=0,
-    show_default=True,
-    help="Shard i serves Prometheus metrics at http://HOST:(METRICS_BASE_PORT + i)/metrics; "
-    "0: no metrics.",
-)
-@metrics_host_option(
-    "Passed to every shard: the address its metrics endpoint binds (default: --host)."
 )
 @click.pass_context
 def cluster(
@@ -107,8 +109,7 @@ def cluster(
     config_path: Path | None,
     data_dir: Path,
     ephemeral: bool,
-    host: str,
-    base_port: int,
+    listen: ListenArgs,
     address_file: Path | None,
     grace: float,
     start_timeout: float,
@@ -118,13 +119,7 @@ def cluster(
     log_level: str | None,
     workers: int | None,
     max_message_mb: int | None,
-    tokens_file: Path | None,
-    tokens_from_env: bool,
-    tls_cert: Path | None,
-    tls_key: Path | None,
     tls_server_name: str | None,
-    metrics_base_port: int,
-    metrics_host: str | None,
 ) -> None:
     """Run NUM_SHARDS ``embeddb serve`` processes; restart any that die; stop all on Ctrl-C."""
     from embeddb.server.cluster import Cluster, ClusterConfig
@@ -135,12 +130,13 @@ def cluster(
         serve_args += ["--workers", str(workers)]
     if max_message_mb is not None:
         serve_args += ["--max-message-mb", str(max_message_mb)]
-    if tokens_file is not None:
-        serve_args += ["--tokens-file", str(tokens_file.resolve())]
-    if tokens_from_env:
+    if listen.tokens_file is not None:
+        serve_args += ["--tokens-file", str(listen.tokens_file.resolve())]
+    if listen.tokens_from_env:
         serve_args.append("--tokens-from-env")  # the shards inherit the environment
     try:
         load_config(config_path)  # fail here, once, rather than in every shard
+        base_port = listen.port or 0
         if base_port and base_port + num_shards > 65536:
             raise click.BadParameter(
                 f"{base_port} + {num_shards} shards exceeds 65535", param_hint="--base-port"
@@ -150,7 +146,7 @@ def cluster(
             config_path=config_path,
             data_dir=data_dir,
             ephemeral=ephemeral,
-            host=host,
+            host=listen.host,
             base_port=base_port,
             address_file=address_file
             if address_file is not None or ephemeral
@@ -160,11 +156,11 @@ def cluster(
             max_restarts=max_restarts,
             restart_window=restart_window,
             fail_fast=fail_fast,
-            tls_cert=None if tls_cert is None else tls_cert.resolve(),
-            tls_key=None if tls_key is None else tls_key.resolve(),
+            tls_cert=None if listen.tls_cert is None else listen.tls_cert.resolve(),
+            tls_key=None if listen.tls_key is None else listen.tls_key.resolve(),
             tls_server_name=tls_server_name,
-            metrics_base_port=metrics_base_port,
-            metrics_host=metrics_host,
+            metrics_base_port=listen.metrics_port or 0,
+            metrics_host=listen.metrics_host,
             log_level=log_level or logging.getLevelName(logging.getLogger().level).lower(),
             serve_args=tuple(serve_args),
         )

@@ -13,8 +13,8 @@ import click
 
 from embeddb.config import EmbeddingConfig
 from embeddb.errors import EmbeddbError
+from embeddb.rpc.auth import Tokens
 from embeddb.secrets import read_token_file
-from embeddb.server.auth import Tokens
 
 __all__ = [
     "channel_credentials",

@@ -58,7 +58,7 @@ def snapshot_command(
     the other shards took remain. Restore a checkpoint with `embeddb serve --restore ID` on
     every shard. For a checkpoint consistent across shards, pause training meanwhile.
     """
-    from embeddb.client import Client, read_address_file
+    from embeddb.client import Client, ClientOptions, read_address_file
 
     if (addresses is None) == (address_file is None):
         raise click.UsageError("give --addresses or --address-file (one of them)")
@@ -80,13 +80,10 @@ def snapshot_command(
             def factory(address: str) -> Any:
                 return grpc.secure_channel(address, credentials, options=name)
 
-        with Client(
-            shards,
-            token=read_token(token_file),
-            credentials=credentials,
-            channel_factory=factory,
-            tune_allocator=False,
-        ) as client:
+        options = ClientOptions(
+            token=read_token(token_file), credentials=credentials, tune_allocator=False
+        )
+        with Client(shards, options, channel_factory=factory) as client:
             results = client.snapshot(snapshot_id, timeout=timeout)
     except EmbeddbError as exc:
         raise click.ClickException(str(exc)) from exc

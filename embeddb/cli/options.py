@@ -12,17 +12,25 @@ Groups (the parameter names the command function receives):
     metrics_options      --metrics-port, --metrics-host (metrics_port, metrics_host)
     server_tls_options   --tls-cert, --tls-key: the certificate a server presents
     tokens_options       --tokens-file, --tokens-from-env: the bearer tokens a server accepts
+    listen_options       --host, a port, the metrics options, the TLS options and the tokens
+                         options of a server, gathered into one :class:`ListenArgs` (listen)
+                         whose ``config()`` is the server's ``embeddb.rpc.ListenConfig``
     client_auth_options  --[PREFIX]token-file, --[PREFIX]tls-ca, --[PREFIX]tls-server-name:
                          how a command or a server reaches other shards
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import click
+
+from embeddb.cli.common import read_bytes, server_tokens
+from embeddb.rpc.listen import ListenConfig
 
 __all__ = [
     "DEFAULT_PORT",
@@ -30,12 +38,14 @@ __all__ = [
     "EXISTING_FILE",
     "LOG_LEVELS",
     "NEW_FILE",
+    "ListenArgs",
     "check_metrics_options",
     "check_tokens_options",
     "client_auth_options",
     "config_option",
     "data_dir_option",
     "host_option",
+    "listen_options",
     "log_level_option",
     "metrics_host_option",
     "metrics_options",
@@ -156,3 +166,95 @@ def check_metrics_options(metrics_port: int | None, metrics_host: str | None) ->
     click.UsageError: ``--metrics-host`` was given without ``--metrics-port``."""
     if metrics_host is not None and metrics_port is None:
         raise click.UsageError("--metrics-host needs --metrics-port")
+
+
+@dataclass(frozen=True)
+class ListenArgs:
+    """The values of a server's :func:`listen_options`, before any file they name is read."""
+
+    host: str
+    port: int | None
+    metrics_port: int | None
+    metrics_host: str | None
+    tls_cert: Path | None
+    tls_key: Path | None
+    tokens_file: Path | None
+    tokens_from_env: bool
+
+    def check(self) -> None:
+        """Raises:
+        click.UsageError: both token sources, or ``--metrics-host`` without a metrics port."""
+        check_tokens_options(self.tokens_file, self.tokens_from_env)
+        check_metrics_options(self.metrics_port, self.metrics_host)
+
+    def config(self, port: int | None = None) -> ListenConfig:
+        """The listen config: the PEM files and tokens read; ``port`` (when given) instead of
+        the option's value.
+
+        Raises:
+            click.ClickException: a PEM file cannot be read.
+            ConfigError: the tokens are unreadable, malformed or empty, or see
+                :class:`~embeddb.rpc.listen.ListenConfig`.
+        """
+        return ListenConfig(
+            host=self.host,
+            port=(self.port or 0) if port is None else port,
+            tls_cert=read_bytes(self.tls_cert),
+            tls_key=read_bytes(self.tls_key),
+            tokens=server_tokens(self.tokens_file, self.tokens_from_env),
+            metrics_port=self.metrics_port,
+            metrics_host=self.metrics_host,
+        )
+
+
+def listen_options(
+    *,
+    port: Decorator,
+    cert_help: str,
+    tokens_help: str,
+    key_help: str = "PEM private key for --tls-cert.",
+    tokens_env_help: str = _TOKENS_FROM_ENV_HELP,
+    host_help: str | None = "Address to bind.",
+    metrics: Decorator | None = None,
+) -> Decorator:
+    """Where and how a server listens: ``--host``, ``port`` (an option whose parameter is
+    named ``port``), ``metrics`` (:func:`metrics_options` by default; parameters
+    ``metrics_port`` and ``metrics_host``), :func:`server_tls_options` and
+    :func:`tokens_options`. The command function receives them as one ``listen``
+    (:class:`ListenArgs`)."""
+
+    def apply(f: Command) -> Command:
+        @functools.wraps(f)
+        def command(
+            *args: Any,
+            host: str,
+            port: int | None,
+            metrics_port: int | None,
+            metrics_host: str | None,
+            tls_cert: Path | None,
+            tls_key: Path | None,
+            tokens_file: Path | None,
+            tokens_from_env: bool,
+            **kwargs: Any,
+        ) -> Any:
+            listen = ListenArgs(
+                host=host,
+                port=port,
+                metrics_port=metrics_port,
+                metrics_host=metrics_host,
+                tls_cert=tls_cert,
+                tls_key=tls_key,
+                tokens_file=tokens_file,
+                tokens_from_env=tokens_from_env,
+            )
+            return f(*args, listen=listen, **kwargs)
+
+        return options(
+            host_option(host_help),
+            port,
+            metrics if metrics is not None else metrics_options(),
+            server_tls_options(cert_help, key_help),
+            tokens_options(tokens_help, tokens_env_help),
+        )(command)
+
+    return apply

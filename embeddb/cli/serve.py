@@ -7,28 +7,17 @@ from pathlib import Path
 
 import click
 
-from embeddb.cli.common import (
-    channel_credentials,
-    load_config,
-    read_bytes,
-    read_token,
-    server_tokens,
-    set_log_level,
-)
+from embeddb.cli.common import channel_credentials, load_config, read_token, set_log_level
 from embeddb.cli.options import (
     DEFAULT_PORT,
     EXISTING_FILE,
     NEW_FILE,
-    check_metrics_options,
-    check_tokens_options,
+    ListenArgs,
     client_auth_options,
     config_option,
     data_dir_option,
-    host_option,
+    listen_options,
     log_level_option,
-    metrics_options,
-    server_tls_options,
-    tokens_options,
 )
 from embeddb.errors import EmbeddbError
 from embeddb.server.app import ServerConfig
@@ -61,22 +50,20 @@ __all__ = ["serve", "serve_model"]
     "the variable from the pod ordinal).",
 )
 @click.option("--num-shards", type=click.IntRange(min=1), default=1, show_default=True)
-@host_option()
-@click.option(
-    "--port",
-    type=click.IntRange(0, 65535),
-    help=f"Port to bind (default: {DEFAULT_PORT} + shard index; 0: any free port).",
+@listen_options(
+    port=click.option(
+        "--port",
+        type=click.IntRange(0, 65535),
+        help=f"Port to bind (default: {DEFAULT_PORT} + shard index; 0: any free port).",
+    ),
+    cert_help="PEM certificate chain; with --tls-key the port serves TLS only.",
+    tokens_help="Require bearer tokens: lines 'rw TOKEN', 'ro TOKEN' or 'replica TOKEN' "
+    "(followers); the file must be private (chmod 600).",
 )
 @click.option(
     "--port-file",
     type=NEW_FILE,
     help="Write the bound port here once serving (removed at shutdown).",
-)
-@metrics_options()
-@server_tls_options("PEM certificate chain; with --tls-key the port serves TLS only.")
-@tokens_options(
-    "Require bearer tokens: lines 'rw TOKEN', 'ro TOKEN' or 'replica TOKEN' (followers); "
-    "the file must be private (chmod 600)."
 )
 @log_level_option()
 @click.option(
@@ -172,15 +159,8 @@ def serve(
     ephemeral: bool,
     shard_index: int,
     num_shards: int,
-    host: str,
-    port: int | None,
+    listen: ListenArgs,
     port_file: Path | None,
-    metrics_port: int | None,
-    metrics_host: str | None,
-    tls_cert: Path | None,
-    tls_key: Path | None,
-    tokens_file: Path | None,
-    tokens_from_env: bool,
     log_level: str | None,
     max_message_mb: int,
     max_response_mb: int,
@@ -206,6 +186,7 @@ def serve(
     A directory that was not shut down cleanly is recovered from its newest snapshot and update
     log. With --follow the process serves a read-only replica of another shard instead.
     """
+    from embeddb.client import ClientOptions
     from embeddb.server.daemon import DaemonOptions, run_daemon
     from embeddb.server.follower import FollowerOptions
 
@@ -215,7 +196,7 @@ def serve(
             f"must be less than --num-shards ({num_shards}), got {shard_index}",
             param_hint="--shard-index",
         )
-    check_tokens_options(tokens_file, tokens_from_env)
+    listen.check()
     if follow is not None and (restore is not None or fallback_snapshot):
         raise click.UsageError(
             "--follow excludes --restore and --fallback-snapshot: a follower bootstraps from "
@@ -225,17 +206,14 @@ def serve(
         raise click.UsageError("the --primary-* options need --follow")
     if ephemeral and restore is not None:
         raise click.UsageError("--restore needs a data directory, not --ephemeral")
-    check_metrics_options(metrics_port, metrics_host)
     if follow is not None and ctx.get_parameter_source("data_dir") is not (
         click.core.ParameterSource.COMMANDLINE
     ):
         data_dir = "embeddb-data/follower-{index}"
     try:
         config = load_config(config_path)
-        tokens = server_tokens(tokens_file, tokens_from_env)
         server_config = ServerConfig(
-            host=host,
-            port=DEFAULT_PORT + shard_index if port is None else port,
+            listen=listen.config(DEFAULT_PORT + shard_index if listen.port is None else None),
             shard_index=shard_index,
             num_shards=num_shards,
             max_message_bytes=max_message_mb << 20,
@@ -244,19 +222,16 @@ def serve(
             stream_idle_timeout=stream_idle_timeout,
             max_idle_s=max_idle,
             workers=workers,
-            tls_cert=read_bytes(tls_cert),
-            tls_key=read_bytes(tls_key),
-            tokens=tokens,
-            metrics_port=metrics_port,
-            metrics_host=metrics_host,
         )
         following = (
             None
             if follow is None
             else FollowerOptions(
                 primary=follow,
-                token=read_token(primary_token_file),
-                credentials=channel_credentials(primary_tls_ca),
+                client=ClientOptions(
+                    token=read_token(primary_token_file),
+                    credentials=channel_credentials(primary_tls_ca),
+                ),
                 server_name=primary_tls_server_name,
             )
         )
@@ -298,9 +273,13 @@ def serve(
     metavar="HOST:PORT",
     help="A shard to read, in shard order (repeat for each); instead of --addresses.",
 )
-@host_option()
-@click.option(
-    "--port", type=click.IntRange(0, 65535), default=7080, show_default=True, help="gRPC port."
+@listen_options(
+    port=click.option(
+        "--port", type=click.IntRange(0, 65535), default=7080, show_default=True, help="gRPC port."
+    ),
+    cert_help="PEM certificate chain; with --tls-key the gRPC port serves TLS only.",
+    tokens_help="Require bearer tokens of callers: lines 'rw TOKEN', 'ro TOKEN' or "
+    "'replica TOKEN' (any may predict); the file must be private (chmod 600).",
 )
 @click.option(
     "--http-port",
@@ -310,23 +289,17 @@ def serve(
     help="HTTP/JSON port (POST /v1/predict, GET /healthz).",
 )
 @click.option("--no-http", is_flag=True, help="Serve gRPC only.")
-@metrics_options()
 @click.option(
     "--port-file",
     type=NEW_FILE,
     help='Write {"grpc": port, "http": port, "metrics": port} here once serving (removed at '
     "shutdown).",
 )
-@tokens_options(
-    "Require bearer tokens of callers: lines 'rw TOKEN', 'ro TOKEN' or 'replica TOKEN' "
-    "(any may predict); the file must be private (chmod 600)."
-)
 @client_auth_options(
     "shard-",
     token_help="File holding the bearer token for the shards (read-only is enough).",
     ca_help="PEM certificate(s) to trust; the shards are reached over TLS.",
 )
-@server_tls_options("PEM certificate chain; with --tls-key the gRPC port serves TLS only.")
 @click.option(
     "--max-batch",
     type=click.IntRange(min=1),
@@ -355,19 +328,12 @@ def serve_model(
     model_dir: Path,
     address_file: Path | None,
     shards: tuple[str, ...],
-    host: str,
-    port: int,
+    listen: ListenArgs,
     http_port: int,
     no_http: bool,
-    metrics_port: int | None,
-    metrics_host: str | None,
     port_file: Path | None,
-    tokens_file: Path | None,
-    tokens_from_env: bool,
     shard_token_file: Path | None,
     shard_tls_ca: Path | None,
-    tls_cert: Path | None,
-    tls_key: Path | None,
     max_batch: int,
     max_delay_ms: float,
     workers: int,
@@ -383,27 +349,19 @@ def serve_model(
     set_log_level(ctx, log_level)
     if (address_file is None) == (not shards):
         raise click.UsageError("give --addresses FILE or --shard HOST:PORT (one of them)")
-    check_tokens_options(tokens_file, tokens_from_env)
-    check_metrics_options(metrics_port, metrics_host)
+    listen.check()
     try:
         from embeddb.trainer.serving.daemon import ModelDaemonOptions, run_model_server
         from embeddb.trainer.serving.server import ModelServerConfig
     except ImportError as exc:
         raise click.ClickException(f"embeddb serve-model needs the trainer extra: {exc}") from exc
     try:
-        tokens = server_tokens(tokens_file, tokens_from_env)
         config = ModelServerConfig(
-            host=host,
-            port=port,
+            listen=listen.config(),
             http_port=None if no_http else http_port,
-            metrics_port=metrics_port,
-            metrics_host=metrics_host,
             max_batch=max_batch,
             max_delay=max_delay_ms / 1e3,
             workers=workers,
-            tokens=tokens,
-            tls_cert=read_bytes(tls_cert),
-            tls_key=read_bytes(tls_key),
         )
         options = ModelDaemonOptions(
             model_dir=model_dir,

@@ -49,10 +49,9 @@ def demo(
         )
         if ram_rows is not None:
             tables = {n: replace(t, capacity=ram_rows) for n, t in config.tables.items()}
+            ram = config.store.ram
             store = StoreConfig(
-                stripes=config.store.stripes,
-                eviction_chunk=config.store.eviction_chunk,
-                min_stripe_rows=min(config.store.min_stripe_rows, ram_rows),
+                ram=replace(ram, min_stripe_rows=min(ram.min_stripe_rows, ram_rows))
             )
             config = replace(config, tables=tables, store=store)
         with tempfile.TemporaryDirectory(prefix="embeddb-demo-") as tmp:

@@ -8,9 +8,9 @@ anything is sent, and every request is sized to fit the shards' limits. Errors c
 :mod:`embeddb.errors` exceptions that name the shard. Usage::
 
     import numpy as np
-    from embeddb.client import Client
+    from embeddb.client import Client, ClientOptions
 
-    with Client.from_address_file("shards.txt", timeout=5.0) as client:
+    with Client.from_address_file("shards.txt", ClientOptions(timeout=5.0)) as client:
         ids = np.array([7, 42, 7], dtype=np.uint64)
         vectors = client.lookup("user", ids)               # (3, dim) float32, rows 0 and 2 equal
         grads = np.ones_like(vectors)
@@ -22,7 +22,12 @@ anything is sent, and every request is sized to fit the shards' limits. Errors c
 :class:`AsyncClient` offers the same methods as coroutines (``await client.lookup(...)``).
 ``client.snapshot()`` takes a job checkpoint: one snapshot id on every shard.
 
-Modules: :mod:`~embeddb.client.sync` and :mod:`~embeddb.client.aio` (the two clients, I/O only),
+Its result types are named apart from the core's (:class:`PushResult`, not the storage's
+``UpdateResult``; :class:`TableDescription`, :class:`ShardStatsDict`, :class:`CheckpointPart`,
+:class:`ListedSnapshot`), so that code and tests using both never mix them up.
+
+Modules: :mod:`~embeddb.client.sync` and :mod:`~embeddb.client.aio` (the two clients, I/O only;
+their shared state in :mod:`~embeddb.client.base`),
 :mod:`~embeddb.client.plans` (what each method sends and how answers merge; job checkpoints
 in :mod:`~embeddb.client.snapshots`), :mod:`~embeddb.client.topology` (the ``DescribeShard``
 check and the request budgets), :mod:`~embeddb.client.batching` (dedup, split, merge; pure
@@ -39,19 +44,19 @@ if __name__ != "embeddb.client":  # the top-level folder is a link, not a second
 from .aio import AsyncClient
 from .errors import DeadlineExceededError, RemoteError
 from .options import ClientOptions, read_address_file
-from .plans import ShardStats, SnapshotInfo, SnapshotResult, TableInfo, UpdateResult
+from .plans import CheckpointPart, ListedSnapshot, PushResult, ShardStatsDict, TableDescription
 from .sync import Client
 
 __all__ = [
     "AsyncClient",
+    "CheckpointPart",
     "Client",
     "ClientOptions",
     "DeadlineExceededError",
+    "ListedSnapshot",
+    "PushResult",
     "RemoteError",
-    "ShardStats",
-    "SnapshotInfo",
-    "SnapshotResult",
-    "TableInfo",
-    "UpdateResult",
+    "ShardStatsDict",
+    "TableDescription",
     "read_address_file",
 ]

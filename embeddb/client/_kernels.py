@@ -12,14 +12,18 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from embeddb.splitmix import GAMMA, MULTIPLIER_1, MULTIPLIER_2, SHIFT_1, SHIFT_2, SHIFT_3
+
 __all__ = ["dedup", "last_rows", "sum_rows"]
 
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-_M1 = np.uint64(0xBF58476D1CE4E5B9)
-_M2 = np.uint64(0x94D049BB133111EB)
-_S30 = np.uint64(30)
-_S27 = np.uint64(27)
-_S31 = np.uint64(31)
+
+@numba.njit(nogil=True, cache=True, inline="always")
+def _mix(z):
+    """:func:`embeddb.routing.mix64` of one id."""
+    z = z + GAMMA
+    z = (z ^ (z >> SHIFT_1)) * MULTIPLIER_1
+    z = (z ^ (z >> SHIFT_2)) * MULTIPLIER_2
+    return z ^ (z >> SHIFT_3)
 
 
 @numba.njit(nogil=True, cache=True)
@@ -38,10 +42,7 @@ def dedup(ids, unique_out, inverse_out, counts_out):
     k = 0
     for i in range(n):
         key = ids[i]
-        z = key + _GOLDEN
-        z = (z ^ (z >> _S30)) * _M1
-        z = (z ^ (z >> _S27)) * _M2
-        b = (z ^ (z >> _S31)) & mask
+        b = _mix(key) & mask
         while True:
             pos = table[b]
             if pos < 0:

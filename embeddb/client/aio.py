@@ -11,7 +11,6 @@ described once (``DescribeShard``), however many calls start together; see
 from __future__ import annotations
 
 import asyncio
-import random
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -23,21 +22,20 @@ import grpc.aio
 import numpy as np
 import numpy.typing as npt
 
-import embeddb.allocator as allocator
 from embeddb.errors import UnavailableError
 
 from . import plans, topology
+from .base import ClientBase
 from .batching import Budget, IdBatch, as_matrix
-from .errors import translate_rpc_error
-from .options import ClientOptions, check_addresses, read_address_file
+from .options import ClientOptions, read_address_file
 from .plans import (
+    CheckpointPart,
+    ListedSnapshot,
     Plan,
+    PushResult,
     ShardCall,
-    ShardStats,
-    SnapshotInfo,
-    SnapshotResult,
-    TableInfo,
-    UpdateResult,
+    ShardStatsDict,
+    TableDescription,
 )
 from .stubs import store_stub
 from .sync import SNAPSHOT_TIMEOUT
@@ -47,68 +45,43 @@ __all__ = ["AsyncClient"]
 T = TypeVar("T")
 
 
-class AsyncClient:
+class AsyncClient(ClientBase):
     """An ``asyncio`` client of a sharded embeddb cluster.
 
     Arguments, routing, retries and errors are those of :class:`~embeddb.client.Client`;
     ``channel_factory`` here returns a :class:`grpc.aio.Channel`.
 
     Raises:
-        ConfigError: an invalid address or option.
+        ConfigError: an invalid address.
     """
 
     def __init__(
         self,
         addresses: Sequence[str],
+        options: ClientOptions | None = None,
         *,
-        timeout: float = 10.0,
-        retries: int = 3,
-        backoff: float = 0.05,
-        max_backoff: float = 2.0,
-        fp16: bool = False,
-        lz4_min_bytes: int = 0,
-        max_ids_per_message: int = 1 << 20,
-        max_message_bytes: int = 1 << 30,
-        credentials: grpc.ChannelCredentials | None = None,
-        token: str | None = None,
-        tune_allocator: bool = True,
-        verify_topology: bool = True,
         channel_factory: Callable[[str], grpc.aio.Channel] | None = None,
     ) -> None:
-        self.addresses = check_addresses(addresses)
-        self.options = ClientOptions(
-            timeout=timeout,
-            retries=retries,
-            backoff=backoff,
-            max_backoff=max_backoff,
-            fp16=fp16,
-            lz4_min_bytes=lz4_min_bytes,
-            max_ids_per_message=max_ids_per_message,
-            max_message_bytes=max_message_bytes,
-            credentials=credentials,
-            token=token,
-            tune_allocator=tune_allocator,
-            verify_topology=verify_topology,
-        )
-        if self.options.tune_allocator:
-            allocator.tune_allocator()
+        super().__init__(addresses, options)
         self._factory = channel_factory
         self._channels: list[grpc.aio.Channel] = []
         self._stubs: list[Any] = []
-        self._rng = random.Random()
-        self._dims: dict[str, int] = {}
-        self._closed = False
         self._describe_lock = asyncio.Lock()  # one DescribeShard round at a time
-        self._budgets: tuple[Budget, ...] | None = None  # per shard, once described
 
     @classmethod
-    def from_address_file(cls, path: str | Path, **kwargs: Any) -> AsyncClient:
+    def from_address_file(
+        cls,
+        path: str | Path,
+        options: ClientOptions | None = None,
+        *,
+        channel_factory: Callable[[str], grpc.aio.Channel] | None = None,
+    ) -> AsyncClient:
         """A client of the shards listed in ``path``; see :meth:`Client.from_address_file`.
 
         Raises:
             ConfigError: the file is missing, unreadable, empty or has a malformed line.
         """
-        return cls(read_address_file(path), **kwargs)
+        return cls(read_address_file(path), options, channel_factory=channel_factory)
 
     def _open(self, address: str) -> grpc.aio.Channel:
         if self._factory is not None:
@@ -124,10 +97,6 @@ class AsyncClient:
             self._stubs = [store_stub(c) for c in self._channels]
         return self._stubs[shard]
 
-    @property
-    def num_shards(self) -> int:
-        return len(self.addresses)
-
     # ------------------------------------------------------------------ data plane
     async def lookup(self, table: str, ids: object, train: bool = True) -> npt.NDArray[np.float32]:
         """See :meth:`Client.lookup`."""
@@ -138,13 +107,13 @@ class AsyncClient:
         budgets = await self._shard_budgets()
         return await self._run(plans.lookup(table, batch, dim, train, self.options, budgets))
 
-    async def apply_gradients(self, table: str, ids: object, grads: object) -> UpdateResult:
+    async def apply_gradients(self, table: str, ids: object, grads: object) -> PushResult:
         """See :meth:`Client.apply_gradients`. Never retried."""
         batch = IdBatch.of(ids)
         if batch.size == 0:
             as_matrix(grads, 0, "grads")
             await self._dim(table)
-            return UpdateResult()
+            return PushResult()
         budgets = await self._shard_budgets()
         return await self._run(plans.apply_gradients(table, batch, grads, self.options, budgets))
 
@@ -159,7 +128,7 @@ class AsyncClient:
 
     async def apply_gradients_many(
         self, updates: Mapping[str, tuple[object, object]]
-    ) -> dict[str, UpdateResult]:
+    ) -> dict[str, PushResult]:
         """See :meth:`Client.apply_gradients_many`. Never retried."""
         dims = await self._dims_of(list(updates))
         checked = plans.gradient_batches(updates, dims)
@@ -186,19 +155,19 @@ class AsyncClient:
         return await self._run(plans.delete(table, batch, self.options, budgets))
 
     # ------------------------------------------------------------------ metadata
-    async def list_tables(self) -> list[TableInfo]:
+    async def list_tables(self) -> list[TableDescription]:
         """See :meth:`Client.list_tables`."""
         tables = await self._run(plans.list_tables())
         self._dims.update({t.name: t.dim for t in tables})
         return tables
 
-    async def describe_table(self, table: str) -> TableInfo:
+    async def describe_table(self, table: str) -> TableDescription:
         """See :meth:`Client.describe_table`."""
         info = await self._run(plans.describe_table(table))
         self._dims[table] = info.dim
         return info
 
-    async def stats(self) -> list[ShardStats]:
+    async def stats(self) -> list[ShardStatsDict]:
         """See :meth:`Client.stats`."""
         return await self._run(plans.stats(self.addresses))
 
@@ -211,7 +180,7 @@ class AsyncClient:
     # ------------------------------------------------------------------ durability
     async def snapshot(
         self, snapshot_id: str | None = None, *, timeout: float = SNAPSHOT_TIMEOUT
-    ) -> list[SnapshotResult]:
+    ) -> list[CheckpointPart]:
         """See :meth:`Client.snapshot` (the job checkpoint; never retried)."""
         name = snapshot_id if snapshot_id is not None else plans.new_snapshot_id()
         plan = plans.snapshot(name, self.addresses, timeout)
@@ -223,7 +192,7 @@ class AsyncClient:
             raise error from first
         return plan.merge(list(outcomes))
 
-    async def list_snapshots(self) -> list[list[SnapshotInfo]]:
+    async def list_snapshots(self) -> list[list[ListedSnapshot]]:
         """See :meth:`Client.list_snapshots`."""
         return await self._run(plans.list_snapshots(self.addresses))
 
@@ -274,9 +243,6 @@ class AsyncClient:
     ) -> None:
         await self.close()
 
-    def __repr__(self) -> str:
-        return f"AsyncClient({list(self.addresses)!r})"
-
     # ------------------------------------------------------------------ execution
     async def _run(self, plan: Plan[T]) -> T:
         """The plan's result, once every shard has been described."""
@@ -312,16 +278,5 @@ class AsyncClient:
                     call.request, timeout=max(remaining, 0.0), metadata=opts.metadata
                 )
             except grpc.aio.AioRpcError as exc:
-                delay = opts.retry_delay(
-                    call.idempotent,
-                    exc.code().name,
-                    attempt,
-                    deadline - time.monotonic(),
-                    self._rng,
-                )
-                if delay is None:
-                    address = self.addresses[call.shard]
-                    raise translate_rpc_error(
-                        exc, call.shard, address, call.method, attempt
-                    ) from exc
+                delay = self._retry_delay(call, exc, attempt, deadline)
             await asyncio.sleep(delay)

@@ -17,7 +17,13 @@ import grpc
 
 from embeddb.errors import ConfigError
 
-__all__ = ["ClientOptions", "check_addresses", "read_address_file", "tls_credentials"]
+__all__ = [
+    "ClientOptions",
+    "check_address",
+    "check_addresses",
+    "read_address_file",
+    "tls_credentials",
+]
 
 
 @dataclass(frozen=True)
@@ -136,10 +142,19 @@ def check_addresses(addresses: Sequence[str]) -> tuple[str, ...]:
     if not out:
         raise ConfigError("addresses", "at least one shard address is needed")
     for i, address in enumerate(out):
-        host, sep, port = str(address).rpartition(":")
-        if not (sep and host and port.isdigit() and 0 < int(port) < 65536):
-            raise ConfigError(f"addresses[{i}]", f"must be 'host:port', got {address!r}")
+        check_address(address, f"addresses[{i}]")
     return out
+
+
+def check_address(address: str, key: str) -> None:
+    """Validate one ``host:port`` address.
+
+    Raises:
+        ConfigError: ``address`` is not ``host:port``, under ``key``.
+    """
+    host, sep, port = str(address).rpartition(":")
+    if not (sep and host and port.isdigit() and 0 < int(port) < 65536):
+        raise ConfigError(key, f"must be 'host:port', got {address!r}")
 
 
 def read_address_file(path: str | os.PathLike[str]) -> tuple[str, ...]:
@@ -161,10 +176,7 @@ def read_address_file(path: str | os.PathLike[str]) -> tuple[str, ...]:
         address = line.split("#", 1)[0].strip()
         if not address:
             continue
-        try:
-            check_addresses([address])
-        except ConfigError:
-            raise ConfigError(f"{p}:{number}", f"must be 'host:port', got {address!r}") from None
+        check_address(address, f"{p}:{number}")
         addresses.append(address)
     if not addresses:
         raise ConfigError(str(p), "the shard address file lists no 'host:port' address")

@@ -29,8 +29,8 @@ from .batching import Budget, IdBatch, Part, as_matrix, split_many
 from .calls import Plan, ShardCall
 from .options import ClientOptions
 from .snapshots import (
-    SnapshotInfo,
-    SnapshotResult,
+    CheckpointPart,
+    ListedSnapshot,
     list_snapshots,
     new_snapshot_id,
     snapshot,
@@ -39,13 +39,13 @@ from .snapshots import (
 from .topology import ID_COST, lookup_cost, push_cost
 
 __all__ = [
+    "CheckpointPart",
+    "ListedSnapshot",
     "Plan",
+    "PushResult",
     "ShardCall",
-    "ShardStats",
-    "SnapshotInfo",
-    "SnapshotResult",
-    "TableInfo",
-    "UpdateResult",
+    "ShardStatsDict",
+    "TableDescription",
     "apply_gradients",
     "apply_gradients_many",
     "assign",
@@ -67,7 +67,7 @@ T = TypeVar("T")
 
 
 @dataclass(frozen=True)
-class UpdateResult:
+class PushResult:
     """Outcome of :meth:`Client.apply_gradients`, summed over shards (counts of distinct ids).
 
     Attributes:
@@ -80,8 +80,8 @@ class UpdateResult:
     nan_skipped: int = 0
     missing: int = 0
 
-    def __add__(self, other: UpdateResult) -> UpdateResult:
-        return UpdateResult(
+    def __add__(self, other: PushResult) -> PushResult:
+        return PushResult(
             self.applied + other.applied,
             self.nan_skipped + other.nan_skipped,
             self.missing + other.missing,
@@ -89,7 +89,7 @@ class UpdateResult:
 
 
 @dataclass(frozen=True)
-class TableInfo:
+class TableDescription:
     """A table as a shard describes it."""
 
     name: str
@@ -99,7 +99,7 @@ class TableInfo:
     capacity: int
 
     @classmethod
-    def from_proto(cls, info: Any) -> TableInfo:
+    def from_proto(cls, info: Any) -> TableDescription:
         return cls(
             name=info.name,
             dim=int(info.dim),
@@ -109,7 +109,7 @@ class TableInfo:
         )
 
 
-class ShardStats(TypedDict):
+class ShardStatsDict(TypedDict):
     """One shard's answer to :meth:`Client.stats`.
 
     ``tables`` maps each table to its counters (``rows``, ``ram_rows``, ``lookup_ids``, ...; the
@@ -166,7 +166,7 @@ def lookup(
 
 def apply_gradients(
     table: str, batch: IdBatch, grads: object, options: ClientOptions, budgets: Sequence[Budget]
-) -> Plan[UpdateResult]:
+) -> Plan[PushResult]:
     """Gradients of duplicate ids are summed here, so each shard gets one row per id, in
     requests whose gradient matrices fit its budget."""
     summed = batch.sum_rows(as_matrix(grads, batch.size, "grads"))
@@ -188,10 +188,10 @@ def apply_gradients(
         for part in parts
     ]
 
-    def merge(responses: list[Any]) -> UpdateResult:
-        total = UpdateResult()
+    def merge(responses: list[Any]) -> PushResult:
+        total = PushResult()
         for r in responses:
-            total += UpdateResult(int(r.applied), int(r.nan_skipped), int(r.missing))
+            total += PushResult(int(r.applied), int(r.nan_skipped), int(r.missing))
         return total
 
     return Plan(calls, merge)
@@ -292,7 +292,7 @@ def lookup_many(
 
 def apply_gradients_many(
     updates: Mapping[str, tuple[IdBatch, F32]], options: ClientOptions, budgets: Sequence[Budget]
-) -> Plan[dict[str, UpdateResult]]:
+) -> Plan[dict[str, PushResult]]:
     """One ``ApplyGradientsMany`` per shard with every table's rows for it (more only past the
     shard's budget, as in :func:`lookup_many`). ``updates`` comes from
     :func:`gradient_batches`."""
@@ -324,12 +324,12 @@ def apply_gradients_many(
         for pieces in requests
     ]
 
-    def merge(responses: list[Any]) -> dict[str, UpdateResult]:
-        totals = {table: UpdateResult() for table in updates}
+    def merge(responses: list[Any]) -> dict[str, PushResult]:
+        totals = {table: PushResult() for table in updates}
         for pieces, response in zip(requests, responses, strict=True):
             results = _results(response, pieces, "ApplyGradientsMany")
             for (table, _), r in zip(pieces, results, strict=True):
-                totals[table] += UpdateResult(int(r.applied), int(r.nan_skipped), int(r.missing))
+                totals[table] += PushResult(int(r.applied), int(r.nan_skipped), int(r.missing))
         return totals
 
     return Plan(calls, merge)
@@ -401,27 +401,27 @@ def _rows_of(values: npt.NDArray[np.float32], part: Part) -> npt.NDArray[np.floa
     return picked
 
 
-def list_tables() -> Plan[list[TableInfo]]:
+def list_tables() -> Plan[list[TableDescription]]:
     """Every shard serves the same tables; shard 0 answers."""
     call = ShardCall(0, "ListTables", pb.ListTablesRequest(), idempotent=True)
-    return Plan([call], lambda r: [TableInfo.from_proto(t) for t in r[0].tables])
+    return Plan([call], lambda r: [TableDescription.from_proto(t) for t in r[0].tables])
 
 
-def describe_table(table: str) -> Plan[TableInfo]:
+def describe_table(table: str) -> Plan[TableDescription]:
     """Shard 0 describes the table."""
     call = ShardCall(0, "DescribeTable", pb.DescribeTableRequest(table=table), idempotent=True)
-    return Plan([call], lambda r: TableInfo.from_proto(r[0]))
+    return Plan([call], lambda r: TableDescription.from_proto(r[0]))
 
 
-def stats(addresses: Sequence[str]) -> Plan[list[ShardStats]]:
+def stats(addresses: Sequence[str]) -> Plan[list[ShardStatsDict]]:
     """Every shard's statistics, in shard order."""
     calls = [
         ShardCall(k, "Stats", pb.StatsRequest(), idempotent=True) for k in range(len(addresses))
     ]
 
-    def merge(responses: list[Any]) -> list[ShardStats]:
+    def merge(responses: list[Any]) -> list[ShardStatsDict]:
         return [
-            ShardStats(
+            ShardStatsDict(
                 shard_index=int(r.shard_index),
                 num_shards=int(r.num_shards),
                 address=address,

@@ -14,8 +14,8 @@ from embeddb.v1 import embeddb_pb2 as pb
 from .calls import Plan, ShardCall
 
 __all__ = [
-    "SnapshotInfo",
-    "SnapshotResult",
+    "CheckpointPart",
+    "ListedSnapshot",
     "list_snapshots",
     "new_snapshot_id",
     "snapshot",
@@ -24,7 +24,7 @@ __all__ = [
 
 
 @dataclass(frozen=True)
-class SnapshotResult:
+class CheckpointPart:
     """One shard's part of a job checkpoint (:meth:`Client.snapshot`).
 
     Attributes:
@@ -46,7 +46,7 @@ class SnapshotResult:
 
 
 @dataclass(frozen=True)
-class SnapshotInfo:
+class ListedSnapshot:
     """A complete snapshot kept by a shard (:meth:`Client.list_snapshots`); ``created`` is a
     UNIX time."""
 
@@ -64,7 +64,7 @@ def new_snapshot_id() -> str:
 
 def snapshot(
     snapshot_id: str, addresses: Sequence[str], timeout: float
-) -> Plan[list[SnapshotResult]]:
+) -> Plan[list[CheckpointPart]]:
     """Every shard snapshots under ``snapshot_id``; never retried (see :meth:`Client.snapshot`)."""
     calls = [
         ShardCall(
@@ -77,9 +77,9 @@ def snapshot(
         for k in range(len(addresses))
     ]
 
-    def merge(responses: list[Any]) -> list[SnapshotResult]:
+    def merge(responses: list[Any]) -> list[CheckpointPart]:
         return [
-            SnapshotResult(
+            CheckpointPart(
                 shard=k,
                 address=address,
                 snapshot_id=r.snapshot_id,
@@ -123,17 +123,17 @@ def snapshot_error(
         return EmbeddbError(message)
 
 
-def list_snapshots(addresses: Sequence[str]) -> Plan[list[list[SnapshotInfo]]]:
+def list_snapshots(addresses: Sequence[str]) -> Plan[list[list[ListedSnapshot]]]:
     """Every shard's complete snapshots (oldest first), in shard order."""
     calls = [
         ShardCall(k, "ListSnapshots", pb.ListSnapshotsRequest(), idempotent=True)
         for k in range(len(addresses))
     ]
 
-    def merge(responses: list[Any]) -> list[list[SnapshotInfo]]:
+    def merge(responses: list[Any]) -> list[list[ListedSnapshot]]:
         return [
             [
-                SnapshotInfo(s.snapshot_id, int(s.seq), int(s.bytes), float(s.created))
+                ListedSnapshot(s.snapshot_id, int(s.seq), int(s.bytes), float(s.created))
                 for s in r.snapshots
             ]
             for r in responses

@@ -7,7 +7,6 @@ sizes every later request from their limits.
 
 from __future__ import annotations
 
-import random
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -21,21 +20,20 @@ import grpc
 import numpy as np
 import numpy.typing as npt
 
-import embeddb.allocator as allocator
 from embeddb.errors import UnavailableError
 
 from . import plans, topology
+from .base import ClientBase
 from .batching import Budget, IdBatch, as_matrix
-from .errors import translate_rpc_error
-from .options import ClientOptions, check_addresses, read_address_file
+from .options import ClientOptions, read_address_file
 from .plans import (
+    CheckpointPart,
+    ListedSnapshot,
     Plan,
+    PushResult,
     ShardCall,
-    ShardStats,
-    SnapshotInfo,
-    SnapshotResult,
-    TableInfo,
-    UpdateResult,
+    ShardStatsDict,
+    TableDescription,
 )
 from .stubs import store_stub
 
@@ -46,7 +44,7 @@ T = TypeVar("T")
 SNAPSHOT_TIMEOUT = 600.0  # seconds a shard may take to write a snapshot, by default
 
 
-class Client:
+class Client(ClientBase):
     """A blocking client of a sharded embeddb cluster; safe to share between threads.
 
     Ids are routed with :func:`embeddb.routing.shard_of`: shard ``i`` is ``addresses[i]``.
@@ -63,52 +61,24 @@ class Client:
 
     Args:
         addresses: ``host:port`` of each shard, in shard order.
-        timeout, retries, backoff, max_backoff, fp16, lz4_min_bytes, max_ids_per_message,
-        max_message_bytes, credentials, token, tune_allocator, verify_topology: see
-            :class:`~embeddb.client.ClientOptions`.
+        options: timeouts, retries, encoding, TLS credentials, token, ...: see
+            :class:`~embeddb.client.ClientOptions`; ``None``: its defaults.
         channel_factory: builds the channel of an address instead of the default
-            (``grpc.secure_channel`` with ``credentials`` or ``grpc.insecure_channel``), e.g. to
-            add interceptors or TLS settings.
+            (``grpc.secure_channel`` with ``options.credentials`` or ``grpc.insecure_channel``),
+            e.g. to add interceptors or TLS settings.
 
     Raises:
-        ConfigError: an invalid address or option.
+        ConfigError: an invalid address.
     """
 
     def __init__(
         self,
         addresses: Sequence[str],
+        options: ClientOptions | None = None,
         *,
-        timeout: float = 10.0,
-        retries: int = 3,
-        backoff: float = 0.05,
-        max_backoff: float = 2.0,
-        fp16: bool = False,
-        lz4_min_bytes: int = 0,
-        max_ids_per_message: int = 1 << 20,
-        max_message_bytes: int = 1 << 30,
-        credentials: grpc.ChannelCredentials | None = None,
-        token: str | None = None,
-        tune_allocator: bool = True,
-        verify_topology: bool = True,
         channel_factory: Callable[[str], grpc.Channel] | None = None,
     ) -> None:
-        self.addresses = check_addresses(addresses)
-        self.options = ClientOptions(
-            timeout=timeout,
-            retries=retries,
-            backoff=backoff,
-            max_backoff=max_backoff,
-            fp16=fp16,
-            lz4_min_bytes=lz4_min_bytes,
-            max_ids_per_message=max_ids_per_message,
-            max_message_bytes=max_message_bytes,
-            credentials=credentials,
-            token=token,
-            tune_allocator=tune_allocator,
-            verify_topology=verify_topology,
-        )
-        if self.options.tune_allocator:
-            allocator.tune_allocator()
+        super().__init__(addresses, options)
         self._channels = [self._open(a, channel_factory) for a in self.addresses]
         self._stubs = [store_stub(c) for c in self._channels]
         self._pool = (
@@ -116,22 +86,25 @@ class Client:
             if self.num_shards > 1
             else None
         )
-        self._rng = random.Random()
-        self._lock = threading.Lock()  # guards _rng, _dims and _closed
-        self._dims: dict[str, int] = {}
-        self._closed = False
+        self._lock = threading.Lock()  # guards _dims and _closed
         self._describe_lock = threading.Lock()  # one DescribeShard round at a time
-        self._budgets: tuple[Budget, ...] | None = None  # per shard, once described
 
     @classmethod
-    def from_address_file(cls, path: str | Path, **kwargs: Any) -> Client:
+    def from_address_file(
+        cls,
+        path: str | Path,
+        options: ClientOptions | None = None,
+        *,
+        channel_factory: Callable[[str], grpc.Channel] | None = None,
+    ) -> Client:
         """A client of the shards listed in ``path`` (one ``host:port`` per line, in shard
-        order; blank lines and ``#`` comments ignored). ``kwargs`` are the constructor's.
+        order; blank lines and ``#`` comments ignored); the other arguments are the
+        constructor's.
 
         Raises:
             ConfigError: the file is missing, unreadable, empty or has a malformed line.
         """
-        return cls(read_address_file(path), **kwargs)
+        return cls(read_address_file(path), options, channel_factory=channel_factory)
 
     def _open(self, address: str, factory: Callable[[str], grpc.Channel] | None) -> grpc.Channel:
         if factory is not None:
@@ -140,10 +113,6 @@ class Client:
         if self.options.credentials is not None:
             return grpc.secure_channel(address, self.options.credentials, options=opts)
         return grpc.insecure_channel(address, options=opts)
-
-    @property
-    def num_shards(self) -> int:
-        return len(self.addresses)
 
     # ------------------------------------------------------------------ data plane
     def lookup(self, table: str, ids: object, train: bool = True) -> npt.NDArray[np.float32]:
@@ -166,7 +135,7 @@ class Client:
         plan = plans.lookup(table, batch, dim, train, self.options, self._shard_budgets())
         return self._run(plan)
 
-    def apply_gradients(self, table: str, ids: object, grads: object) -> UpdateResult:
+    def apply_gradients(self, table: str, ids: object, grads: object) -> PushResult:
         """Push gradients ``(len(ids), dim)``; the shards' optimizers apply them. Never retried.
 
         Gradients of duplicate ids are summed before sending. Rows with NaN or Inf are sent
@@ -176,7 +145,7 @@ class Client:
         if batch.size == 0:
             as_matrix(grads, 0, "grads")
             self._dim(table)
-            return UpdateResult()
+            return PushResult()
         budgets = self._shard_budgets()
         return self._run(plans.apply_gradients(table, batch, grads, self.options, budgets))
 
@@ -211,14 +180,14 @@ class Client:
 
     def apply_gradients_many(
         self, updates: Mapping[str, tuple[object, object]]
-    ) -> dict[str, UpdateResult]:
+    ) -> dict[str, PushResult]:
         """:meth:`apply_gradients` of several tables in one call per shard. Never retried.
 
         Args:
             updates: table → ``(ids, grads)``, grads of shape ``(len(ids), dim)``.
 
         Returns:
-            table → its :class:`UpdateResult`, summed over shards.
+            table → its :class:`PushResult`, summed over shards.
 
         Raises:
             TableNotFoundError, InvalidArgumentError: an unknown table, or grads of the wrong
@@ -251,21 +220,21 @@ class Client:
         return self._run(plans.delete(table, batch, self.options, self._shard_budgets()))
 
     # ------------------------------------------------------------------ metadata
-    def list_tables(self) -> list[TableInfo]:
+    def list_tables(self) -> list[TableDescription]:
         """The tables the cluster serves (as shard 0 reports them)."""
         tables = self._run(plans.list_tables())
         with self._lock:
             self._dims.update({t.name: t.dim for t in tables})
         return tables
 
-    def describe_table(self, table: str) -> TableInfo:
+    def describe_table(self, table: str) -> TableDescription:
         """One table's settings (as shard 0 reports them)."""
         info = self._run(plans.describe_table(table))
         with self._lock:
             self._dims[table] = info.dim
         return info
 
-    def stats(self) -> list[ShardStats]:
+    def stats(self) -> list[ShardStatsDict]:
         """Every shard's statistics, in shard order."""
         return self._run(plans.stats(self.addresses))
 
@@ -285,7 +254,7 @@ class Client:
     # ------------------------------------------------------------------ durability
     def snapshot(
         self, snapshot_id: str | None = None, *, timeout: float = SNAPSHOT_TIMEOUT
-    ) -> list[SnapshotResult]:
+    ) -> list[CheckpointPart]:
         """Take a job checkpoint of the embeddings: every shard snapshots, in parallel, under
         one id (restore them together with ``embeddb serve --restore ID`` on every shard).
 
@@ -320,7 +289,7 @@ class Client:
             raise error from first
         return plan.merge(outcomes)
 
-    def list_snapshots(self) -> list[list[SnapshotInfo]]:
+    def list_snapshots(self) -> list[list[ListedSnapshot]]:
         """Every shard's complete snapshots (oldest first), in shard order."""
         return self._run(plans.list_snapshots(self.addresses))
 
@@ -377,9 +346,6 @@ class Client:
     ) -> None:
         self.close()
 
-    def __repr__(self) -> str:
-        return f"Client({list(self.addresses)!r})"
-
     # ------------------------------------------------------------------ execution
     def _run(self, plan: Plan[T]) -> T:
         """The plan's result, once every shard has been described; the first failure raises
@@ -431,17 +397,5 @@ class Client:
             try:
                 return method(call.request, timeout=max(remaining, 0.0), metadata=opts.metadata)
             except grpc.RpcError as exc:
-                with self._lock:
-                    delay = opts.retry_delay(
-                        call.idempotent,
-                        exc.code().name,
-                        attempt,
-                        deadline - time.monotonic(),
-                        self._rng,
-                    )
-                if delay is None:
-                    address = self.addresses[call.shard]
-                    raise translate_rpc_error(
-                        exc, call.shard, address, call.method, attempt
-                    ) from exc
+                delay = self._retry_delay(call, exc, attempt, deadline)
             time.sleep(delay)

@@ -70,16 +70,33 @@ from embeddb.config.model import (
     OptimizerKind,
     TableConfig,
 )
-from embeddb.config.store import LogRecovery, StoreConfig
+from embeddb.config.store import (
+    DiskTierConfig,
+    ExportConfig,
+    FsyncPolicy,
+    LogRecovery,
+    ParallelConfig,
+    RamTierConfig,
+    SnapshotConfig,
+    StoreConfig,
+    UpdateLogConfig,
+)
 
 __all__ = [
+    "DiskTierConfig",
     "EmbeddingConfig",
+    "ExportConfig",
     "FeatureConfig",
+    "FsyncPolicy",
     "InitializerConfig",
     "InitializerKind",
     "LogRecovery",
     "OptimizerConfig",
     "OptimizerKind",
+    "ParallelConfig",
+    "RamTierConfig",
+    "SnapshotConfig",
     "StoreConfig",
     "TableConfig",
+    "UpdateLogConfig",
 ]

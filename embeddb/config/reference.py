@@ -35,7 +35,7 @@ from embeddb.config.model import (
     OptimizerKind,
     TableConfig,
 )
-from embeddb.config.store import LogRecovery, StoreConfig
+from embeddb.config.store import FsyncPolicy, LogRecovery, StoreConfig
 
 __all__ = ["Row", "attribute_docs", "markdown_table", "render_reference"]
 
@@ -117,6 +117,7 @@ def _type_text(annotation: object) -> str:
         "OptimizerKind": OptimizerKind,
         "InitializerKind": InitializerKind,
         "LogRecovery": LogRecovery,
+        "FsyncPolicy": FsyncPolicy,
     }
     if text in enums:
         return " \\| ".join(f"`{member.value}`" for member in enums[text])
@@ -296,8 +297,19 @@ def _optimizer_default(name: str) -> str | None:
 
 
 def _store_rows() -> list[Row]:
-    rows = [_field_row(StoreConfig, f.name, f.name) for f in dataclasses.fields(StoreConfig)]
-    _check_covered("store", schema.STORE_KEYS, (r.key for r in rows))
+    store = StoreConfig()
+    rows = [
+        _field_row(type(getattr(store, group)), key, name)
+        for key, (group, name) in schema.STORE_KEYS.items()
+    ]
+    fields = {
+        (g.name, f.name)
+        for g in dataclasses.fields(StoreConfig)
+        for f in dataclasses.fields(getattr(store, g.name))
+    }
+    unmapped = sorted(fields - set(schema.STORE_KEYS.values()))
+    if unmapped:
+        raise LookupError(f"StoreConfig fields without a YAML key in STORE_KEYS: {unmapped}")
     return rows
 
 
@@ -346,7 +358,9 @@ def render_reference() -> str:
         ),
         (
             "Store: `store`",
-            "From `StoreConfig`: settings of every table's store on a shard, and durability.",
+            "From `StoreConfig`: settings of every table's store on a shard, and durability. "
+            "Flat in YAML; in code each key is a field of one of `StoreConfig`'s groups (`ram`, "
+            "`disk`, `parallel`, `log`, `snapshots`, `export`).",
             _store_rows(),
         ),
     ]

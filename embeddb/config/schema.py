@@ -61,6 +61,8 @@ __all__ = [
     "naming_source",
     "parse",
     "read_yaml_file",
+    "store_from_keys",
+    "store_keys",
     "to_dict",
 ]
 
@@ -92,14 +94,26 @@ HASH_STACK_KEYS = frozenset({"hash_stack_rounds", "embedding_size"})
 TABLE_SETTINGS = ("admit_probability", "weight_bound", "capacity")
 _DEFAULTS_KEYS = frozenset({"optimizer", "initializer", *TABLE_SETTINGS})
 TABLE_KEYS = _DEFAULTS_KEYS | {"dim", "seed"}
-STORE_KEYS = frozenset(
+# The flat ``store:`` keys of the YAML → (group, field) of StoreConfig, in the documented order.
+STORE_KEYS: Mapping[str, tuple[str, str]] = types.MappingProxyType(
     {
-        "stripes", "eviction_chunk", "min_stripe_rows", "disk_cache_mb", "threads",
-        "parallel_min_ids", "update_log", "fsync", "fsync_interval_ms", "log_segment_mb",
-        "log_lz4_min_bytes", "log_recovery", "snapshot_retention", "export_dir",
-        "export_interval_s",
+        "stripes": ("ram", "stripes"),
+        "eviction_chunk": ("ram", "eviction_chunk"),
+        "min_stripe_rows": ("ram", "min_stripe_rows"),
+        "disk_cache_mb": ("disk", "cache_mb"),
+        "threads": ("parallel", "threads"),
+        "parallel_min_ids": ("parallel", "min_ids"),
+        "update_log": ("log", "enabled"),
+        "fsync": ("log", "fsync"),
+        "fsync_interval_ms": ("log", "fsync_interval_ms"),
+        "log_segment_mb": ("log", "segment_mb"),
+        "log_lz4_min_bytes": ("log", "lz4_min_bytes"),
+        "log_recovery": ("log", "recovery"),
+        "snapshot_retention": ("snapshots", "retention"),
+        "export_dir": ("export", "directory"),
+        "export_interval_s": ("export", "interval_s"),
     }
-)  # fmt: skip
+)
 FEATURE_KEY_ALIASES = types.MappingProxyType(
     {
         "hash_stack_rounds": "hash_stack_config.hash_stack_rounds",
@@ -362,7 +376,29 @@ def _parse_table(
 def _parse_store(raw: object) -> StoreConfig:
     section = _section(raw, "store", STORE_KEYS)
     with _at("store"):
-        return StoreConfig(**section)
+        return store_from_keys(section)
+
+
+def store_from_keys(keys: Mapping[str, Any], base: StoreConfig | None = None) -> StoreConfig:
+    """``base`` (default: ``StoreConfig()``) with the flat YAML ``store:`` keys ``keys`` set in
+    their groups (:data:`STORE_KEYS`), e.g. ``{"fsync": "always"}`` sets ``log.fsync``.
+
+    Raises:
+        ConfigError: an unknown key, or an invalid value (named by its YAML key).
+    """
+    _check_keys(keys, "", STORE_KEYS)
+    store = base if base is not None else StoreConfig()
+    changes: dict[str, dict[str, Any]] = {}
+    for key, value in keys.items():
+        group, name = STORE_KEYS[key]
+        changes.setdefault(group, {})[name] = value
+    groups = {g: dataclasses.replace(getattr(store, g), **c) for g, c in changes.items()}
+    return dataclasses.replace(store, **groups)
+
+
+def store_keys(store: StoreConfig) -> dict[str, Any]:
+    """``store`` as the flat YAML ``store:`` mapping (enums as their values)."""
+    return {key: _plain(getattr(getattr(store, g), name)) for key, (g, name) in STORE_KEYS.items()}
 
 
 # --------------------------------------------------------------------------------------------
@@ -378,9 +414,7 @@ def to_dict(config: EmbeddingConfig) -> dict[str, Any]:
         "slots_config": {name: _feature_to_dict(f) for name, f in config.features.items()},
         "feature_groups": {name: list(members) for name, members in config.feature_groups.items()},
         "tables": {name: _table_to_dict(t) for name, t in config.tables.items()},
-        "store": {
-            f.name: _plain(getattr(config.store, f.name)) for f in dataclasses.fields(config.store)
-        },
+        "store": store_keys(config.store),
     }
 
 

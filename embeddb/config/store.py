@@ -1,18 +1,52 @@
-"""Settings of every table's store on a shard, and of its durability (YAML ``store:``)."""
+"""Settings of every table's store on a shard, and of its durability (YAML ``store:``).
+
+In code the settings are grouped by what they tune; in YAML they stay one flat mapping
+(:data:`embeddb.config.schema.STORE_KEYS` maps each key to its group and field)::
+
+    StoreConfig              YAML ``store:`` keys
+      ram: RamTierConfig       stripes, eviction_chunk, min_stripe_rows
+      disk: DiskTierConfig     disk_cache_mb
+      parallel: ParallelConfig threads, parallel_min_ids
+      log: UpdateLogConfig     update_log, fsync, fsync_interval_ms, log_segment_mb,
+                               log_lz4_min_bytes, log_recovery
+      snapshots: SnapshotConfig  snapshot_retention
+      export: ExportConfig     export_dir, export_interval_s
+
+Every group validates itself, and its errors name the flat YAML key (``log_segment_mb``, not
+``segment_mb``), so a YAML file and code get the same messages.
+"""
 
 from __future__ import annotations
 
 import enum
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from embeddb.config._checks import as_float, as_int, as_kind, describe, set_field
 from embeddb.errors import ConfigError
 
-__all__ = ["LogRecovery", "StoreConfig"]
+__all__ = [
+    "DiskTierConfig",
+    "ExportConfig",
+    "FsyncPolicy",
+    "LogRecovery",
+    "ParallelConfig",
+    "RamTierConfig",
+    "SnapshotConfig",
+    "StoreConfig",
+    "UpdateLogConfig",
+]
 
 _MAX_STRIPES = 64
-_FSYNC_POLICIES = ("always", "interval", "never")
+
+
+class FsyncPolicy(str, enum.Enum):
+    """When the update log fsyncs an appended record (YAML ``store.fsync``; the loss windows
+    are in :mod:`embeddb.durability.log`)."""
+
+    ALWAYS = "always"  # before each acknowledgement (group commit)
+    INTERVAL = "interval"  # every fsync_interval_ms, in the background
+    NEVER = "never"  # left to the OS
 
 
 class LogRecovery(str, enum.Enum):
@@ -29,61 +63,19 @@ class LogRecovery(str, enum.Enum):
 
 
 @dataclass(frozen=True)
-class StoreConfig:
-    """Settings of every table's store on a shard.
+class RamTierConfig:
+    """The RAM tier's lock stripes and eviction.
 
     Attributes:
         stripes: lock stripes per table, a power of two in [1, 64].
         eviction_chunk: least fraction of a table's capacity evicted per eviction, in (0, 0.5].
         min_stripe_rows: a table gets fewer stripes rather than stripes smaller than this (a
             small table is not worth striping, and a tiny stripe fills up on a few unlucky ids).
-        disk_cache_mb: RocksDB block cache of the shard's disk tier, in MiB (shared by tables).
-        threads: threads that may serve the stripes of one large lookup or gradient push at
-            once, the calling one included; 0 (default) means the CPUs this process may use,
-            1 keeps every call on its calling thread.
-        parallel_min_ids: calls with fewer ids than this stay on their calling thread.
-        update_log: log every acknowledged mutation (needed for crash recovery, snapshots'
-            point-in-time restore and followers); ``False`` only for throwaway shards.
-        fsync: when the update log is fsynced: ``always`` (before each acknowledgement, group
-            commit), ``interval`` (default: every ``fsync_interval_ms``; a power loss can lose
-            the acknowledged updates of that window, a process crash loses none) or ``never``
-            (left to the OS).
-        fsync_interval_ms: the ``interval`` policy's period.
-        log_segment_mb: size at which an update log segment is sealed and a new one begun.
-        log_lz4_min_bytes: log records at least this large are LZ4-compressed when that shrinks
-            them (0: never).
-        log_recovery: what opening the update log does when its last segment ends in a
-            corrupt record (complete on disk, failing its checksum; a torn write is always cut):
-            ``absolute_consistency`` refuses to start (``embeddb serve --cut-corrupt-log-tail``
-            cuts it), ``point_in_time`` cuts it, logged at ERROR, counted and recorded in
-            ``log-cuts.jsonl``; ``auto`` (default) is the first with ``fsync: always`` and the
-            second otherwise.
-        snapshot_retention: complete snapshots kept per shard; older ones (and the log segments
-            only they needed) are deleted when a new snapshot lands.
-        export_dir: write the rows the shard changes, every ``export_interval_s``, as numpy
-            files into this directory (``embeddb.durability.export``); ``None`` (default): no
-            export. ``{index}`` is replaced by the shard index; a relative path is taken
-            inside the shard's data directory (so each shard of a cluster gets its own). Needs
-            the update log; followers do not export.
-        export_interval_s: seconds between two exports (the tail is always written when the
-            shard closes).
     """
 
     stripes: int = 4
     eviction_chunk: float = 1 / 64
     min_stripe_rows: int = 1024
-    disk_cache_mb: int = 256
-    threads: int = 0
-    parallel_min_ids: int = 16384
-    update_log: bool = True
-    fsync: str = "interval"
-    fsync_interval_ms: float = 5.0
-    log_segment_mb: int = 64
-    log_lz4_min_bytes: int = 4096
-    log_recovery: LogRecovery = LogRecovery.AUTO
-    snapshot_retention: int = 3
-    export_dir: str | None = None
-    export_interval_s: float = 10.0
 
     def __post_init__(self) -> None:
         stripes = as_int(self.stripes, "stripes", minimum=1, maximum=_MAX_STRIPES)
@@ -95,46 +87,167 @@ class StoreConfig:
         set_field(
             self, "min_stripe_rows", as_int(self.min_stripe_rows, "min_stripe_rows", minimum=1)
         )
-        set_field(self, "disk_cache_mb", as_int(self.disk_cache_mb, "disk_cache_mb", minimum=1))
+
+
+@dataclass(frozen=True)
+class DiskTierConfig:
+    """The disk tier (RocksDB).
+
+    Attributes:
+        cache_mb: RocksDB block cache of the shard's disk tier, in MiB (shared by tables).
+    """
+
+    cache_mb: int = 256
+
+    def __post_init__(self) -> None:
+        set_field(self, "cache_mb", as_int(self.cache_mb, "disk_cache_mb", minimum=1))
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    """How one large call spreads over a table's stripes.
+
+    Attributes:
+        threads: threads that may serve the stripes of one large lookup or gradient push at
+            once, the calling one included; 0 (default) means the CPUs this process may use,
+            1 keeps every call on its calling thread.
+        min_ids: calls with fewer ids than this stay on their calling thread.
+    """
+
+    threads: int = 0
+    min_ids: int = 16384
+
+    def __post_init__(self) -> None:
         set_field(self, "threads", as_int(self.threads, "threads", minimum=0, maximum=256))
-        set_field(
-            self,
-            "parallel_min_ids",
-            as_int(self.parallel_min_ids, "parallel_min_ids", minimum=1),
-        )
-        if not isinstance(self.update_log, bool):
-            raise ConfigError("update_log", f"must be true or false, got {self.update_log!r}")
-        if self.fsync not in _FSYNC_POLICIES:
-            raise ConfigError(
-                "fsync", f"must be one of {', '.join(_FSYNC_POLICIES)}, got {self.fsync!r}"
-            )
+        set_field(self, "min_ids", as_int(self.min_ids, "parallel_min_ids", minimum=1))
+
+
+@dataclass(frozen=True)
+class UpdateLogConfig:
+    """The shard's update log.
+
+    Attributes:
+        enabled: log every acknowledged mutation (needed for crash recovery, snapshots'
+            point-in-time restore and followers); ``False`` only for throwaway shards.
+        fsync: when the update log is fsynced: ``always`` (before each acknowledgement, group
+            commit), ``interval`` (default: every ``fsync_interval_ms``; a power loss can lose
+            the acknowledged updates of that window, a process crash loses none) or ``never``
+            (left to the OS).
+        fsync_interval_ms: the ``interval`` policy's period.
+        segment_mb: size at which an update log segment is sealed and a new one begun.
+        lz4_min_bytes: log records at least this large are LZ4-compressed when that shrinks
+            them (0: never).
+        recovery: what opening the update log does when its last segment ends in a
+            corrupt record (complete on disk, failing its checksum; a torn write is always cut):
+            ``absolute_consistency`` refuses to start (``embeddb serve --cut-corrupt-log-tail``
+            cuts it), ``point_in_time`` cuts it, logged at ERROR, counted and recorded in
+            ``log-cuts.jsonl``; ``auto`` (default) is the first with ``fsync: always`` and the
+            second otherwise.
+    """
+
+    enabled: bool = True
+    fsync: FsyncPolicy = FsyncPolicy.INTERVAL
+    fsync_interval_ms: float = 5.0
+    segment_mb: int = 64
+    lz4_min_bytes: int = 4096
+    recovery: LogRecovery = LogRecovery.AUTO
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.enabled, bool):
+            raise ConfigError("update_log", f"must be true or false, got {self.enabled!r}")
+        set_field(self, "fsync", as_kind(FsyncPolicy, self.fsync, "fsync", "fsync policy"))
         interval = as_float(self.fsync_interval_ms, "fsync_interval_ms", low=0.0, high=60_000.0,
                             low_open=True)  # fmt: skip
         set_field(self, "fsync_interval_ms", interval)
-        set_field(self, "log_segment_mb", as_int(self.log_segment_mb, "log_segment_mb", minimum=1))
-        set_field(
-            self,
-            "log_lz4_min_bytes",
-            as_int(self.log_lz4_min_bytes, "log_lz4_min_bytes", minimum=0),
-        )
-        recovery = as_kind(LogRecovery, self.log_recovery, "log_recovery", "log recovery mode")
-        set_field(self, "log_recovery", recovery)
-        set_field(
-            self,
-            "snapshot_retention",
-            as_int(self.snapshot_retention, "snapshot_retention", minimum=1),
-        )
-        if isinstance(self.export_dir, os.PathLike):
-            set_field(self, "export_dir", os.fspath(self.export_dir))
-        if self.export_dir is not None and (
-            not isinstance(self.export_dir, str) or not self.export_dir.strip()
+        set_field(self, "segment_mb", as_int(self.segment_mb, "log_segment_mb", minimum=1))
+        set_field(self, "lz4_min_bytes", as_int(self.lz4_min_bytes, "log_lz4_min_bytes", minimum=0))
+        recovery = as_kind(LogRecovery, self.recovery, "log_recovery", "log recovery mode")
+        set_field(self, "recovery", recovery)
+
+
+@dataclass(frozen=True)
+class SnapshotConfig:
+    """The shard's snapshots.
+
+    Attributes:
+        retention: complete snapshots kept per shard; older ones (and the log segments
+            only they needed) are deleted when a new snapshot lands.
+    """
+
+    retention: int = 3
+
+    def __post_init__(self) -> None:
+        set_field(self, "retention", as_int(self.retention, "snapshot_retention", minimum=1))
+
+
+@dataclass(frozen=True)
+class ExportConfig:
+    """The incremental export of changed rows (:mod:`embeddb.durability.export`).
+
+    Attributes:
+        directory: write the rows the shard changes, every ``export_interval_s``, as numpy
+            files into this directory (``embeddb.durability.export``); ``None`` (default): no
+            export. ``{index}`` is replaced by the shard index; a relative path is taken
+            inside the shard's data directory (so each shard of a cluster gets its own). Needs
+            the update log; followers do not export.
+        interval_s: seconds between two exports (the tail is always written when the
+            shard closes).
+    """
+
+    directory: str | None = None
+    interval_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.directory, os.PathLike):
+            set_field(self, "directory", os.fspath(self.directory))
+        if self.directory is not None and (
+            not isinstance(self.directory, str) or not self.directory.strip()
         ):
             raise ConfigError(
-                "export_dir", f"must be a directory path or null, got {describe(self.export_dir)}"
+                "export_dir", f"must be a directory path or null, got {describe(self.directory)}"
             )
         set_field(
             self,
-            "export_interval_s",
-            as_float(self.export_interval_s, "export_interval_s", low=0.0, high=86_400.0,
-                     low_open=True),
-        )  # fmt: skip
+            "interval_s",
+            as_float(self.interval_s, "export_interval_s", low=0.0, high=86_400.0, low_open=True),
+        )
+
+
+_GROUPS: dict[str, type] = {
+    "ram": RamTierConfig,
+    "disk": DiskTierConfig,
+    "parallel": ParallelConfig,
+    "log": UpdateLogConfig,
+    "snapshots": SnapshotConfig,
+    "export": ExportConfig,
+}
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    """Settings of every table's store on a shard, grouped (see the module docstring).
+
+    Attributes:
+        ram: the RAM tier's stripes and eviction.
+        disk: the disk tier.
+        parallel: how one large call spreads over threads.
+        log: the update log.
+        snapshots: snapshot retention.
+        export: the incremental export.
+
+    Raises:
+        ConfigError: a group of the wrong type.
+    """
+
+    ram: RamTierConfig = field(default_factory=RamTierConfig)
+    disk: DiskTierConfig = field(default_factory=DiskTierConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    log: UpdateLogConfig = field(default_factory=UpdateLogConfig)
+    snapshots: SnapshotConfig = field(default_factory=SnapshotConfig)
+    export: ExportConfig = field(default_factory=ExportConfig)
+
+    def __post_init__(self) -> None:
+        for name, group in _GROUPS.items():
+            value = getattr(self, name)
+            if not isinstance(value, group):
+                raise ConfigError(name, f"must be a {group.__name__}, got {describe(value)}")

@@ -16,6 +16,6 @@ This package is core: it never imports grpc or torch.
 
 from __future__ import annotations
 
-from embeddb.durability.log import FsyncPolicy, LogConfig, LogRecord, LogTruncatedError, UpdateLog
+from embeddb.durability.log import LogConfig, LogRecord, LogTruncatedError, UpdateLog
 
-__all__ = ["FsyncPolicy", "LogConfig", "LogRecord", "LogTruncatedError", "UpdateLog"]
+__all__ = ["LogConfig", "LogRecord", "LogTruncatedError", "UpdateLog"]

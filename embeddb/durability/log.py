@@ -64,7 +64,6 @@ failed: every later append and every wait for an undurable seq raises. Reads kee
 
 from __future__ import annotations
 
-import enum
 import fcntl
 import logging
 import os
@@ -73,7 +72,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from embeddb.config import LogRecovery
+from embeddb.config import FsyncPolicy, LogRecovery
 from embeddb.durability.log_format import (
     RECORD_HEADER,
     SEGMENT_HEADER,
@@ -89,19 +88,11 @@ from embeddb.durability.log_read import LogReader, LogRecord, LogTruncatedError
 from embeddb.durability.log_scan import LogCut, TailPolicy, scan_log
 from embeddb.errors import ConfigError, InvalidArgumentError, StorageError, UnavailableError
 
-__all__ = ["FsyncPolicy", "LogConfig", "LogCut", "LogRecord", "LogTruncatedError", "UpdateLog"]
+__all__ = ["LogConfig", "LogCut", "LogRecord", "LogTruncatedError", "UpdateLog"]
 
 logger = logging.getLogger(__name__)
 
 _fdatasync: Callable[[int], None] = getattr(os, "fdatasync", os.fsync)
-
-
-class FsyncPolicy(str, enum.Enum):
-    """When an appended record is fsynced (see the module docstring for the loss windows)."""
-
-    ALWAYS = "always"
-    INTERVAL = "interval"
-    NEVER = "never"
 
 
 @dataclass(frozen=True)

@@ -68,8 +68,8 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from embeddb.errors import ConfigError, UnavailableError
+from embeddb.rpc.lifecycle import write_atomically
 from embeddb.server.app import SERVICE_NAME
-from embeddb.server.daemon import write_atomically
 
 __all__ = ["Cluster", "ClusterConfig", "ShardState"]
 

@@ -1,7 +1,7 @@
 """The lifecycle of one shard process: open the shard, serve it, shut down in a fixed order.
 
 ``embeddb serve`` parses argv and files into config objects and calls :func:`run_daemon`, which
-reads nothing else. The life of the process::
+reads nothing else. The life of the process (its generic steps: :mod:`embeddb.rpc.lifecycle`)::
 
     umask 0o077                   every file the process creates is 0600, every directory
                                   0700 (restored when run_daemon returns)
@@ -39,28 +39,24 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import signal
 import tempfile
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType
 
 from embeddb.allocator import limit_arenas
 from embeddb.config import EmbeddingConfig
-from embeddb.server.app import ServerConfig, ShardServer, build_server
+from embeddb.rpc.assembly import RpcServer
+from embeddb.rpc.lifecycle import server_process, wait_for_stop, write_atomically
+from embeddb.server.app import ServerConfig, build_server
 from embeddb.server.follower import Follower, FollowerOptions
 from embeddb.server.metrics import FollowerCollector
 from embeddb.shard import Shard
-from embeddb.storage.private import private_umask
 
-__all__ = ["DaemonOptions", "private_umask", "run_daemon", "stop_on_signals", "write_atomically"]
+__all__ = ["DaemonOptions", "run_daemon"]
 
 logger = logging.getLogger(__name__)
-
-_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 @dataclass(frozen=True)
@@ -96,48 +92,6 @@ class DaemonOptions:
     follow: FollowerOptions | None = None
 
 
-def write_atomically(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` via a temporary file in the same directory and a rename.
-
-    Readers see either the old content or the new, never a partial file.
-
-    Raises:
-        OSError: the directory cannot be created or written.
-    """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-@contextmanager
-def stop_on_signals(stop: threading.Event, enabled: bool) -> Iterator[None]:
-    """Route SIGTERM and SIGINT to ``stop`` for the duration; restore the old handlers after."""
-    if not enabled or threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum: int, frame: FrameType | None) -> None:
-        name = signal.Signals(signum).name
-        if stop.is_set():
-            logger.warning("%s received while already shutting down; still draining", name)
-        else:
-            logger.info("%s received: shutting down", name)
-        stop.set()
-
-    previous = {sig: signal.signal(sig, handler) for sig in _SIGNALS}
-    try:
-        yield
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
-
-
 def run_daemon(
     config: EmbeddingConfig,
     server_config: ServerConfig,
@@ -146,7 +100,7 @@ def run_daemon(
 ) -> int:
     """Serve one shard until ``stop`` is set (by SIGTERM/SIGINT or by the caller); shut down.
 
-    Meanwhile the process umask is ``0o077`` (:func:`~embeddb.storage.private.private_umask`):
+    Meanwhile the process umask is ``0o077`` (:func:`~embeddb.rpc.lifecycle.private_umask`):
     the umask is process-wide, so in-process callers (tests) see it too until this returns.
 
     Args:
@@ -168,7 +122,9 @@ def run_daemon(
     """
     if server_config.tune_allocator:
         limit_arenas(1)  # before the shard's threads start (embeddb.allocator)
-    with private_umask():  # every file this process creates is 0600, every directory 0700
+    stop = stop if stop is not None else threading.Event()
+    # every file this process creates is 0600, every directory 0700; signals set `stop`
+    with server_process(stop, options.handle_signals):
         if options.follow is not None:
             return _run_follower(config, server_config, options, options.follow, stop)
         return _run_shard(config, server_config, options, stop)
@@ -178,12 +134,13 @@ def _run_shard(
     config: EmbeddingConfig,
     server_config: ServerConfig,
     options: DaemonOptions,
-    stop: threading.Event | None,
+    stop: threading.Event,
 ) -> int:
     """:func:`run_daemon` for a shard of our own."""
-    stop = stop if stop is not None else threading.Event()
     where = f"shard {server_config.shard_index}/{server_config.num_shards}"
-    with stop_on_signals(stop, options.handle_signals):
+    with ExitStack() as shutdown:  # runs the callbacks last-registered first
+        if options.port_file is not None:
+            shutdown.callback(options.port_file.unlink, missing_ok=True)
         shard = Shard(
             config,
             options.data_dir,
@@ -193,6 +150,7 @@ def _run_shard(
             fallback=options.fallback,
             cut_corrupt_log_tail=options.cut_corrupt_log_tail,
         )
+        shutdown.callback(shard.close)
         recovery = shard.recovery
         if recovery.source not in ("new", "clean"):
             logger.warning(
@@ -205,34 +163,21 @@ def _run_shard(
                 recovery.seq,
                 recovery.seconds,
             )
-        try:
-            served = build_server(shard, server_config)
-        except BaseException:
-            shard.close()
-            raise
-        try:
-            if options.port_file is not None:
-                write_atomically(options.port_file, f"{served.port}\n")
-            data = (
-                os.path.abspath(options.data_dir)
-                if options.data_dir is not None
-                else "temporary, removed at exit"
-            )
-            logger.info(
-                "serving %s on %s:%d (data dir %s)", where, server_config.host, served.port, data
-            )
-            _log_extras(where, server_config, served)
-            _wait(stop, options, where)
-            logger.info("%s: health NOT_SERVING, draining calls (grace %gs)", where, options.grace)
-        finally:
-            try:
-                served.stop(options.grace)
-            finally:
-                try:
-                    shard.close()
-                finally:
-                    if options.port_file is not None:
-                        options.port_file.unlink(missing_ok=True)
+        served = build_server(shard, server_config)
+        shutdown.callback(served.stop, options.grace)
+        if options.port_file is not None:
+            write_atomically(options.port_file, f"{served.port}\n")
+        data = (
+            os.path.abspath(options.data_dir)
+            if options.data_dir is not None
+            else "temporary, removed at exit"
+        )
+        logger.info(
+            "serving %s on %s:%d (data dir %s)", where, server_config.listen.host, served.port, data
+        )
+        _log_extras(where, server_config, served)
+        wait_for_stop(stop, parent_pid=options.parent_pid, where=where)
+        logger.info("%s: health NOT_SERVING, draining calls (grace %gs)", where, options.grace)
     logger.info("%s stopped cleanly", where)
     return 0
 
@@ -242,21 +187,21 @@ def _run_follower(
     server_config: ServerConfig,
     options: DaemonOptions,
     follow: FollowerOptions,
-    stop: threading.Event | None,
+    stop: threading.Event,
 ) -> int:
     """:func:`run_daemon` for a follower of ``follow.primary``."""
-    stop = stop if stop is not None else threading.Event()
     where = (
         f"follower of {follow.primary} (shard {server_config.shard_index}/"
         f"{server_config.num_shards})"
     )
-    temporary = options.data_dir is None
-    data_dir = (
-        Path(tempfile.mkdtemp(prefix="embeddb-follower-"))
-        if options.data_dir is None
-        else options.data_dir
-    )
-    with stop_on_signals(stop, options.handle_signals):
+    with ExitStack() as shutdown:  # runs the callbacks last-registered first
+        if options.data_dir is None:
+            data_dir = Path(tempfile.mkdtemp(prefix="embeddb-follower-"))
+            shutdown.callback(shutil.rmtree, data_dir, ignore_errors=True)
+        else:
+            data_dir = options.data_dir
+        if options.port_file is not None:
+            shutdown.callback(options.port_file.unlink, missing_ok=True)
         follower = Follower(
             config,
             data_dir,
@@ -264,34 +209,24 @@ def _run_follower(
             shard_index=server_config.shard_index,
             num_shards=server_config.num_shards,
         )
-        served = build_server(follower.slot, server_config, serving=False)
-        try:
-            if served.metrics_registry is not None:
-                served.metrics_registry.register(FollowerCollector(follower))
-            follower.start(on_ready=lambda: served.set_serving(True))
-            if options.port_file is not None:
-                write_atomically(options.port_file, f"{served.port}\n")
-            logger.info(
-                "serving %s on %s:%d (data dir %s); NOT_SERVING until bootstrapped",
-                where,
-                server_config.host,
-                served.port,
-                os.path.abspath(data_dir),
-            )
-            _log_extras(where, server_config, served)
-            _wait(stop, options, where, follower.done)
-            logger.info("%s: health NOT_SERVING, draining calls (grace %gs)", where, options.grace)
-        finally:
-            try:
-                served.stop(options.grace)
-            finally:
-                try:
-                    follower.stop()
-                finally:
-                    if options.port_file is not None:
-                        options.port_file.unlink(missing_ok=True)
-                    if temporary:
-                        shutil.rmtree(data_dir, ignore_errors=True)
+        shutdown.callback(follower.stop)
+        served = build_server(follower.served, server_config, serving=False)
+        shutdown.callback(served.stop, options.grace)
+        if served.metrics_registry is not None:
+            served.metrics_registry.register(FollowerCollector(follower))
+        follower.start(on_ready=lambda: served.set_serving(True))
+        if options.port_file is not None:
+            write_atomically(options.port_file, f"{served.port}\n")
+        logger.info(
+            "serving %s on %s:%d (data dir %s); NOT_SERVING until bootstrapped",
+            where,
+            server_config.listen.host,
+            served.port,
+            os.path.abspath(data_dir),
+        )
+        _log_extras(where, server_config, served)
+        wait_for_stop(stop, parent_pid=options.parent_pid, failed=follower.done, where=where)
+        logger.info("%s: health NOT_SERVING, draining calls (grace %gs)", where, options.grace)
     if follower.error is not None:
         logger.error("%s stopped: %s", where, follower.error)
         return 1
@@ -299,31 +234,16 @@ def _run_follower(
     return 0
 
 
-def _log_extras(where: str, server_config: ServerConfig, served: ShardServer) -> None:
+def _log_extras(where: str, server_config: ServerConfig, served: RpcServer) -> None:
+    listen = server_config.listen
     if served.metrics_port is not None:
-        host = server_config.metrics_host or server_config.host
-        logger.info("%s metrics on http://%s:%d/metrics", where, host, served.metrics_port)
-    if server_config.tls or server_config.tokens is not None:
+        logger.info(
+            "%s metrics on http://%s:%d/metrics", where, listen.metrics_address, served.metrics_port
+        )
+    if listen.tls or listen.tokens is not None:
         logger.info(
             "%s: TLS %s, bearer tokens %s",
             where,
-            "on" if server_config.tls else "off",
-            "required" if server_config.tokens is not None else "not required",
+            "on" if listen.tls else "off",
+            "required" if listen.tokens is not None else "not required",
         )
-
-
-def _wait(
-    stop: threading.Event,
-    options: DaemonOptions,
-    where: str,
-    failed: threading.Event | None = None,
-) -> None:
-    """Until ``stop`` (signals), the parent's death, or ``failed`` (a follower's end)."""
-    while not stop.wait(0.5):  # a timed wait keeps the main thread responsive to signals
-        if options.parent_pid is not None and os.getppid() != options.parent_pid:
-            logger.warning(
-                "%s: parent process %d is gone; shutting down", where, options.parent_pid
-            )
-            stop.set()
-        if failed is not None and failed.is_set():
-            stop.set()

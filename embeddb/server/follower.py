@@ -5,7 +5,7 @@ The life of a follower (one thread; :meth:`Follower.start`, :meth:`Follower.stop
     bootstrap     FetchSnapshot: the primary's newest snapshot (it takes one if it has none)
                   → DATA_DIR/replica-<n>/snapshots/<id>, verified (snapshot.verify) before use
                   → Shard(config, DATA_DIR/replica-<n>, restore=<id>, follower=True)
-                  → swapped into the server's ShardSlot; health SERVING (``on_ready``)
+                  → swapped into the server's ServedShard; health SERVING (``on_ready``)
     follow        Subscribe(from_seq = shard.seq) → shard.apply_record(seq, payload) per record
     reconnect     the stream broke (primary restarting, network) or went silent for
                   ``dead_after`` seconds (an idle primary sends a heartbeat every second):
@@ -36,12 +36,13 @@ import shutil
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import grpc
 
+from embeddb.client.options import ClientOptions, check_address
 from embeddb.config import EmbeddingConfig
 from embeddb.durability.snapshot import Chunk, SnapshotReceiver, read_manifest
 from embeddb.errors import (
@@ -55,8 +56,8 @@ from embeddb.errors import (
     UnauthenticatedError,
     UnavailableError,
 )
+from embeddb.server.served_shard import ServedShard
 from embeddb.server.servicer import HEARTBEAT_S
-from embeddb.server.slot import ShardSlot
 from embeddb.shard import Shard
 from embeddb.v1 import embeddb_pb2 as pb
 from embeddb.v1 import embeddb_pb2_grpc as pb_grpc
@@ -74,9 +75,10 @@ class FollowerOptions:
 
     Attributes:
         primary: the primary shard's ``host:port``.
-        token: bearer token for the primary: a ``replica`` token (``rw`` works too; ``ro`` may
-            not read the update log or snapshots).
-        credentials: TLS channel credentials for the primary; None: plaintext.
+        client: the channel settings a client of the primary uses, of which the follower reads
+            ``token`` (a ``replica`` token; ``rw`` works too; ``ro`` may not read the update log
+            or snapshots), ``credentials`` (TLS; None: plaintext) and ``max_message_bytes``
+            (the largest log record or snapshot chunk accepted).
         server_name: the name to expect in the primary's certificate when ``primary`` does not
             name it.
         backoff: the first reconnect waits about this many seconds, each further one twice as
@@ -84,25 +86,20 @@ class FollowerOptions:
         max_backoff: cap of one reconnect delay, in seconds.
         dead_after: seconds without any message (the primary sends a heartbeat every second
             when idle) after which the feed is considered dead and reopened.
-        max_message_bytes: the largest log record or snapshot chunk accepted.
 
     Raises:
         ConfigError: an invalid value.
     """
 
     primary: str
-    token: str | None = None
-    credentials: grpc.ChannelCredentials | None = None
+    client: ClientOptions = field(default_factory=ClientOptions)
     server_name: str | None = None
     backoff: float = 0.1
     max_backoff: float = 5.0
     dead_after: float = 5.0
-    max_message_bytes: int = 1 << 30
 
     def __post_init__(self) -> None:
-        host, sep, port = self.primary.rpartition(":")
-        if not (sep and host and port.isdigit() and 0 < int(port) < 65536):
-            raise ConfigError("primary", f"must be 'host:port', got {self.primary!r}")
+        check_address(self.primary, "primary")
         if not 0 < self.backoff <= self.max_backoff:
             raise ConfigError(
                 "backoff",
@@ -113,20 +110,13 @@ class FollowerOptions:
                 "dead_after",
                 f"must exceed the heartbeat interval {HEARTBEAT_S}s, got {self.dead_after}",
             )
-        if self.token is not None and (not self.token or any(c in self.token for c in "\r\n")):
-            raise ConfigError("token", "must be a non-empty single-line string")
-
-    @property
-    def metadata(self) -> tuple[tuple[str, str], ...]:
-        return (("authorization", f"Bearer {self.token}"),) if self.token else ()
 
     @property
     def channel_options(self) -> list[tuple[str, Any]]:
         # gRPC's own reconnect backoff (up to 2 minutes by default) would delay resuming after a
         # primary restart; keep it within ours.
         options: list[tuple[str, Any]] = [
-            ("grpc.max_receive_message_length", self.max_message_bytes),
-            ("grpc.max_send_message_length", self.max_message_bytes),
+            *self.client.channel_options,
             ("grpc.initial_reconnect_backoff_ms", int(self.backoff * 1000)),
             ("grpc.min_reconnect_backoff_ms", int(self.backoff * 1000)),
             ("grpc.max_reconnect_backoff_ms", int(self.max_backoff * 1000)),
@@ -152,7 +142,7 @@ class Follower:
         data_dir: a directory of the follower's own (never a primary's data directory).
         options: how to reach the primary.
         shard_index, num_shards: the primary's place in its cluster; its snapshots must agree.
-        slot: where to install the shard (the server's); a new one when None.
+        served: where to install the shard (the server's); a new one when None.
 
     Raises:
         StorageError: (from :meth:`start`) ``data_dir`` is a shard's data directory or unusable.
@@ -166,14 +156,14 @@ class Follower:
         *,
         shard_index: int = 0,
         num_shards: int = 1,
-        slot: ShardSlot | None = None,
+        served: ServedShard | None = None,
     ) -> None:
         self.config = config
         self.data_dir = Path(data_dir)
         self.options = options
         self.shard_index = shard_index
         self.num_shards = num_shards
-        self.slot = slot or ShardSlot(
+        self.served = served or ServedShard(
             empty_reason=f"this follower has not bootstrapped from its primary "
             f"{options.primary} yet",
             follower=True,
@@ -207,7 +197,7 @@ class Follower:
     @property
     def applied_seq(self) -> int:
         """The last primary seq applied (0 before the first bootstrap)."""
-        shard = self.slot.current
+        shard = self.served.current
         return shard.seq if shard is not None else 0
 
     @property
@@ -256,9 +246,9 @@ class Follower:
             raise StorageError(f"cannot use follower directory {self.data_dir}: {exc}") from exc
         self._on_ready = on_ready
         opts = self.options
-        if opts.credentials is not None:
+        if opts.client.credentials is not None:
             self._channel = grpc.secure_channel(
-                opts.primary, opts.credentials, options=opts.channel_options
+                opts.primary, opts.client.credentials, options=opts.channel_options
             )
         else:
             self._channel = grpc.insecure_channel(opts.primary, options=opts.channel_options)
@@ -286,7 +276,7 @@ class Follower:
         if self._channel is not None:
             self._channel.close()
             self._channel = None
-        old = self.slot.swap(None)
+        old = self.served.swap(None)
         if old is not None:
             self._discard(old)
 
@@ -344,10 +334,10 @@ class Follower:
 
     def _follow(self) -> None:
         """Apply the primary's records from the current shard's seq on, until the stream ends."""
-        shard = self.slot.current  # only this thread swaps the slot
+        shard = self.served.current  # only this thread swaps the shard
         assert shard is not None
         request = pb.SubscribeRequest(from_seq=shard.seq)
-        call = self._stub.Subscribe(request, metadata=self.options.metadata)
+        call = self._stub.Subscribe(request, metadata=self.options.client.metadata)
         self._started(call, watched=True)
         try:
             for message in call:
@@ -375,7 +365,7 @@ class Follower:
         began = time.perf_counter()
         try:
             call = self._stub.FetchSnapshot(
-                pb.FetchSnapshotRequest(take_new=take_new), metadata=self.options.metadata
+                pb.FetchSnapshotRequest(take_new=take_new), metadata=self.options.client.metadata
             )
             self._started(call, watched=False)
             try:
@@ -419,7 +409,7 @@ class Follower:
                 receiver.abort()
             shutil.rmtree(directory, ignore_errors=True)
             raise
-        old = self.slot.swap(shard)
+        old = self.served.swap(shard)
         if old is not None:
             self._discard(old)
         self._primary_seq = max(self._primary_seq, shard.seq)

@@ -1,10 +1,11 @@
-"""Prometheus metrics of one shard server: an interceptor, a stats collector, an HTTP endpoint.
+"""Prometheus metrics of one shard server: its requests, its shard's statistics, its streams.
 
 Everything goes into a :class:`prometheus_client.CollectorRegistry` passed in, never the global
 one, so several servers can live in one process (tests, a multi-shard demo).
 
-Request metrics (recorded by :class:`MetricsInterceptor`, ``EmbeddingStore`` methods only;
-``method`` is the short name, ``status`` the gRPC status name)::
+Request metrics (recorded by :meth:`ShardMetrics.observe`, told of every ``EmbeddingStore``
+call by :class:`embeddb.rpc.metrics.MetricsInterceptor`; ``method`` is the short name,
+``status`` the gRPC status name)::
 
     embeddb_requests_total{method,status}           calls, refused ones included
     embeddb_request_seconds{method,status}          histogram of handling time
@@ -86,63 +87,38 @@ counters):
 * ``embedding_staleness`` / ``staleness`` and ``batch_unique_indices_rate`` are trainer-side
   (embedding worker) quantities; a shard cannot observe them.
 
-The HTTP endpoint (:func:`serve_metrics`, from :mod:`embeddb.server.metrics_http`) serves
+The HTTP endpoint (:func:`embeddb.rpc.metrics_http.serve_metrics`) serves
 ``/metrics`` only, as plain HTTP without authentication; bind it to loopback or a private
 network.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any, Protocol
 
-import grpc
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from embeddb.errors import UnavailableError
-from embeddb.server.boundary import RefusedCall
-from embeddb.server.interceptors import rewrap
-from embeddb.server.metrics_http import MetricsEndpoint, serve_metrics
-from embeddb.server.slot import ShardSlot
+from embeddb.rpc.boundary import RefusedCall
+from embeddb.rpc.metrics import LATENCY_BUCKETS
+from embeddb.server.served_shard import ServedShard
 from embeddb.server.streams import StreamSlots
 from embeddb.shard import Shard
 from embeddb.v1 import embeddb_pb2 as pb
 
 __all__ = [
-    "LATENCY_BUCKETS",
+    "SERVICE_NAME",
     "FollowerCollector",
     "LogCutsCollector",
-    "MetricsEndpoint",
-    "MetricsInterceptor",
     "ShardMetrics",
     "ShardStatsCollector",
-    "serve_metrics",
 ]
 
-_STORE = pb.DESCRIPTOR.services_by_name["EmbeddingStore"].full_name
-
-# Lookups of a few ids take well under a millisecond; big batches that touch disk take longer.
-LATENCY_BUCKETS = (
-    0.0001,
-    0.00025,
-    0.0005,
-    0.001,
-    0.0025,
-    0.005,
-    0.01,
-    0.025,
-    0.05,
-    0.1,
-    0.25,
-    0.5,
-    1.0,
-    2.5,
-    5.0,
-    10.0,
-)
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["EmbeddingStore"].full_name
+"""The shard's service, whose calls :meth:`ShardMetrics.observe` records."""
 
 # TableStats field → (metric name without prefix, help). Counters; gauges are handled apart.
 _COUNTERS: dict[str, tuple[str, str]] = {
@@ -171,11 +147,11 @@ _COUNTERS: dict[str, tuple[str, str]] = {
 
 
 class ShardStatsCollector(Collector):
-    """Reads ``shard.stats()`` at every scrape; a closed shard (or an empty slot) yields no
-    samples."""
+    """Reads ``shard.stats()`` at every scrape; a closed shard (or a follower that has not
+    bootstrapped yet) yields no samples."""
 
-    def __init__(self, shard: Shard | ShardSlot, prefix: str = "embeddb") -> None:
-        self._slot = shard if isinstance(shard, ShardSlot) else ShardSlot(shard)
+    def __init__(self, shard: Shard | ServedShard, prefix: str = "embeddb") -> None:
+        self._served = shard if isinstance(shard, ServedShard) else ServedShard(shard)
         self._prefix = prefix
 
     def describe(self) -> list[Any]:
@@ -184,7 +160,7 @@ class ShardStatsCollector(Collector):
     def collect(self) -> Iterator[Any]:
         p = self._prefix
         try:
-            with self._slot.use() as shard:
+            with self._served.use() as shard:
                 stats = shard.stats()
         except UnavailableError:
             return
@@ -223,8 +199,8 @@ class ShardStatsCollector(Collector):
 class LogCutsCollector(Collector):
     """Counts the update log tails the shard cut when it opened, by kind (corrupt, torn)."""
 
-    def __init__(self, shard: Shard | ShardSlot, prefix: str = "embeddb") -> None:
-        self._slot = shard if isinstance(shard, ShardSlot) else ShardSlot(shard)
+    def __init__(self, shard: Shard | ServedShard, prefix: str = "embeddb") -> None:
+        self._served = shard if isinstance(shard, ServedShard) else ServedShard(shard)
         self._prefix = prefix
 
     def describe(self) -> list[Any]:
@@ -232,7 +208,7 @@ class LogCutsCollector(Collector):
 
     def collect(self) -> Iterator[Any]:
         try:
-            with self._slot.use() as shard:
+            with self._served.use() as shard:
                 cuts = shard.recovery.log_cuts
         except UnavailableError:
             return
@@ -301,7 +277,7 @@ class ShardMetrics:
         """Record one call refused at the boundary (before it reached the servicer)."""
         if call.reason is not None:
             self.bad_requests.labels(call.method, call.reason).inc()
-        if call.service == _STORE:
+        if call.service == SERVICE_NAME:
             self.requests.labels(call.method, call.status).inc()
             self.latency.labels(call.method, call.status).observe(call.seconds)
             self.request_bytes.labels(call.method).inc(call.request_bytes)
@@ -310,7 +286,7 @@ class ShardMetrics:
         """Export the running and dropped streams of ``slots``, read at scrape time."""
         self.registry.register(_StreamCollector(slots, self.prefix))
 
-    def watch(self, shard: Shard | ShardSlot) -> None:
+    def watch(self, shard: Shard | ServedShard) -> None:
         """Export ``shard``'s table statistics and update log cuts, read at scrape time."""
         self.registry.register(ShardStatsCollector(shard, self.prefix))
         self.registry.register(LogCutsCollector(shard, self.prefix))
@@ -346,7 +322,7 @@ class _StreamCollector(Collector):
     """``embeddb_streams{role}`` and ``embeddb_streams_dropped_total{role}``."""
 
     def __init__(self, slots: StreamSlots, prefix: str) -> None:
-        self._slots = slots
+        self._serveds = slots
         self._prefix = prefix
 
     def describe(self) -> list[Any]:
@@ -363,9 +339,9 @@ class _StreamCollector(Collector):
             "Streams dropped because their caller stopped reading (stream idle timeout).",
             labels=["role"],
         )
-        for role, n in sorted(self._slots.running().items()):
+        for role, n in sorted(self._serveds.running().items()):
             running.add_metric([role], n)
-        for role, n in sorted(self._slots.dropped().items()):
+        for role, n in sorted(self._serveds.dropped().items()):
             dropped.add_metric([role], n)
         yield running
         yield dropped
@@ -418,59 +394,3 @@ class FollowerCollector(Collector):
         )
         for name, text, value in counters:
             yield CounterMetricFamily(f"{p}_{name}", text, value=value)
-
-
-def _status_name(context: grpc.ServicerContext, finished: bool) -> str:
-    code = context.code()
-    if code is None:
-        return "OK" if finished else "UNKNOWN"
-    return str(getattr(code, "name", code))
-
-
-class MetricsInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
-    """Records every unary call of one service: by default ``EmbeddingStore`` calls in a
-    :class:`ShardMetrics`; any other service with ``service`` and ``observe(method, status,
-    seconds, request, response)`` (the model server's).
-
-    Place it first (outermost) so refused and failed calls are counted with their status.
-    """
-
-    def __init__(
-        self,
-        metrics: ShardMetrics | None = None,
-        *,
-        service: str = _STORE,
-        observe: Callable[[str, str, float, Any, Any], None] | None = None,
-    ) -> None:
-        if observe is None:
-            if metrics is None:
-                raise TypeError("MetricsInterceptor needs metrics or observe")
-            observe = metrics.observe
-        self._observe = observe
-        self._service = service
-
-    def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler | None],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler | None:
-        handler = continuation(handler_call_details)
-        service, _, method = handler_call_details.method.lstrip("/").partition("/")
-        if handler is None or handler.unary_unary is None or service != self._service:
-            return handler
-        inner = handler.unary_unary
-        observe = self._observe
-
-        def observed(request: Any, context: grpc.ServicerContext) -> Any:
-            start = time.perf_counter()
-            response = None
-            finished = False
-            try:
-                response = inner(request, context)
-                finished = True
-                return response
-            finally:
-                status = _status_name(context, finished)
-                observe(method, status, time.perf_counter() - start, request, response)
-
-        return rewrap(handler, observed)

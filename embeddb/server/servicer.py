@@ -1,10 +1,10 @@
 """The ``EmbeddingStore`` servicer: translate proto ⇄ numpy and call the shard. Nothing else.
 
 Errors raised by the shard or the codec propagate as :mod:`embeddb.errors` exceptions; the
-:class:`~embeddb.server.interceptors.ErrorInterceptor` turns them into gRPC statuses.
+:class:`~embeddb.rpc.interceptors.ErrorInterceptor` turns them into gRPC statuses.
 
-Every call borrows the shard from a :class:`~embeddb.server.slot.ShardSlot` (a follower swaps
-its shard when it bootstraps again). The two server-streaming calls, ``Subscribe`` (a
+Every call borrows the shard from a :class:`~embeddb.server.served_shard.ServedShard` (a
+follower swaps its shard when it bootstraps again). The two server-streaming calls, ``Subscribe`` (a
 follower's feed: :meth:`Shard.tail_log`) and ``FetchSnapshot`` (a snapshot's files), each hold
 a thread of the server's stream pool while they run, so at most ``max_streams`` per role run
 at once (RESOURCE_EXHAUSTED beyond), and a caller that stops reading is dropped after
@@ -30,7 +30,7 @@ from embeddb.allocator import Trimmer
 from embeddb.durability.log import LogRecord
 from embeddb.errors import ResourceExhaustedError, UnavailableError
 from embeddb.routing import ROUTING_ALGORITHM, SHARD_SALT, Topology
-from embeddb.server.slot import ShardSlot
+from embeddb.server.served_shard import ServedShard
 from embeddb.server.streams import StreamSlots
 from embeddb.shard import Shard
 from embeddb.v1 import embeddb_pb2 as pb
@@ -78,8 +78,8 @@ class StoreServicer(pb_grpc.EmbeddingStoreServicer):
     """Serves one shard.
 
     Args:
-        shard: the open shard, or the slot holding it (a follower's, swapped on re-bootstrap).
-        shard_index, num_shards: the cluster place reported while a follower's slot is empty
+        shard: the open shard, or the ServedShard of a follower (swapped on re-bootstrap).
+        shard_index, num_shards: the cluster place reported while a follower serves no shard yet
             (a shard reports its own).
         limits: request limits.
         trimmer: told the size of every large call, to give the memory of a burst back.
@@ -87,13 +87,13 @@ class StoreServicer(pb_grpc.EmbeddingStoreServicer):
 
     def __init__(
         self,
-        shard: Shard | ShardSlot,
+        shard: Shard | ServedShard,
         shard_index: int = 0,
         num_shards: int = 1,
         limits: ServicerLimits | None = None,
         trimmer: Trimmer | None = None,
     ) -> None:
-        self._slot = shard if isinstance(shard, ShardSlot) else ShardSlot(shard)
+        self._served = shard if isinstance(shard, ServedShard) else ServedShard(shard)
         self._topology = Topology(shard_index, num_shards)
         self._limits = limits or ServicerLimits()
         self._trimmer = trimmer
@@ -164,7 +164,7 @@ class StoreServicer(pb_grpc.EmbeddingStoreServicer):
 
     def Lookup(self, request: pb.LookupRequest, context: grpc.ServicerContext) -> wire.Encoded:
         """Answers an already serialized ``LookupResponse`` (one copy of the vectors)."""
-        with self._slot.use() as shard:
+        with self._served.use() as shard:
             self._check_answer(shard, [request], "Lookup")
             ids = self._ids(request.ids)
             vectors = shard.lookup(request.table, ids, train=request.train)
@@ -179,7 +179,7 @@ class StoreServicer(pb_grpc.EmbeddingStoreServicer):
         self, request: pb.ApplyGradientsRequest, context: grpc.ServicerContext
     ) -> pb.ApplyGradientsResponse:
         ids = self._ids(request.ids)
-        with self._slot.use() as shard:
+        with self._served.use() as shard:
             dim = self._dim(shard, request.table)
             grads = self._matrix(request.grads, "grads", ids.size, dim)
             result = shard.apply_gradients(request.table, ids, grads)
@@ -192,7 +192,7 @@ class StoreServicer(pb_grpc.EmbeddingStoreServicer):
     ) -> wire.Encoded:
         """Every part validated before any is looked up (``Shard.lookup_many``)."""
         parts = request.lookups
-        with self._slot.use() as shard:
+        with self._served.use() as shard:
             self._check_answer(shard, list(parts), "LookupMany")
             ids = self._many_ids([p.ids for p in parts], "lookups")
             vectors = shard.lookup_many(
@@ -215,7 +215,7 @@ class StoreServicer(pb_grpc.EmbeddingStoreServicer):
         """Every part validated before any is applied (``Shard.apply_gradients_many``)."""
         parts = request.updates
         ids = self._many_ids([p.ids for p in parts], "updates")
-        with self._slot.use() as shard:
+        with self._served.use() as shard:
             grads = [
                 self._matrix(p.grads, f"updates[{k}].grads", i.size, self._dim(shard, p.table))
                 for k, (p, i) in enumerate(zip(parts, ids, strict=True))
@@ -234,30 +234,30 @@ class StoreServicer(pb_grpc.EmbeddingStoreServicer):
 
     def Assign(self, request: pb.AssignRequest, context: grpc.ServicerContext) -> pb.AssignResponse:
         ids = self._ids(request.ids)
-        with self._slot.use() as shard:
+        with self._served.use() as shard:
             dim = self._dim(shard, request.table)
             vectors = self._matrix(request.vectors, "vectors", ids.size, dim)
             return pb.AssignResponse(written=shard.assign(request.table, ids, vectors))
 
     def Delete(self, request: pb.DeleteRequest, context: grpc.ServicerContext) -> pb.DeleteResponse:
         ids = self._ids(request.ids)
-        with self._slot.use() as shard:
+        with self._served.use() as shard:
             return pb.DeleteResponse(deleted=shard.delete(request.table, ids))
 
     def ListTables(
         self, request: pb.ListTablesRequest, context: grpc.ServicerContext
     ) -> pb.ListTablesResponse:
-        with self._slot.use() as shard:
+        with self._served.use() as shard:
             return pb.ListTablesResponse(tables=[self._info(shard, n) for n in shard.tables])
 
     def DescribeTable(
         self, request: pb.DescribeTableRequest, context: grpc.ServicerContext
     ) -> pb.TableInfo:
-        with self._slot.use() as shard:
+        with self._served.use() as shard:
             return self._info(shard, request.table)
 
     def Stats(self, request: pb.StatsRequest, context: grpc.ServicerContext) -> pb.StatsResponse:
-        with self._slot.use() as shard:
+        with self._served.use() as shard:
             stats = shard.stats()
             topology = shard.topology
         tables = [
@@ -275,7 +275,7 @@ class StoreServicer(pb_grpc.EmbeddingStoreServicer):
         self, request: pb.DescribeShardRequest, context: grpc.ServicerContext
     ) -> pb.DescribeShardResponse:
         """Topology, routing and limits; answered even before a follower has bootstrapped."""
-        shard = self._slot.current
+        shard = self._served.current
         topology = shard.topology if shard is not None else self._topology
         limits = self._limits
         return pb.DescribeShardResponse(
@@ -287,14 +287,14 @@ class StoreServicer(pb_grpc.EmbeddingStoreServicer):
                 max_ids_per_request=limits.max_ids_per_request,
                 max_response_bytes=limits.max_response_bytes,
             ),
-            follower=shard.follower if shard is not None else self._slot.follower,
+            follower=shard.follower if shard is not None else self._served.follower,
         )
 
     # ------------------------------------------------------------------ durability
     def Snapshot(
         self, request: pb.SnapshotRequest, context: grpc.ServicerContext
     ) -> pb.SnapshotResponse:
-        with self._slot.use() as shard:
+        with self._served.use() as shard:
             result = shard.snapshot(request.snapshot_id or None)
         return pb.SnapshotResponse(
             snapshot_id=result.info.snapshot_id,
@@ -308,7 +308,7 @@ class StoreServicer(pb_grpc.EmbeddingStoreServicer):
     def ListSnapshots(
         self, request: pb.ListSnapshotsRequest, context: grpc.ServicerContext
     ) -> pb.ListSnapshotsResponse:
-        with self._slot.use() as shard:
+        with self._served.use() as shard:
             infos = shard.snapshots()
         return pb.ListSnapshotsResponse(
             snapshots=[
@@ -325,7 +325,7 @@ class StoreServicer(pb_grpc.EmbeddingStoreServicer):
         """Records after ``from_seq``, then new ones as they are logged; a heartbeat (seq 0)
         after every ``HEARTBEAT_S`` without one. Ends when the caller cancels, or with
         UNAVAILABLE when the server stops or the shard closes."""
-        with self.streams.hold(context) as ticket, self._slot.use() as shard:
+        with self.streams.hold(context) as ticket, self._served.use() as shard:
             records = shard.tail_log(request.from_seq, idle_s=STREAM_POLL_S)
             with closing(records):
                 for message in self._feed(shard, records, context):
@@ -359,7 +359,7 @@ class StoreServicer(pb_grpc.EmbeddingStoreServicer):
     ) -> Iterator[pb.SnapshotChunk]:
         """The files of a complete snapshot in chunks, the manifest last (see the proto)."""
         with self.streams.hold(context) as ticket:
-            with self._slot.use() as shard:
+            with self._served.use() as shard:
                 reader = shard.open_snapshot(request.snapshot_id or None, request.take_new)
             with reader:
                 info = reader.info

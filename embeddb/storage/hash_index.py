@@ -20,6 +20,7 @@ import numba
 import numpy as np
 
 from embeddb.routing import STRIPE_SALT
+from embeddb.splitmix import GAMMA, MULTIPLIER_1, MULTIPLIER_2, SHIFT_1, SHIFT_2, SHIFT_3
 
 __all__ = [
     "collect_victims",
@@ -32,12 +33,6 @@ __all__ = [
 ]
 
 BUCKET_SALT = np.uint64(0x2545F4914F6CDD1D)
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-_M1 = np.uint64(0xBF58476D1CE4E5B9)
-_M2 = np.uint64(0x94D049BB133111EB)
-_S30 = np.uint64(30)
-_S27 = np.uint64(27)
-_S31 = np.uint64(31)
 _S32 = np.uint64(32)
 _LOW32 = np.uint64(0xFFFFFFFF)
 _ONE = np.uint64(1)
@@ -51,10 +46,11 @@ def new_index(capacity: int) -> np.ndarray:
 
 @numba.njit(nogil=True, cache=True, inline="always")
 def _mix(z):
-    z = z + _GOLDEN
-    z = (z ^ (z >> _S30)) * _M1
-    z = (z ^ (z >> _S27)) * _M2
-    return z ^ (z >> _S31)
+    """:func:`embeddb.routing.mix64` of one id."""
+    z = z + GAMMA
+    z = (z ^ (z >> SHIFT_1)) * MULTIPLIER_1
+    z = (z ^ (z >> SHIFT_2)) * MULTIPLIER_2
+    return z ^ (z >> SHIFT_3)
 
 
 @numba.njit(nogil=True, cache=True, inline="always")

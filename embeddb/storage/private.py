@@ -5,8 +5,8 @@ Two measures, applied together:
 * :func:`private_dir` makes a data directory ``0700``: created so, or tightened so when it
   exists with looser bits (:class:`~embeddb.shard.Shard` calls it on the directory it opens).
   Files inside it are then out of other users' reach whatever their own modes.
-* :func:`private_umask` sets the process umask to ``0o077`` while a server runs
-  (``embeddb serve`` and the shards ``embeddb cluster`` starts, ``embeddb serve-model``), so
+* ``embeddb.rpc.lifecycle.private_umask`` sets the process umask to ``0o077`` while a server
+  runs (``embeddb serve`` and the shards ``embeddb cluster`` starts, ``embeddb serve-model``), so
   every file the process creates is ``0600`` and every directory ``0700``: RocksDB's files,
   whose modes no embeddb code chooses, the clean-shutdown record, snapshots, exports. A copy
   taken elsewhere (``cp -a`` of a snapshot) keeps those modes.
@@ -19,14 +19,11 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["PRIVATE_DIR_MODE", "PRIVATE_UMASK", "private_dir", "private_umask"]
+__all__ = ["PRIVATE_DIR_MODE", "private_dir"]
 
 PRIVATE_DIR_MODE = 0o700
-PRIVATE_UMASK = 0o077
 
 
 def private_dir(path: str | os.PathLike[str]) -> Path:
@@ -47,17 +44,3 @@ def private_dir(path: str | os.PathLike[str]) -> Path:
     if stat.S_IMODE(directory.stat().st_mode) != PRIVATE_DIR_MODE:
         directory.chmod(PRIVATE_DIR_MODE)
     return directory
-
-
-@contextmanager
-def private_umask() -> Iterator[None]:
-    """Set the process umask to ``0o077`` for the duration; restore the previous one after.
-
-    The umask belongs to the whole process, so every thread's new files are private meanwhile:
-    meant for a server process's main function, not for library code.
-    """
-    previous = os.umask(PRIVATE_UMASK)
-    try:
-        yield
-    finally:
-        os.umask(previous)

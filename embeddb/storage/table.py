@@ -37,7 +37,7 @@ import numpy as np
 import numpy.typing as npt
 
 from embeddb.arrays import F32, I64, U64
-from embeddb.config import StoreConfig, TableConfig
+from embeddb.config import RamTierConfig, TableConfig
 from embeddb.errors import CorruptDataError
 from embeddb.initializers import initial_vectors, table_key
 from embeddb.optim import Optimizer
@@ -125,7 +125,7 @@ class TieredTable:
 
     Args:
         config: the table's settings.
-        store: stripe count and eviction chunk.
+        ram: stripe count and eviction chunk.
         disk: the shard's disk tier (shared by its tables).
         disk_rows: rows of this table already in the disk tier (when reopening).
     """
@@ -133,7 +133,7 @@ class TieredTable:
     def __init__(
         self,
         config: TableConfig,
-        store: StoreConfig,
+        ram: RamTierConfig,
         disk: DiskTier,
         disk_rows: int = 0,
         pool: StripePool | None = None,
@@ -149,10 +149,10 @@ class TieredTable:
         self._disk = disk
         self._tiers = Tiers(disk, config.name)  # moves rows between the stripes and disk
         self._key = table_key(config.name, config.seed)
-        n = _stripe_count(store.stripes, config.capacity, store.min_stripe_rows)
+        n = _stripe_count(ram.stripes, config.capacity, ram.min_stripe_rows)
         self._shift = np.uint64(64 - (n.bit_length() - 1))
         caps = [config.capacity // n + (1 if i < config.capacity % n else 0) for i in range(n)]
-        self.stripes = [RamStripe(c, self.width, int(c * store.eviction_chunk)) for c in caps]
+        self.stripes = [RamStripe(c, self.width, int(c * ram.eviction_chunk)) for c in caps]
         seed_seq = np.random.SeedSequence([config.seed, int(self._key)])
         self._rngs = [np.random.default_rng(s) for s in seed_seq.spawn(n)]
         self.stripes[0].counters.disk_rows = disk_rows

@@ -9,9 +9,11 @@ Modules: :mod:`.batch` (the batch data model), :mod:`.pooling` (pooling and its 
 :mod:`.protocol` (their messages), :mod:`.worker_metrics` (its Prometheus metrics),
 :mod:`.config` (:class:`TrainerConfig`, :class:`Mode`), :mod:`.dist` (torchrun's environment,
 the process group), :mod:`.dense` (synchronous and delayed dense updates), :mod:`.ctx`
-(:class:`TrainCtx`, :class:`EvalCtx`), :mod:`.checkpoint` (job checkpoints: dense file +
-one snapshot per shard), :mod:`.job` (the training job YAML), :mod:`.launch` (``embeddb
-train``: local shards + torchrun), :mod:`.run` (the NN worker's torchrun entry), :mod:`.errors`.
+(:class:`TrainCtx`, :class:`EvalCtx`), :mod:`.embedding_ctx` (what both share: batches
+prepared ahead, tensors), :mod:`.checkpoint` (job checkpoints: dense file + one snapshot per
+shard), :mod:`.checkpointing` (taking and restoring them), :mod:`.job` (the training job YAML),
+:mod:`.launch` (``embeddb train``: local shards + torchrun), :mod:`.run` (the NN worker's
+torchrun entry), :mod:`.errors`.
 
 Names that need torch (the contexts, ``DistEnv``) are imported on first use, so the embedding
 worker process, which imports this package, never loads torch.
@@ -36,8 +38,9 @@ if TYPE_CHECKING:  # what a type checker sees of the lazy names below
     )
     from .checkpoint import CheckpointInfo
     from .config import Mode, TrainerConfig
-    from .ctx import EvalCtx, PreparedBatch, TrainCtx
+    from .ctx import EvalCtx, TrainCtx
     from .dist import DistEnv
+    from .embedding_ctx import PreparedBatch
     from .embedding_worker import EmbeddingWorkerConfig
     from .errors import (
         EmbeddingWorkerError,
@@ -87,7 +90,7 @@ _LAZY = {
     "TrainerError": ".errors",
     "DistEnv": ".dist",
     "EvalCtx": ".ctx",
-    "PreparedBatch": ".ctx",
+    "PreparedBatch": ".embedding_ctx",
     "TrainCtx": ".ctx",
 }
 

@@ -22,7 +22,7 @@ Layout of a batch of 3 samples with two ID features, one numeric feature and one
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
@@ -176,7 +176,6 @@ class Batch:
     labels: Sequence[Label] = ()
     requires_grad: bool = True
     meta: bytes | None = None
-    batch_id: int | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         ids = list(self.id_type_features)

@@ -1,6 +1,7 @@
 """Settings of a training context: the mode, the staleness bound, the device and the rest.
 
-The modes (one setting, same model and data)::
+The modes (one setting, same model and data; ``max_staleness`` is the embedding worker's,
+``TrainerConfig.worker.max_staleness``)::
 
     mode     embedding lookups                     embedding updates   dense updates
     ───────  ────────────────────────────────────  ──────────────────  ───────────────────────────
@@ -20,13 +21,11 @@ itself runs in the background for ``s`` steps (``async_op``), off the critical p
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from embeddb.errors import ConfigError
 
 from .embedding_worker import EmbeddingWorkerConfig
-from .pooling import Pooling
 
 __all__ = ["Mode", "TrainerConfig"]
 
@@ -41,49 +40,38 @@ class Mode(str, enum.Enum):
 
 @dataclass(frozen=True)
 class TrainerConfig:
-    """Settings of :class:`~embeddb.trainer.ctx.TrainCtx` and :class:`~.EvalCtx`.
+    """Settings of :class:`~embeddb.trainer.ctx.TrainCtx` and :class:`~.EvalCtx`::
+
+        TrainerConfig(mode="hybrid", device="cpu", worker=EmbeddingWorkerConfig(max_staleness=8))
 
     Attributes:
         mode: ``hybrid`` (default), ``sync`` or ``async`` (a plain string is converted).
-        max_staleness: training batches that may be looked up with gradients not yet applied;
-            ``sync`` uses 1 whatever is set; ``async`` also delays dense updates by this many
-            steps.
         device: ``"cpu"``, ``"cuda"`` (``cuda:LOCAL_RANK``) or ``"cuda:N"``; ``None`` picks
             ``cuda:LOCAL_RANK`` when CUDA is available, else ``cpu``.
         mixed_precision: autocast to float16 and scale the loss (``torch.amp.GradScaler``);
             CUDA only. Embedding gradients are unscaled before they are sent.
-        batch_timeout: seconds a looked-up training batch waits for its gradients before it
-            expires in the embedding worker.
         lookup_timeout: seconds ``forward`` waits for a batch's embeddings before it raises.
-        retries, retry_backoff, shard_timeout, fp16, pooling: the embedding worker's (see
-            :class:`~embeddb.trainer.embedding_worker.EmbeddingWorkerConfig`).
-        metrics_port: the embedding worker of local rank ``r`` serves its Prometheus metrics
-            on ``metrics_port + r``; ``None``: not served.
         start_timeout: seconds the embedding worker may take to start.
         close_timeout: seconds ``close`` waits for pending gradient pushes.
-        worker_log_level: logging level of the embedding worker process.
-        token: the bearer token every client of the context sends to the shards (the
-            embedding worker's lookups and pushes, ``save_checkpoint``'s snapshot calls): a
-            read-write token; ``None`` when the shards require none. Never in ``repr``. Read
-            it from a file at the composition root (the job's ``token_file``).
+        worker: the embedding worker's settings
+            (:class:`~embeddb.trainer.embedding_worker.EmbeddingWorkerConfig`), as the worker
+            of local rank 0 gets them; :meth:`embedding_worker` derives each rank's. Its
+            ``max_staleness`` is the training batches that may be looked up with gradients not
+            yet applied (``sync`` uses 1 whatever is set; ``async`` also delays dense updates
+            by this many steps); the worker of local rank ``r`` serves its Prometheus metrics
+            on ``metrics_port + r``; its ``token`` (a read-write one, never in ``repr``) is
+            sent by every client of the context: the embedding worker's lookups and pushes and
+            ``save_checkpoint``'s snapshot calls. Read the token from a file at the
+            composition root (the job's ``token_file``).
     """
 
     mode: Mode = Mode.HYBRID
-    max_staleness: int = 4
     device: str | None = None
     mixed_precision: bool = False
-    batch_timeout: float = 300.0
     lookup_timeout: float = 600.0
-    retries: int = 3
-    retry_backoff: float = 0.2
-    shard_timeout: float = 10.0
-    fp16: bool = False
-    pooling: Mapping[str, Pooling] = field(default_factory=dict)
-    metrics_port: int | None = None
     start_timeout: float = 120.0
     close_timeout: float = 120.0
-    worker_log_level: str = "WARNING"
-    token: str | None = field(default=None, repr=False)
+    worker: EmbeddingWorkerConfig = field(default_factory=EmbeddingWorkerConfig)
 
     def __post_init__(self) -> None:
         try:
@@ -101,38 +89,31 @@ class TrainerConfig:
             raise ConfigError(
                 "device", f"must be a string such as 'cpu' or 'cuda:0', got {self.device!r}"
             )
-        if not isinstance(self.max_staleness, int) or self.max_staleness < 1:
+        if not isinstance(self.worker, EmbeddingWorkerConfig):
             raise ConfigError(
-                "max_staleness", f"must be an integer >= 1, got {self.max_staleness!r}"
+                "worker", f"must be an EmbeddingWorkerConfig, got {type(self.worker).__name__}"
             )
-        self.embedding_worker()  # validates the worker's settings now
 
     @property
     def embedding_staleness(self) -> int:
         """The embedding worker's staleness bound: 1 in ``sync`` mode, else ``max_staleness``."""
-        return 1 if self.mode is Mode.SYNC else self.max_staleness
+        return 1 if self.mode is Mode.SYNC else self.worker.max_staleness
 
     @property
     def dense_delay(self) -> int:
         """Steps by which dense gradients are applied late: ``max_staleness`` in ``async``."""
-        return self.max_staleness if self.mode is Mode.ASYNC else 0
+        return self.worker.max_staleness if self.mode is Mode.ASYNC else 0
 
     def embedding_worker(self, local_rank: int = 0) -> EmbeddingWorkerConfig:
-        """The embedding worker's settings for the NN worker of ``local_rank``.
+        """The embedding worker's settings for the NN worker of ``local_rank``: :attr:`worker`
+        with the mode's staleness bound and the rank's metrics port.
 
         Raises:
-            ConfigError: an invalid worker setting.
+            ConfigError: the rank's metrics port is not a TCP port.
         """
-        port = None if self.metrics_port is None else self.metrics_port + local_rank
-        return EmbeddingWorkerConfig(
+        port = self.worker.metrics_port
+        return replace(
+            self.worker,
             max_staleness=self.embedding_staleness,
-            batch_timeout=self.batch_timeout,
-            retries=self.retries,
-            retry_backoff=self.retry_backoff,
-            shard_timeout=self.shard_timeout,
-            fp16=self.fp16,
-            pooling=self.pooling,
-            metrics_port=port,
-            log_level=self.worker_log_level,
-            token=self.token,
+            metrics_port=None if port is None else port + local_rank,
         )

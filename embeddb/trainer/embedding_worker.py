@@ -58,7 +58,7 @@ from typing import TypeVar
 import numpy as np
 
 from embeddb.arrays import F32, I64, U64
-from embeddb.client import AsyncClient, DeadlineExceededError, UpdateResult
+from embeddb.client import AsyncClient, DeadlineExceededError, PushResult
 from embeddb.client.batching import IdBatch
 from embeddb.config import EmbeddingConfig
 from embeddb.errors import ConfigError, UnavailableError
@@ -470,7 +470,7 @@ class EmbeddingWorker:
             except Exception as exc:
                 self._push_failed(batch_ref, tables, exc)
                 return
-            total = sum(results.values(), UpdateResult())
+            total = sum(results.values(), PushResult())
             self.metrics.nan_skipped_ids.inc(total.nan_skipped)
             self.metrics.missing_ids.inc(total.missing)
             self.metrics.gradient_pushes.inc()

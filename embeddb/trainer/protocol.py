@@ -1,32 +1,33 @@
 """Messages between the NN worker and its embedding worker process (a duplex pipe).
 
-Every message is a tuple whose first item is its kind; numpy arrays travel pickled (one copy
+Every message is a small frozen dataclass; numpy arrays travel pickled inside it (one copy
 each way; measured in the module docstring of :mod:`embeddb.trainer.worker_process`).
 
-NN worker -> embedding worker:
+NN worker -> embedding worker (:data:`ToWorker`):
 
-==============  =====================================================================
-``LOOKUP``      ``(LOOKUP, batch_ref, train, features)``; ``features`` a tuple of
-                ``(name, ids uint64, offsets int64 | None)`` in the batch's order
-``GRADIENTS``   ``(GRADIENTS, batch_ref, grads, nonfinite)``; ``grads`` one float32 array
-                (or ``None``) per feature in lookup order; ``nonfinite`` rows zeroed
-``DISCARD``     ``(DISCARD, batch_ref)``: no gradients will come for this batch
-``FLUSH``       ``(FLUSH, request)``: answer once every push so far has been answered
-``STATS``       ``(STATS, request)``: answer with the worker's metrics
-``CLOSE``       ``(CLOSE, request)``: drain pushes, answer with the final metrics, exit
-==============  =====================================================================
+==================  ===================================================================
+:class:`Lookup`     ``batch_ref, train, features``; ``features`` a tuple of
+                    ``(name, ids uint64, offsets int64 | None)`` in the batch's order
+:class:`Gradients`  ``batch_ref, grads, nonfinite``; ``grads`` one float32 array (or
+                    ``None``) per feature in lookup order; ``nonfinite`` rows zeroed
+:class:`Discard`    ``batch_ref``: no gradients will come for this batch
+:class:`Flush`      ``request``: answer once every push so far has been answered
+:class:`Stats`      ``request``: answer with the worker's metrics
+:class:`Close`      ``request``: drain pushes, answer with the final metrics, exit
+==================  ===================================================================
 
-Embedding worker -> NN worker:
+Embedding worker -> NN worker (:data:`FromWorker`):
 
-=================  ==================================================================
-``READY``          ``(READY, pid)``: the worker checked the cluster and serves
-``START_FAILED``   ``(START_FAILED, error, message)``: it could not start; it exits
-``POOLED``         ``(POOLED, batch_ref, pooled)``: one array or ``(array, mask)`` per
-                   feature
-``LOOKUP_FAILED``  ``(LOOKUP_FAILED, batch_ref, error, message, cause)``
-``FAILURE``        ``(FAILURE, error, message, cause)``: an asynchronous failure (a push)
-``REPLY``          ``(REPLY, request, payload)``: the answer to FLUSH, STATS or CLOSE
-=================  ==================================================================
+=========================  =========================================================
+:class:`Ready`             ``pid``: the worker checked the cluster and serves
+:class:`StartFailed`       ``error, message``: it could not start; it exits
+:class:`PooledEmbeddings`  ``batch_ref, pooled``: one array or ``(array, mask)`` per
+                           feature
+:class:`LookupFailed`      ``batch_ref, error, message, cause``
+:class:`AsyncFailure`      ``error, message, cause``: an asynchronous failure (a push)
+:class:`Reply`             ``request, payload``: the answer to :class:`Flush` (no
+                           metrics), :class:`Stats` or :class:`Close`
+=========================  =========================================================
 
 ``error`` names a class of :mod:`embeddb.trainer.errors` or :mod:`embeddb.errors`; ``cause``
 the type of the original exception. :func:`error_from` rebuilds the exception.
@@ -34,39 +35,142 @@ the type of the original exception. :func:`error_from` rebuilds the exception.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from typing import TypeAlias
+
 from embeddb import errors as core_errors
+from embeddb.arrays import F32
 
 from . import errors as trainer_errors
+from .embedding_worker import IdFeature
+from .pooling import Pooled
 
 __all__ = [
-    "CLOSE",
-    "DISCARD",
-    "FAILURE",
-    "FLUSH",
-    "GRADIENTS",
-    "LOOKUP",
-    "LOOKUP_FAILED",
-    "POOLED",
-    "READY",
-    "REPLY",
-    "START_FAILED",
-    "STATS",
+    "AsyncFailure",
+    "Close",
+    "Discard",
+    "Flush",
+    "FromWorker",
+    "Gradients",
+    "Lookup",
+    "LookupFailed",
+    "PooledEmbeddings",
+    "Ready",
+    "Reply",
+    "Request",
+    "StartFailed",
+    "Stats",
+    "ToWorker",
     "error_from",
 ]
 
-LOOKUP = "lookup"
-GRADIENTS = "gradients"
-DISCARD = "discard"
-FLUSH = "flush"
-STATS = "stats"
-CLOSE = "close"
 
-READY = "ready"
-START_FAILED = "start_failed"
-POOLED = "pooled"
-LOOKUP_FAILED = "lookup_failed"
-FAILURE = "failure"
-REPLY = "reply"
+# ---------------------------------------------------------------------- NN worker -> worker
+@dataclass(frozen=True)
+class Lookup:
+    """Look up and pool a batch's ID features; a training batch then waits for its gradients."""
+
+    batch_ref: int
+    train: bool
+    features: tuple[IdFeature, ...] = field(repr=False)
+
+
+@dataclass(frozen=True)
+class Gradients:
+    """A batch's embedding gradients, one per feature in lookup order (``None``: none)."""
+
+    batch_ref: int
+    grads: tuple[F32 | None, ...] = field(repr=False)
+    nonfinite: int
+
+
+@dataclass(frozen=True)
+class Discard:
+    """No gradients will come for this training batch: release it."""
+
+    batch_ref: int
+
+
+@dataclass(frozen=True)
+class Flush:
+    """Answer (an empty :class:`Reply`) once every push received so far has been answered."""
+
+    request: int
+
+
+@dataclass(frozen=True)
+class Stats:
+    """Answer with the worker's metrics."""
+
+    request: int
+
+
+@dataclass(frozen=True)
+class Close:
+    """Drain pending pushes, answer with the final metrics, exit."""
+
+    request: int
+
+
+Request: TypeAlias = Flush | Stats | Close
+"""The messages answered by a :class:`Reply` of the same ``request``."""
+
+ToWorker: TypeAlias = Lookup | Gradients | Discard | Request
+
+
+# ---------------------------------------------------------------------- worker -> NN worker
+@dataclass(frozen=True)
+class Ready:
+    """The worker checked the cluster and serves."""
+
+    pid: int
+
+
+@dataclass(frozen=True)
+class StartFailed:
+    """The worker could not start; it exits."""
+
+    error: str
+    message: str
+
+
+@dataclass(frozen=True)
+class PooledEmbeddings:
+    """A batch's pooled embeddings: one array or ``(array, mask)`` per feature."""
+
+    batch_ref: int
+    pooled: list[Pooled] = field(repr=False)
+
+
+@dataclass(frozen=True)
+class LookupFailed:
+    """A batch's lookup failed (after its retries)."""
+
+    batch_ref: int
+    error: str
+    message: str
+    cause: str | None
+
+
+@dataclass(frozen=True)
+class AsyncFailure:
+    """An asynchronous failure (a gradient push), raised by the NN worker's next call."""
+
+    error: str
+    message: str
+    cause: str | None
+
+
+@dataclass(frozen=True)
+class Reply:
+    """The answer to the :data:`Request` of id ``request``: the worker's metrics (empty for
+    :class:`Flush`)."""
+
+    request: int
+    payload: dict[str, float]
+
+
+FromWorker: TypeAlias = Ready | StartFailed | PooledEmbeddings | LookupFailed | AsyncFailure | Reply
 
 
 def error_from(name: str, message: str, cause: str | None = None) -> core_errors.EmbeddbError:

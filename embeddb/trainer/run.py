@@ -29,14 +29,15 @@ from torch import nn
 
 from embeddb.config import EmbeddingConfig
 from embeddb.errors import UnauthenticatedError
+from embeddb.evaluation import auc
 
 from .batch import Batch
 from .checkpoint import latest_checkpoint
 from .config import TrainerConfig
 from .ctx import TrainCtx
 from .data import Reader
+from .embedding_worker import EmbeddingWorkerConfig
 from .job import JobConfig
-from .metrics import auc
 
 __all__ = ["load_model", "main"]
 
@@ -98,9 +99,11 @@ def train(job: JobConfig, addresses: Path, predict: int) -> dict[str, Any]:
     embedding_config = EmbeddingConfig.from_yaml(job.embedding_config_path())
     config = TrainerConfig(
         mode=job.mode,  # type: ignore[arg-type]
-        max_staleness=job.max_staleness,
-        metrics_port=job.metrics_port,
-        token=job.read_token(),
+        worker=EmbeddingWorkerConfig(
+            max_staleness=job.max_staleness,
+            metrics_port=job.metrics_port,
+            token=job.read_token(),
+        ),
     )
     loss_fn = nn.BCEWithLogitsLoss()
     epoch_batches = list(_reader(job, "train", job.batch_size, True))

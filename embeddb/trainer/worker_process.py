@@ -4,12 +4,12 @@ Processes and threads (one embedding worker per NN worker rank)::
 
     NN worker process                                 embedding worker process (spawned)
     ─────────────────                                 ──────────────────────────────────
-    training thread ── LOOKUP / GRADIENTS / ... ──▶  reader thread ─▶ asyncio loop:
+    training thread ── Lookup / Gradients / ... ──▶  reader thread ─▶ asyncio loop:
       (EmbeddingWorkerProcess.lookup, push, ...)          EmbeddingWorker (lookups, pooling,
-    receiver thread ◀── POOLED / FAILURE / REPLY ──       pushes, expiry) + AsyncClient ─▶ shards
+    receiver thread ◀── PooledEmbeddings / Reply ──       pushes, expiry) + AsyncClient ─▶ shards
       (resolves futures; EOF = the worker died)      writer thread ◀─ answers of the loop
 
-The transport is one duplex :func:`multiprocessing.Pipe` carrying pickled tuples
+The transport is one duplex :func:`multiprocessing.Pipe` carrying pickled messages
 (:mod:`embeddb.trainer.protocol`). Shared memory is not needed: the payloads are small (an
 Adult batch of 256 samples and 11 features: 23 kB of ids out, 91 kB of pooled float32 back,
 91 kB of gradients out) and a message costs about 0.5-1 ms of pickling, pipe and thread
@@ -41,9 +41,11 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
-from embeddb.client import AsyncClient
+from embeddb.arrays import F32
+from embeddb.client import AsyncClient, ClientOptions
 from embeddb.config import EmbeddingConfig
 from embeddb.errors import EmbeddbError
+from embeddb.rpc.metrics_http import serve_metrics
 
 from . import protocol as msg
 from .embedding_worker import EmbeddingWorker, EmbeddingWorkerConfig, IdFeature
@@ -99,7 +101,7 @@ class EmbeddingWorkerProcess:
         self._join_lock = threading.Lock()  # one reaper at a time (waitpid races otherwise)
         self._lock = threading.Lock()  # guards the maps below and _dead
         self._lookups: dict[int, Future[list[Pooled]]] = {}
-        self._requests: dict[int, Future[Any]] = {}
+        self._requests: dict[int, Future[dict[str, float]]] = {}
         self._refs = itertools.count()
         self._request_ids = itertools.count()
         self._failures: list[EmbeddbError] = []
@@ -128,12 +130,16 @@ class EmbeddingWorkerProcess:
                     f"the embedding worker was not ready within {timeout:.0f} s"
                 )
         try:
-            answer = self._conn.recv()
+            answer: msg.FromWorker = self._conn.recv()
         except (EOFError, OSError) as exc:
             raise EmbeddingWorkerError("the embedding worker exited while starting") from exc
-        if answer[0] == msg.START_FAILED:
-            raise msg.error_from(answer[1], f"the embedding worker could not start: {answer[2]}")
-        return int(answer[1])
+        if isinstance(answer, msg.StartFailed):
+            raise msg.error_from(
+                answer.error, f"the embedding worker could not start: {answer.message}"
+            )
+        if not isinstance(answer, msg.Ready):
+            raise EmbeddingWorkerError(f"the embedding worker started with {answer!r}")
+        return answer.pid
 
     # ------------------------------------------------------------------ calls
     def lookup(
@@ -149,25 +155,26 @@ class EmbeddingWorkerProcess:
         with self._lock:
             self._check_alive()
             self._lookups[batch_ref] = future
-        self._send((msg.LOOKUP, batch_ref, train, tuple(features)))
+        self._send(msg.Lookup(batch_ref, train, tuple(features)))
         return batch_ref, future
 
-    def push_gradients(self, batch_ref: int, grads: Sequence[Any], nonfinite: int = 0) -> None:
+    def push_gradients(
+        self, batch_ref: int, grads: Sequence[F32 | None], nonfinite: int = 0
+    ) -> None:
         """Send a batch's embedding gradients (one float32 array or ``None`` per feature)."""
-        self._send((msg.GRADIENTS, batch_ref, tuple(grads), int(nonfinite)))
+        self._send(msg.Gradients(batch_ref, tuple(grads), int(nonfinite)))
 
     def discard(self, batch_ref: int) -> None:
         """Tell the worker no gradients will come for ``batch_ref``."""
-        self._send((msg.DISCARD, batch_ref))
+        self._send(msg.Discard(batch_ref))
 
     def flush(self, timeout: float) -> None:
         """Wait until every gradient push sent so far has been answered by the shards."""
-        self._request(msg.FLUSH, timeout)
+        self._request(msg.Flush, timeout)
 
     def stats(self, timeout: float = 30.0) -> dict[str, float]:
         """The worker's metrics (see :mod:`embeddb.trainer.worker_metrics`)."""
-        result: dict[str, float] = self._request(msg.STATS, timeout)
-        return result
+        return self._request(msg.Stats, timeout)
 
     def raise_failure(self) -> None:
         """Raise the first asynchronous failure reported since the last call, if any.
@@ -194,7 +201,7 @@ class EmbeddingWorkerProcess:
         final: dict[str, float] | None = None
         if not dead:
             try:
-                final = self._request(msg.CLOSE, timeout)
+                final = self._request(msg.Close, timeout)
             except EmbeddbError as exc:
                 logger.warning("the embedding worker did not close cleanly: %s", exc)
         if not self._exited(_JOIN_S):
@@ -215,21 +222,23 @@ class EmbeddingWorkerProcess:
             return self._process.exitcode is not None
 
     # ------------------------------------------------------------------ plumbing
-    def _request(self, kind: str, timeout: float) -> Any:
+    def _request(self, kind: type[msg.Request], timeout: float) -> dict[str, float]:
+        """Send a request of ``kind`` and wait for its :class:`~.protocol.Reply`'s payload."""
         request = next(self._request_ids)
-        future: Future[Any] = Future()
+        future: Future[dict[str, float]] = Future()
         with self._lock:
             self._check_alive()
             self._requests[request] = future
-        self._send((kind, request))
+        self._send(kind(request))
         try:
             return future.result(timeout)
         except FutureTimeout:
             raise EmbeddingWorkerError(
-                f"the embedding worker did not answer {kind} within {timeout:.0f} s"
+                f"the embedding worker did not answer {kind.__name__.lower()} within "
+                f"{timeout:.0f} s"
             ) from None
 
-    def _send(self, message: tuple[Any, ...]) -> None:
+    def _send(self, message: msg.ToWorker) -> None:
         try:
             with self._send_lock:
                 self._conn.send(message)
@@ -251,29 +260,28 @@ class EmbeddingWorkerProcess:
             logger.exception("the embedding worker receiver failed")
         self._mark_dead()
 
-    def _dispatch(self, message: tuple[Any, ...]) -> None:
-        kind = message[0]
-        if kind == msg.POOLED:
+    def _dispatch(self, message: msg.FromWorker) -> None:
+        if isinstance(message, msg.PooledEmbeddings):
             with self._lock:
-                future = self._lookups.pop(message[1], None)
+                future = self._lookups.pop(message.batch_ref, None)
             if future is not None:
-                future.set_result(message[2])
-        elif kind == msg.LOOKUP_FAILED:
+                future.set_result(message.pooled)
+        elif isinstance(message, msg.LookupFailed):
             with self._lock:
-                future = self._lookups.pop(message[1], None)
+                future = self._lookups.pop(message.batch_ref, None)
             if future is not None:
-                future.set_exception(msg.error_from(message[2], message[3], message[4]))
-        elif kind == msg.REPLY:
+                future.set_exception(msg.error_from(message.error, message.message, message.cause))
+        elif isinstance(message, msg.Reply):
             with self._lock:
-                request = self._requests.pop(message[1], None)
+                request = self._requests.pop(message.request, None)
             if request is not None:
-                request.set_result(message[2])
-        elif kind == msg.FAILURE:
-            error = msg.error_from(message[1], message[2], message[3])
+                request.set_result(message.payload)
+        elif isinstance(message, msg.AsyncFailure):
+            error = msg.error_from(message.error, message.message, message.cause)
             with self._lock:
                 self._failures.append(error)
         else:
-            logger.error("unexpected message from the embedding worker: %r", kind)
+            logger.error("unexpected message from the embedding worker: %r", message)
 
     def _mark_dead(self) -> None:
         self._exited(1.0 if self._closing else 5.0)
@@ -287,7 +295,7 @@ class EmbeddingWorkerProcess:
                 )
                 if not self._closing:
                     logger.error("%s", self._dead)
-            pending = [*self._lookups.values(), *self._requests.values()]
+            pending: list[Future[Any]] = [*self._lookups.values(), *self._requests.values()]
             self._lookups.clear()
             self._requests.clear()
             dead = self._dead
@@ -344,12 +352,12 @@ class _Server:
         self._embedding_config = embedding_config
         self._addresses = addresses
         self._config = config
-        self._outbox: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
+        self._outbox: queue.SimpleQueue[msg.FromWorker | None] = queue.SimpleQueue()
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
-        inbox: asyncio.Queue[tuple[Any, ...] | None] = asyncio.Queue()
+        inbox: asyncio.Queue[msg.ToWorker | None] = asyncio.Queue()
         writer = threading.Thread(target=self._write, name="embeddb-worker-writer", daemon=True)
         writer.start()
         threading.Thread(
@@ -358,10 +366,9 @@ class _Server:
         cfg = self._config
         client = AsyncClient(
             self._addresses,
-            timeout=cfg.shard_timeout,
-            retries=cfg.retries,
-            fp16=cfg.fp16,
-            token=cfg.token,
+            ClientOptions(
+                timeout=cfg.shard_timeout, retries=cfg.retries, fp16=cfg.fp16, token=cfg.token
+            ),
         )
         metrics = WorkerMetrics(cfg.max_staleness)
         worker = EmbeddingWorker(
@@ -373,11 +380,11 @@ class _Server:
                 _serve_metrics(metrics, cfg.metrics_port)
         except Exception as exc:
             logger.error("cannot start: %s: %s", type(exc).__name__, exc)
-            self._outbox.put((msg.START_FAILED, type(exc).__name__, str(exc)))
+            self._outbox.put(msg.StartFailed(type(exc).__name__, str(exc)))
             await client.close()
             self._stop_writer(writer)
             return
-        self._outbox.put((msg.READY, os.getpid()))
+        self._outbox.put(msg.Ready(os.getpid()))
         expiry = loop.create_task(worker.run_expiry())
         close_request = await self._dispatch(worker, inbox)
         logger.debug("closing: draining pushes")
@@ -387,70 +394,67 @@ class _Server:
             await asyncio.wait(set(self._tasks))
         expiry.cancel()
         if close_request is not None:
-            self._outbox.put((msg.REPLY, close_request, worker.stats()))
+            self._outbox.put(msg.Reply(close_request, worker.stats()))
         logger.debug("closing: stopping the writer")
         self._stop_writer(writer)
         logger.debug("closed")
 
     async def _dispatch(
-        self, worker: EmbeddingWorker, inbox: asyncio.Queue[tuple[Any, ...] | None]
+        self, worker: EmbeddingWorker, inbox: asyncio.Queue[msg.ToWorker | None]
     ) -> int | None:
-        """Serve messages until CLOSE (returns its request id) or EOF (returns None)."""
+        """Serve messages until :class:`~.protocol.Close` (returns its request id) or EOF
+        (returns None)."""
         loop = asyncio.get_running_loop()
         while True:
             message = await inbox.get()
             if message is None:
                 logger.warning("the NN worker went away; draining pending pushes and exiting")
                 return None
-            kind = message[0]
-            if kind == msg.LOOKUP:
-                self._spawn(loop, self._lookup(worker, *message[1:]))
-            elif kind == msg.GRADIENTS:
-                worker.push_gradients(message[1], message[2], message[3])
-            elif kind == msg.DISCARD:
-                worker.discard(message[1])
-            elif kind == msg.FLUSH:
-                self._spawn(loop, self._flush(worker, message[1]))
-            elif kind == msg.STATS:
-                self._outbox.put((msg.REPLY, message[1], worker.stats()))
-            elif kind == msg.CLOSE:
-                return int(message[1])
+            if isinstance(message, msg.Lookup):
+                self._spawn(loop, self._lookup(worker, message))
+            elif isinstance(message, msg.Gradients):
+                worker.push_gradients(message.batch_ref, message.grads, message.nonfinite)
+            elif isinstance(message, msg.Discard):
+                worker.discard(message.batch_ref)
+            elif isinstance(message, msg.Flush):
+                self._spawn(loop, self._flush(worker, message.request))
+            elif isinstance(message, msg.Stats):
+                self._outbox.put(msg.Reply(message.request, worker.stats()))
+            elif isinstance(message, msg.Close):
+                return message.request
             else:
-                logger.error("unexpected message from the NN worker: %r", kind)
+                logger.error("unexpected message from the NN worker: %r", message)
 
     def _spawn(self, loop: asyncio.AbstractEventLoop, coro: Any) -> None:
         task = loop.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _lookup(
-        self, worker: EmbeddingWorker, batch_ref: int, train: bool, features: Sequence[IdFeature]
-    ) -> None:
+    async def _lookup(self, worker: EmbeddingWorker, request: msg.Lookup) -> None:
+        batch_ref = request.batch_ref
         try:
-            pooled = await worker.lookup(batch_ref, features, train)
+            pooled = await worker.lookup(batch_ref, request.features, request.train)
         except TrainerError as exc:
-            self._outbox.put(
-                (msg.LOOKUP_FAILED, batch_ref, type(exc).__name__, str(exc), exc.cause)
-            )
+            self._outbox.put(msg.LookupFailed(batch_ref, type(exc).__name__, str(exc), exc.cause))
         except Exception as exc:  # a bug: report it rather than leave the NN worker waiting
             logger.exception("lookup of batch %d failed", batch_ref)
             self._outbox.put(
-                (msg.LOOKUP_FAILED, batch_ref, "LookupFailedError", str(exc), type(exc).__name__)
+                msg.LookupFailed(batch_ref, "LookupFailedError", str(exc), type(exc).__name__)
             )
         else:
-            self._outbox.put((msg.POOLED, batch_ref, pooled))
+            self._outbox.put(msg.PooledEmbeddings(batch_ref, pooled))
 
     async def _flush(self, worker: EmbeddingWorker, request: int) -> None:
         await worker.flush()
-        self._outbox.put((msg.REPLY, request, None))
+        self._outbox.put(msg.Reply(request, {}))
 
     def _report(self, error: TrainerError) -> None:
-        self._outbox.put((msg.FAILURE, type(error).__name__, str(error), error.cause))
+        self._outbox.put(msg.AsyncFailure(type(error).__name__, str(error), error.cause))
 
     def _read(
-        self, loop: asyncio.AbstractEventLoop, inbox: asyncio.Queue[tuple[Any, ...] | None]
+        self, loop: asyncio.AbstractEventLoop, inbox: asyncio.Queue[msg.ToWorker | None]
     ) -> None:
-        message: tuple[Any, ...] | None
+        message: msg.ToWorker | None
         while True:
             try:
                 message = self._conn.recv()
@@ -460,7 +464,7 @@ class _Server:
                 loop.call_soon_threadsafe(inbox.put_nowait, message)
             except RuntimeError:  # the loop is closed: the worker is exiting
                 return
-            if message is None or message[0] == msg.CLOSE:
+            if message is None or isinstance(message, msg.Close):
                 return
 
     def _write(self) -> None:
@@ -479,8 +483,8 @@ class _Server:
         writer.join(_JOIN_S)
 
 
-def _serve_metrics(metrics: WorkerMetrics, port: int) -> None:
-    from prometheus_client import start_http_server
-
-    start_http_server(port, registry=metrics.registry)
-    logger.info("metrics on port %d", port)
+def _serve_metrics(metrics: WorkerMetrics, port: int, host: str = "127.0.0.1") -> None:
+    """Serve the worker's metrics at ``http://host:port/metrics`` (404 elsewhere), on loopback
+    by default like the servers' endpoints; the thread ends with the process."""
+    endpoint = serve_metrics(metrics.registry, host, port)
+    logger.info("metrics on http://%s:%d/metrics", host, endpoint.port)

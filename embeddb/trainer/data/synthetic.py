@@ -36,9 +36,9 @@ import numpy.typing as npt
 
 from embeddb.arrays import F32, F64, I64, U64
 from embeddb.errors import ConfigError, InvalidArgumentError
+from embeddb.evaluation import auc
 from embeddb.routing import mix64
 
-from ..metrics import auc
 from ._block import Block, Ids
 from ._reader import Reader
 from .criteo import CATEGORICAL_COLUMNS, DENSE_FEATURE, LABEL

@@ -1,5 +1,5 @@
-"""The lifecycle of one ``embeddb serve-model`` process, like ``embeddb serve``'s
-(``embeddb.server.daemon``)::
+"""The lifecycle of one ``embeddb serve-model`` process, like ``embeddb serve``'s (its generic
+steps: :mod:`embeddb.rpc.lifecycle`)::
 
     umask 0o077                   every file the process creates is 0600 (restored at return)
     InferCtx(model_dir, shards)   load model.json, dense.pt, embedding.yaml; reach the shards
@@ -18,10 +18,11 @@ import json
 import logging
 import threading
 from collections.abc import Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
-from embeddb.server.daemon import private_umask, stop_on_signals, write_atomically
+from embeddb.rpc.lifecycle import server_process, wait_for_stop, write_atomically
 
 from .infer import InferCtx
 from .server import ModelServerConfig, build_model_server
@@ -72,42 +73,35 @@ def run_model_server(
         embeddb errors of the client: the shards cannot be reached.
     """
     stop = stop if stop is not None else threading.Event()
-    # private_umask: every file the process creates (the port file) is 0600, as embeddb serve's.
-    with private_umask(), stop_on_signals(stop, options.handle_signals):
+    # every file the process creates (the port file) is 0600, as embeddb serve's
+    with server_process(stop, options.handle_signals), ExitStack() as shutdown:
+        if options.port_file is not None:  # the callbacks run last-registered first
+            shutdown.callback(options.port_file.unlink, missing_ok=True)
         infer = InferCtx(
             options.model_dir,
             options.shards,
             token=options.shard_token,
             tls_ca=options.shard_tls_ca,
         )
-        try:
-            served = build_model_server(infer, config)
-            try:
-                ports = served.ports()
-                if options.port_file is not None:
-                    write_atomically(options.port_file, json.dumps(ports) + "\n")
-                logger.info(
-                    "serving model %s on %s: gRPC %d, HTTP %s, metrics %s (shards %s; "
-                    "max batch %d, max delay %g ms)",
-                    options.model_dir,
-                    config.host,
-                    ports["grpc"],
-                    ports["http"] if ports["http"] is not None else "off",
-                    ports["metrics"] if ports["metrics"] is not None else "off",
-                    ", ".join(infer.addresses),
-                    config.max_batch,
-                    config.max_delay * 1e3,
-                )
-                while not stop.wait(0.5):  # a timed wait keeps the main thread responsive
-                    pass
-                logger.info("health NOT_SERVING, draining calls (grace %gs)", options.grace)
-            finally:
-                served.stop(options.grace)
-        finally:
-            try:
-                infer.close()
-            finally:
-                if options.port_file is not None:
-                    options.port_file.unlink(missing_ok=True)
+        shutdown.callback(infer.close)
+        served = build_model_server(infer, config)
+        shutdown.callback(served.stop, options.grace)
+        ports = served.ports()
+        if options.port_file is not None:
+            write_atomically(options.port_file, json.dumps(ports) + "\n")
+        logger.info(
+            "serving model %s on %s: gRPC %d, HTTP %s, metrics %s (shards %s; "
+            "max batch %d, max delay %g ms)",
+            options.model_dir,
+            config.listen.host,
+            ports["grpc"],
+            ports["http"] if ports["http"] is not None else "off",
+            ports["metrics"] if ports["metrics"] is not None else "off",
+            ", ".join(infer.addresses),
+            config.max_batch,
+            config.max_delay * 1e3,
+        )
+        wait_for_stop(stop, where="model server")
+        logger.info("health NOT_SERVING, draining calls (grace %gs)", options.grace)
     logger.info("model server stopped cleanly")
     return 0

@@ -37,9 +37,9 @@ parsed) with these reasons::
     malformed         400: the body is not    too_large         413: body or records
                       JSON this server reads  invalid_argument  400: the records
 
-An unexpected exception is answered 500 ``INTERNAL`` and logged with its traceback by an
-:class:`~embeddb.server.interceptors.RateLimitedLog`: at most one traceback per interval,
-so a flood of requests that trip a bug cannot flood the log. A refused request whose body was
+An unexpected exception is answered 500 ``INTERNAL`` and logged with its traceback by a
+:class:`~embeddb.rpc.interceptors.RateLimitedLog`: at most one traceback per interval, so a
+flood of requests that trip a bug cannot flood the log. A refused request whose body was
 not read has it read and dropped when small (the connection stays open), else the connection
 is closed after the answer.
 """
@@ -61,8 +61,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from embeddb.errors import EmbeddbError, InvalidArgumentError, ResourceExhaustedError, status_of
-from embeddb.server.auth import authenticate
-from embeddb.server.interceptors import RateLimitedLog
+from embeddb.rpc.auth import authenticate
+from embeddb.rpc.interceptors import RateLimitedLog
 
 from .batcher import MicroBatcher
 from .metrics import ModelMetrics
@@ -228,7 +228,8 @@ class HttpFrontend:
         predictor: what scores (an ``InferCtx``).
         batcher: the micro-batcher requests are submitted to.
         metrics: the model server's metrics.
-        config: the server's config (``host``, ``http_port``, ``tokens``, the limits).
+        config: the server's config (``listen.host``, ``listen.tokens``, ``http_port``, the
+            limits).
     """
 
     def __init__(
@@ -248,7 +249,9 @@ class HttpFrontend:
         self._lock = threading.Condition()
         self._in_flight = 0
         self._connections: set[socket.socket] = set()
-        self.httpd = _Server((config.host, config.http_port or 0), _handler(self), self.errors)
+        self.httpd = _Server(
+            (config.listen.host, config.http_port or 0), _handler(self), self.errors
+        )
         self.port = int(self.httpd.server_address[1])
         self._thread = threading.Thread(
             target=self.httpd.serve_forever,
@@ -296,8 +299,8 @@ class HttpFrontend:
     def authenticate(self, headers: Any) -> None:
         """UnauthenticatedError unless tokens are off or ``Authorization`` holds one (any
         role may predict)."""
-        if self.config.tokens is not None:
-            authenticate(self.config.tokens, list(headers.items()))
+        if self.config.listen.tokens is not None:
+            authenticate(self.config.listen.tokens, list(headers.items()))
 
     def predict(self, doc: object) -> list[float]:
         """Validate and score the JSON document of one ``POST /v1/predict`` body."""

@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 from embeddb.arrays import F32
-from embeddb.client import Client
+from embeddb.client import Client, ClientOptions
 from embeddb.client.options import check_addresses, read_address_file, tls_credentials
 from embeddb.config import EmbeddingConfig
 from embeddb.errors import (
@@ -171,7 +171,8 @@ class InferCtx:
             if isinstance(addresses, (str, os.PathLike))
             else check_addresses(list(addresses))
         )
-        self._client = Client(shard_list, token=token, credentials=tls_credentials(tls_ca))
+        options = ClientOptions(token=token, credentials=tls_credentials(tls_ca))
+        self._client = Client(shard_list, options)
         try:
             self._check_shards()
         except BaseException:

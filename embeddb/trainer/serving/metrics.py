@@ -25,8 +25,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from embeddb.server.boundary import RefusedCall
-from embeddb.server.metrics import LATENCY_BUCKETS
+from embeddb.rpc.boundary import RefusedCall
+from embeddb.rpc.metrics import LATENCY_BUCKETS
 from embeddb.v1 import model_pb2 as mpb
 
 __all__ = ["BATCH_BUCKETS", "ModelMetrics"]
@@ -90,7 +90,7 @@ class ModelMetrics:
         self.bad_requests.labels(method, reason).inc()
 
     def observe_refused(self, call: RefusedCall) -> None:
-        """One gRPC call refused before the servicer (``embeddb.server.boundary``)."""
+        """One gRPC call refused before the servicer (``embeddb.rpc.boundary``)."""
         if call.reason is not None:
             self.observe_bad_request(call.method, call.reason)
         if call.service == MODEL_SERVICE_NAME:

@@ -10,9 +10,9 @@
                                                    split back to each request
     gRPC  grpc.health.v1 + reflection; HTTP GET /healthz; metrics on their own port
 
-gRPC interceptors, outermost first, as in the shard server (``embeddb.server.app``): metrics
-(refused and failed calls counted with their status) → auth (bearer tokens; a read-only token
-may call ``Predict``) → errors (embeddb exceptions to gRPC statuses). HTTP applies the same
+The gRPC server is assembled like the shard server (:func:`embeddb.rpc.assembly.start_server`:
+boundary with bearer tokens, where every role may call ``Predict`` → metrics → errors, with
+embeddb exceptions to gRPC statuses). HTTP applies the same
 tokens (``Authorization: Bearer``) and maps the same statuses to HTTP codes (:data:`HTTP_STATUS`),
 answering ``{"error": message, "status": name}``; its routes, refusals and limits are described
 in ``http.py`` (:class:`~embeddb.trainer.serving.http.HttpFrontend`).
@@ -29,23 +29,18 @@ scores what is queued → metrics endpoint. Closing the ``InferCtx`` is its owne
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 from prometheus_client import CollectorRegistry
 
 from embeddb.arrays import F32
 from embeddb.errors import ConfigError
-from embeddb.server.assembly import ConnectionConfig, ServerPools, connection_options
-from embeddb.server.auth import AccessPolicy, Role, Tokens
-from embeddb.server.boundary import Boundary
-from embeddb.server.interceptors import ErrorInterceptor
-from embeddb.server.metrics import MetricsEndpoint, MetricsInterceptor, serve_metrics
+from embeddb.rpc.assembly import ConnectionConfig, RpcServer, ServerPools, Service, start_server
+from embeddb.rpc.auth import AccessPolicy, Role
+from embeddb.rpc.listen import ListenConfig
 from embeddb.trainer.batch import Batch
 from embeddb.v1 import model_pb2 as mpb
 from embeddb.v1 import model_pb2_grpc as mpb_grpc
@@ -67,7 +62,6 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 MODEL_SERVICE = mpb.DESCRIPTOR.services_by_name["ModelService"].full_name
-_OPEN_SERVICES = frozenset({health.SERVICE_NAME, reflection.SERVICE_NAME})
 # Every role may predict (evaluation lookups only); nothing else is served.
 _POLICY = AccessPolicy(allowed={role: frozenset({"Predict"}) for role in Role})
 
@@ -86,12 +80,10 @@ class ModelServerConfig:
     """How to serve a model.
 
     Attributes:
-        host: address to bind (gRPC and HTTP; metrics too unless ``metrics_host`` is set).
-        port: gRPC port; 0 picks a free one.
+        listen: the gRPC address (HTTP binds its host too), TLS (gRPC only: put HTTP behind a
+            TLS proxy, or serve it on loopback only), bearer tokens (gRPC and HTTP) and the
+            metrics endpoint (:class:`~embeddb.rpc.listen.ListenConfig`).
         http_port: HTTP/JSON port; 0 picks a free one; None serves no HTTP.
-        metrics_port: Prometheus endpoint port (0: free); None serves none. It serves
-            ``/metrics`` only (404 elsewhere), without TLS or tokens.
-        metrics_host: address the metrics endpoint binds; None binds ``host``.
         max_batch: the most samples one ``InferCtx.predict`` call scores (a larger request
             runs alone).
         max_delay: seconds a request may wait for others to join its micro-batch (a request
@@ -101,17 +93,11 @@ class ModelServerConfig:
         max_message_bytes: the largest gRPC request or response.
         max_body_bytes: the largest HTTP request body.
         http_idle_seconds: an idle HTTP keep-alive connection is closed after this long.
-        tokens: accepted bearer tokens (gRPC and HTTP); None serves every caller.
-        tls_cert, tls_key: PEM certificate chain and key: gRPC serves TLS only (HTTP stays
-            plain: put it behind a TLS proxy, or serve it on loopback only).
         metrics_registry: where to record metrics; a fresh registry when None.
     """
 
-    host: str = "127.0.0.1"
-    port: int = 0
+    listen: ListenConfig = field(default_factory=ListenConfig)
     http_port: int | None = 0
-    metrics_port: int | None = None
-    metrics_host: str | None = None
     max_batch: int = 256
     max_delay: float = 0.002
     workers: int = 8
@@ -119,27 +105,18 @@ class ModelServerConfig:
     max_message_bytes: int = 64 << 20
     max_body_bytes: int = 64 << 20
     http_idle_seconds: float = 30.0
-    tokens: Tokens | None = None
-    tls_cert: bytes | None = None
-    tls_key: bytes | None = None
     metrics_registry: CollectorRegistry | None = None
 
     def __post_init__(self) -> None:
-        for name in ("port", "http_port", "metrics_port"):
-            value = getattr(self, name)
-            if value is not None and not 0 <= value <= 65535:
-                raise ConfigError(name, f"must be in 0..65535, got {value}")
+        if not isinstance(self.listen, ListenConfig):
+            raise ConfigError("listen", f"must be a ListenConfig, not {type(self.listen).__name__}")
+        if self.http_port is not None and not 0 <= self.http_port <= 65535:
+            raise ConfigError("http_port", f"must be in 0..65535, got {self.http_port}")
         for name in ("max_batch", "workers", "max_records", "max_message_bytes", "max_body_bytes"):
             if getattr(self, name) < 1:
                 raise ConfigError(name, f"must be >= 1, got {getattr(self, name)}")
         if self.max_delay < 0:
             raise ConfigError("max_delay", f"must be >= 0, got {self.max_delay}")
-        if self.metrics_host is not None and not self.metrics_host.strip():
-            raise ConfigError("metrics_host", "must be an address, not empty (None: host)")
-        if (self.tls_cert is None) != (self.tls_key is None):
-            raise ConfigError("tls_cert", "set both tls_cert and tls_key, or neither")
-        if self.tokens is not None and not isinstance(self.tokens, Tokens):
-            raise ConfigError("tokens", f"must be a Tokens, not {type(self.tokens).__name__}")
 
 
 class _Servicer(mpb_grpc.ModelServiceServicer):
@@ -157,22 +134,26 @@ class _Servicer(mpb_grpc.ModelServiceServicer):
 
 @dataclass
 class ModelServer:
-    """A started model server (see :func:`build_model_server`)."""
+    """A started model server (see :func:`build_model_server`): its gRPC server, HTTP frontend
+    (None when not served) and micro-batcher."""
 
-    server: grpc.Server
-    port: int
-    http_port: int | None
-    health: health.HealthServicer
+    rpc: RpcServer
     batcher: MicroBatcher
     metrics: ModelMetrics
-    pools: ServerPools
     http: HttpFrontend | None = None
-    metrics_endpoint: MetricsEndpoint | None = None
-    _stopped: bool = field(default=False, repr=False)
+
+    @property
+    def port(self) -> int:
+        """The bound gRPC port."""
+        return self.rpc.port
+
+    @property
+    def http_port(self) -> int | None:
+        return None if self.http is None else self.http.port
 
     @property
     def metrics_port(self) -> int | None:
-        return None if self.metrics_endpoint is None else self.metrics_endpoint.port
+        return self.rpc.metrics_port
 
     @property
     def registry(self) -> CollectorRegistry:
@@ -184,32 +165,16 @@ class ModelServer:
 
     def set_serving(self, serving: bool) -> None:
         """gRPC health and ``GET /healthz``: SERVING or NOT_SERVING."""
-        status = (
-            health_pb2.HealthCheckResponse.SERVING
-            if serving
-            else health_pb2.HealthCheckResponse.NOT_SERVING
-        )
-        for name in ("", MODEL_SERVICE):
-            self.health.set(name, status)
+        self.rpc.set_serving(serving)
         if self.http is not None:
             self.http.serving = serving
 
     def stop(self, grace: float = 5.0) -> None:
-        """Health NOT_SERVING; stop accepting; in-flight calls get ``grace`` seconds; the
-        batcher scores what is queued; the metrics endpoint stops last. Idempotent."""
-        if self._stopped:
-            return
-        self._stopped = True
+        """Health NOT_SERVING; stop accepting (gRPC and HTTP); in-flight calls get ``grace``
+        seconds; the batcher scores what is queued; the metrics endpoint stops last
+        (:meth:`RpcServer.stop <embeddb.rpc.assembly.RpcServer.stop>`). Idempotent."""
         self.set_serving(False)
-        self.health.enter_graceful_shutdown()
-        done = self.server.stop(grace)
-        if self.http is not None:
-            self.http.stop(grace)
-        done.wait()
-        self.batcher.close()
-        self.pools.shutdown()
-        if self.metrics_endpoint is not None:
-            self.metrics_endpoint.stop()
+        self.rpc.stop(grace)
 
 
 def build_model_server(
@@ -230,87 +195,33 @@ def build_model_server(
         max_delay=cfg.max_delay,
         on_batch=metrics.observe_batch,
     )
-    if cfg.tokens is not None and cfg.tls_cert is None and not _is_loopback(cfg.host):
-        logger.warning("bearer tokens travel in plain text: serving %s without TLS", cfg.host)
-    pools = ServerPools.create(cfg.workers, prefix="embeddb-model")
-    interceptors: list[grpc.ServerInterceptor] = [
-        Boundary(
-            _POLICY,
-            cfg.tokens,
-            _OPEN_SERVICES,
-            on_refused=metrics.observe_refused,
-            dedicated_pools=pools.dedicated,
-        ),
-        MetricsInterceptor(
-            service=MODEL_SERVICE,
-            observe=lambda method, status, seconds, _req, _resp: metrics.observe(
-                method, status, seconds
-            ),
-        ),
-        ErrorInterceptor(),
-    ]
-    server = grpc.server(
-        pools.data,
-        interceptors=interceptors,
-        options=connection_options(ConnectionConfig(max_message_bytes=cfg.max_message_bytes)),
+    http: list[HttpFrontend] = []  # the HTTP port, once bound (after the gRPC port)
+
+    def start_http() -> None:
+        http.append(HttpFrontend(predictor, batcher, metrics, cfg))
+
+    def stop_http(grace: float) -> None:  # while gRPC drains: both ports drain together
+        for frontend in http:
+            frontend.stop(grace)
+
+    servicer = _Servicer(predictor.spec, batcher, cfg.max_records)
+
+    def register(server: grpc.Server) -> None:
+        mpb_grpc.add_ModelServiceServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
+
+    def observe(method: str, status: str, seconds: float, _request: Any, _response: Any) -> None:
+        metrics.observe(method, status, seconds)
+
+    rpc = start_server(
+        cfg.listen,
+        Service(MODEL_SERVICE, register, _POLICY, observe, metrics.observe_refused),
+        ServerPools.create(cfg.workers, prefix="embeddb-model"),
+        ConnectionConfig(max_message_bytes=cfg.max_message_bytes),
+        metrics_registry=metrics.registry,
+        before_start=start_http if cfg.http_port is not None else None,
+        draining=stop_http,
+        release=batcher.close,
     )
-    mpb_grpc.add_ModelServiceServicer_to_server(  # type: ignore[no-untyped-call]
-        _Servicer(predictor.spec, batcher, cfg.max_records), server
-    )
-    health_servicer = health.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    reflection.enable_server_reflection(
-        (MODEL_SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), server
-    )
-    address = f"{cfg.host}:{cfg.port}"
-    if cfg.tls_cert is not None and cfg.tls_key is not None:
-        port = server.add_secure_port(
-            address, grpc.ssl_server_credentials([(cfg.tls_key, cfg.tls_cert)])
-        )
-    else:
-        port = server.add_insecure_port(address)
-    if port == 0:
-        batcher.close()
-        pools.shutdown()
-        raise OSError(f"cannot bind {address}")
-    http: HttpFrontend | None = None
-    endpoint: MetricsEndpoint | None = None
-    try:
-        if cfg.http_port is not None:
-            http = HttpFrontend(predictor, batcher, metrics, cfg)
-        if cfg.metrics_port is not None:
-            endpoint = serve_metrics(
-                metrics.registry, cfg.metrics_host or cfg.host, cfg.metrics_port
-            )
-        server.start()
-    except BaseException:
-        server.stop(None)
-        if http is not None:
-            http.stop(0)
-        if endpoint is not None:
-            endpoint.stop()
-        batcher.close()
-        pools.shutdown()
-        raise
-    served = ModelServer(
-        server=server,
-        port=port,
-        http_port=None if http is None else http.port,
-        health=health_servicer,
-        batcher=batcher,
-        metrics=metrics,
-        pools=pools,
-        http=http,
-        metrics_endpoint=endpoint,
-    )
+    served = ModelServer(rpc, batcher, metrics, http[0] if http else None)
     served.set_serving(True)
     return served
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False

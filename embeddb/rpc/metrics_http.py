@@ -9,7 +9,7 @@ serve the metrics at any path. The path is compared exactly, ``..`` never resolv
 ``/metrics/`` and ``/metrics/../x`` are other paths.
 
 The endpoint is plain HTTP without authentication: bind it to loopback or a private network
-(``ServerConfig.metrics_host``, ``embeddb serve --metrics-host``).
+(``ListenConfig.metrics_host``, ``embeddb serve --metrics-host``).
 """
 
 from __future__ import annotations

@@ -1,29 +1,13 @@
-"""Bearer tokens, roles and what each role may call (enforced by
-:class:`~embeddb.server.boundary.Boundary`).
+"""Bearer tokens, roles, and the policy of what each role may call (enforced by
+:class:`~embeddb.rpc.boundary.Boundary`); what a role may call of a given service is that
+service's :class:`AccessPolicy` (the shard's: ``embeddb.server.policy.STORE_POLICY``).
 
 A caller sends ``authorization: Bearer <token>`` metadata (what
-``grpc.access_token_call_credentials`` sends). Each token has one role:
-
-=========================  ==============================================================
-role                       may call (``EmbeddingStore``)
-=========================  ==============================================================
-``Role.READ_WRITE`` (rw)   everything
-``Role.REPLICA`` (replica) what ``ro`` may, plus ``Subscribe`` (the update log) and
-                           ``FetchSnapshot`` (snapshot files, ``take_new`` included): a
-                           follower's token
-``Role.READ_ONLY`` (ro)    ``Lookup`` with ``train=false``, ``LookupMany`` whose every part
-                           has ``train=false``, ``ListTables``, ``DescribeTable``,
-                           ``DescribeShard``, ``Stats``, ``ListSnapshots``
-=========================  ==============================================================
-
-A training lookup is a write: it creates admitted rows, promotes disk rows and refreshes
-recency, so a read-only caller gets ``PERMISSION_DENIED`` for it. ``Subscribe`` and
-``FetchSnapshot`` read far more than evaluation lookups can — every logged row since any seq
-(rows deleted since included), every row of a snapshot with its optimizer state — and
-``FetchSnapshot`` may make the primary take a snapshot (a pause of the mutations): only
-``replica`` and ``rw`` tokens may call them, so an ``ro`` token can never trigger a snapshot.
-A missing, malformed or unknown token gets ``UNAUTHENTICATED``. Services named in
-``open_services`` (health checking and reflection, so orchestrators can probe) need no token.
+``grpc.access_token_call_credentials`` sends). Each token has one role: ``Role.READ_WRITE``
+(rw), ``Role.READ_ONLY`` (ro) or ``Role.REPLICA`` (replica: a follower's). A missing,
+malformed or unknown token gets ``UNAUTHENTICATED``; a call its role may not make
+``PERMISSION_DENIED``. Services named in a boundary's ``open_services`` (health checking and
+reflection, so orchestrators can probe) need no token.
 
 Tokens are secrets: they are compared with :func:`hmac.compare_digest` over their SHA-256
 digests, and never appear in logs, error details or ``repr``. A token file must be private to
@@ -57,7 +41,6 @@ from embeddb.secrets import check_private_file
 __all__ = [
     "CALLER_ROLE",
     "MIN_TOKEN_CHARS",
-    "STORE_POLICY",
     "AccessPolicy",
     "Role",
     "Tokens",
@@ -265,7 +248,8 @@ Check = Callable[[Any], None]
 @dataclass(frozen=True)
 class AccessPolicy:
     """What each role may call: per role, the methods (short names) it may call (None: every
-    method), and per ``(role, method)`` a check of the decoded request.
+    method), per ``(role, method)`` a check of the decoded request, and per method the reason
+    appended to a refusal (``" (it streams every logged row: ...)"``).
 
     Raises (from the methods):
         PermissionDeniedError: the role may not make this call.
@@ -273,13 +257,14 @@ class AccessPolicy:
 
     allowed: Mapping[Role, frozenset[str] | None]
     checks: Mapping[tuple[Role, str], Check] = field(default_factory=dict)
+    why: Mapping[str, str] = field(default_factory=dict)
 
     def authorize(self, role: Role, method: str) -> None:
         """Whether ``role`` may call ``method`` at all (before the request is decoded)."""
         allowed = self.allowed.get(role, frozenset())
         if allowed is not None and method not in allowed:
             raise PermissionDeniedError(
-                f"a {_DESCRIBED[role]} token may not call {method}{_WHY.get(method, '')}"
+                f"a {_DESCRIBED[role]} token may not call {method}{self.why.get(method, '')}"
             )
 
     def check_request(self, role: Role, method: str, request: Any) -> None:
@@ -288,55 +273,6 @@ class AccessPolicy:
         if check is not None:
             check(request)
 
-
-_WHY = {
-    "Subscribe": " (it streams every logged row: a replica token is needed)",
-    "FetchSnapshot": " (it streams every row of a snapshot: a replica token is needed)",
-    "Snapshot": " (taking a snapshot pauses mutations: a read-write token is needed)",
-}
-
-_READS = frozenset(
-    {
-        "Lookup",
-        "LookupMany",
-        "ListTables",
-        "DescribeTable",
-        "DescribeShard",
-        "Stats",
-        "ListSnapshots",
-    }
-)
-
-
-def _refuse_training_lookup(request: Any) -> None:
-    if request.train:
-        raise PermissionDeniedError(
-            "a read-only (ro) or replica token may not run a training lookup (train=true "
-            "creates rows and refreshes recency); send train=false or use a read-write token"
-        )
-
-
-def _refuse_training_lookups(request: Any) -> None:
-    for part in request.lookups:
-        _refuse_training_lookup(part)
-
-
-STORE_POLICY = AccessPolicy(
-    allowed={
-        Role.READ_WRITE: None,
-        Role.REPLICA: _READS | {"Subscribe", "FetchSnapshot"},
-        Role.READ_ONLY: _READS,
-    },
-    checks={
-        (role, method): check
-        for role in (Role.READ_ONLY, Role.REPLICA)
-        for method, check in (
-            ("Lookup", _refuse_training_lookup),
-            ("LookupMany", _refuse_training_lookups),
-        )
-    },
-)
-"""The ``EmbeddingStore`` policy of the module docstring."""
 
 _ROLE_FIELDS = {Role.READ_WRITE: "read_write", Role.READ_ONLY: "read_only", Role.REPLICA: "replica"}
 _ROLE_NAMES = {role.value: role for role in Role}

@@ -44,8 +44,8 @@ from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import Message
 
 from embeddb.errors import EmbeddbError, InvalidArgumentError, status_of
-from embeddb.server.auth import CALLER_ROLE, AccessPolicy, Role, Tokens, authenticate
-from embeddb.server.interceptors import RateLimitedLog
+from embeddb.rpc.auth import CALLER_ROLE, AccessPolicy, Role, Tokens, authenticate
+from embeddb.rpc.interceptors import RateLimitedLog
 
 __all__ = ["Boundary", "RefusalObserver", "RefusedCall", "enum_problem"]
 
@@ -134,7 +134,7 @@ class Boundary(grpc.ServerInterceptor):  # type: ignore[misc]
     """The interceptor of the module docstring; place it first (outermost).
 
     Args:
-        policy: what each role may call (see :class:`~embeddb.server.auth.AccessPolicy`).
+        policy: what each role may call (see :class:`~embeddb.rpc.auth.AccessPolicy`).
         tokens: the accepted bearer tokens; None serves every caller with full rights (no
             role: :data:`CALLER_ROLE` holds None).
         open_services: full service names callable without a token (health, reflection).

@@ -1,7 +1,8 @@
-"""Evaluation metrics in numpy (no torch): AUC and log loss of predicted click probabilities.
+"""Evaluation metrics in numpy (no torch, nothing of the server or the trainer): AUC and log
+loss of predicted click probabilities.
 
-Used by the trainer, the demo (:mod:`embeddb.demo`, which re-exports :func:`auc`) and the
-synthetic data's teacher (:mod:`embeddb.trainer.data.synthetic`).
+Used by the demo (:mod:`embeddb.demo`, which re-exports :func:`auc`), the trainer and the
+synthetic data's teacher (``embeddb.trainer.data.synthetic``).
 """
 
 from __future__ import annotations

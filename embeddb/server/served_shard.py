@@ -3,8 +3,8 @@
 A primary's server serves one :class:`~embeddb.shard.Shard` for its whole life. A follower
 replaces its shard when it bootstraps again from a fresh snapshot, while calls keep arriving::
 
-    call:   with slot.use() as shard: ...        borrows the current shard for one call
-    swap:   old = slot.swap(new)                 new calls get `new`; returns once no call
+    call:   with served.use() as shard: ...      borrows the current shard for one call
+    swap:   old = served.swap(new)               new calls get `new`; returns once no call
             old.close()                          still uses `old`, which the caller closes
 """
 
@@ -17,11 +17,11 @@ from contextlib import contextmanager
 from embeddb.errors import UnavailableError
 from embeddb.shard import Shard
 
-__all__ = ["ShardSlot"]
+__all__ = ["ServedShard"]
 
 
-class ShardSlot:
-    """Holds the shard calls are served by; empty until a follower has bootstrapped.
+class ServedShard:
+    """The shard calls are served by; none until a follower has bootstrapped.
 
     Args:
         shard: the shard to serve; None: calls get ``UnavailableError`` until :meth:`swap`.
@@ -51,7 +51,7 @@ class ShardSlot:
         """Borrow the current shard for the duration of the block.
 
         Raises:
-            UnavailableError: the slot is empty.
+            UnavailableError: no shard is served yet.
         """
         with self._changed:
             shard = self._shard
