@@ -1,9 +1,14 @@
 """embeddb: a sharded embedding database and hybrid training system for recommender models.
 
-Layers (inner first): :mod:`embeddb.errors` and :mod:`embeddb.routing` (leaf),
-:mod:`embeddb.config`, :mod:`embeddb.initializers`, :mod:`embeddb.optim`,
-:mod:`embeddb.storage`, :mod:`embeddb.shard` (one shard, no transport), :mod:`embeddb.cli`.
-The client SDK installs as ``embeddb.client`` and the trainer as ``embeddb.trainer``.
+Layers (inner first; the contracts in pyproject.toml, checked by ``lint-imports``):
+:mod:`embeddb.arrays` and :mod:`embeddb.splitmix` (leaves), :mod:`embeddb.errors`,
+:mod:`embeddb.routing`, :mod:`embeddb.config`, :mod:`embeddb.initializers`, :mod:`embeddb.optim`,
+:mod:`embeddb.storage`, :mod:`embeddb.durability`, :mod:`embeddb.shard` (one shard, no
+transport), :mod:`embeddb.wire`, :mod:`embeddb.client` (the SDK), :mod:`embeddb.rpc` (what every
+gRPC server is built on), then :mod:`embeddb.server` (the shard server) beside
+:mod:`embeddb.trainer` (hybrid training and the model server; the only importer of torch), and
+:mod:`embeddb.cli` on top. The repository's top-level ``client/`` and ``trainer/`` are links to
+``embeddb/client`` and ``embeddb/trainer``.
 
 The names below load lazily, so ``import embeddb.errors`` (as the client does) does not pull
 in the storage engine and its compiled dependencies.

@@ -21,6 +21,7 @@ at teardown is killed.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import random
@@ -76,6 +77,20 @@ def eventually(pred: Callable[[], T], timeout: float = 30.0, what: str = "the co
             )
         time.sleep(pause)
         pause = min(pause * 2, 0.1)
+
+
+async def eventually_async(
+    pred: Callable[[], T], timeout: float = 30.0, what: str = "the condition"
+) -> T:
+    """:func:`eventually` inside an ``asyncio`` loop: the other tasks run between polls."""
+    deadline = time.monotonic() + timeout
+    while not (value := pred()):
+        if time.monotonic() >= deadline:
+            raise AssertionError(
+                f"timed out after {timeout:g} s waiting for {what}; last: {value!r}"
+            )
+        await asyncio.sleep(0.001)
+    return value
 
 
 def blocked_in(thread: threading.Thread, function: str) -> bool:

@@ -33,7 +33,7 @@ from embeddb.trainer.errors import (
 )
 from embeddb.trainer.pooling import Pooling
 from embeddb.trainer.worker_process import EmbeddingWorkerProcess
-from tests.support import eventually, free_port
+from tests.support import eventually, eventually_async, free_port
 from tests.trainer_harness import Shards, serve_shards
 
 LR = 0.5
@@ -253,7 +253,7 @@ def test_the_staleness_bound_holds_and_admits_in_order(shards: Shards) -> None:
         worker = make_worker(shards)
         tasks = [asyncio.create_task(worker.lookup(ref, feats, True)) for ref in range(5)]
         await asyncio.wait_for(asyncio.gather(tasks[0], tasks[1]), 10)
-        await asyncio.sleep(0.2)
+        await eventually_async(lambda: worker.waiting == 3, 10, "3 lookups held back")
         done = [t.done() for t in tasks]
         assert done == [True, True, False, False, False]
         assert worker.staleness == 2
@@ -285,7 +285,7 @@ def test_sync_staleness_one_sees_the_previous_update(shards: Shards) -> None:
         worker = make_worker(shards, EmbeddingWorkerConfig(max_staleness=1))
         first = await worker.lookup(0, wire(feats), True)
         second = asyncio.create_task(worker.lookup(1, wire(feats), True))
-        await asyncio.sleep(0.2)
+        await eventually_async(lambda: worker.waiting == 1, 10, "batch 1 held back")
         assert not second.done()
         grad = np.full((1, 4), 0.25, np.float32)
         worker.push_gradients(0, [grad])
@@ -306,7 +306,7 @@ def test_batches_without_gradients_expire_and_free_the_window(shards: Shards) ->
         worker = make_worker(shards, config, clock=lambda: now[0])
         await worker.lookup(0, feats, True)
         blocked = asyncio.create_task(worker.lookup(1, feats, True))
-        await asyncio.sleep(0.1)
+        await eventually_async(lambda: worker.waiting == 1, 10, "batch 1 held back")
         assert worker.expire() == [] and not blocked.done()
         now[0] = 10.5
         assert worker.expire() == [0]
@@ -343,7 +343,7 @@ def test_discard_during_lookup_releases_the_batch_when_it_lands(shards: Shards) 
         worker = make_worker(shards, EmbeddingWorkerConfig(max_staleness=1))
         await worker.lookup(0, wire(features()), True)
         waiting = asyncio.create_task(worker.lookup(1, wire(features()), True))
-        await asyncio.sleep(0.05)
+        await eventually_async(lambda: worker.waiting == 1, 10, "batch 1 held back")
         worker.discard(1)  # still waiting for admission
         worker.discard(0)
         await asyncio.wait_for(waiting, 5)

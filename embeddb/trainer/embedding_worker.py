@@ -332,6 +332,11 @@ class EmbeddingWorker:
         """Training batches looked up whose gradients are not yet applied."""
         return self._window.in_flight
 
+    @property
+    def waiting(self) -> int:
+        """Training lookups waiting for admission (the staleness bound holds them back)."""
+        return self._window.waiting
+
     def stats(self) -> dict[str, float]:
         """Every metric's current value (see :mod:`embeddb.trainer.worker_metrics`)."""
         return self.metrics.snapshot()

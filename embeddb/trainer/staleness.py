@@ -50,6 +50,11 @@ class StalenessWindow:
                 self._waiters.remove(waiter)
             raise
 
+    @property
+    def waiting(self) -> int:
+        """Acquires waiting for a place."""
+        return sum(not waiter.done() for waiter in self._waiters)
+
     def release(self) -> None:
         """Free a place; admit waiters in order."""
         self.in_flight -= 1
