@@ -59,12 +59,14 @@ def read_token(path: Path | None) -> str | None:
 
 
 def channel_credentials(ca: Path | None) -> Any:
-    """TLS channel credentials trusting the PEM certificate(s) in ``ca``; None for plaintext."""
-    if ca is None:
-        return None
-    import grpc
+    """The client's TLS credentials for ``ca`` (``embeddb.client.options.tls_credentials``);
+    None for plaintext. An unreadable file is a usage error."""
+    from embeddb.client.options import tls_credentials
 
-    return grpc.ssl_channel_credentials(root_certificates=read_bytes(ca))
+    try:
+        return tls_credentials(ca)
+    except EmbeddbError as exc:
+        raise click.ClickException(str(exc)) from exc
 
 
 def server_tokens(tokens_file: Path | None, tokens_from_env: bool) -> Tokens | None:
