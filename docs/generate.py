@@ -27,7 +27,8 @@ OUTPUT = Path(__file__).resolve().parent / "configuration.md"
 COMMAND = "python docs/generate.py"
 
 _SCHEMA_LINE = re.compile(r"^    (\w+): (.*?)(?:\s+# (.*))?$")
-_NOT_KEYS = frozenset({"base_dir"})  # set by JobConfig.from_yaml (the file's folder), not a key
+# Set by JobConfig.from_yaml (the file's folder, its line lookup) or derived, not keys.
+_NOT_KEYS = frozenset({"base_dir", "where", "dataset_spec"})
 # Descriptions of keys whose schema line in embeddb.trainer.job carries no comment.
 _SELF_EXPLANATORY = {
     "max_staleness": "training batches whose embeddings may be looked up before the gradients "

@@ -1,8 +1,10 @@
 """Evaluation metrics in numpy (no torch, nothing of the server or the trainer): AUC and log
 loss of predicted click probabilities.
 
-Used by the demo (:mod:`embeddb.demo`, which re-exports :func:`auc`), the trainer and the
-synthetic data's teacher (``embeddb.trainer.data.synthetic``).
+Public as ``embeddb.trainer.auc`` and ``embeddb.trainer.logloss`` too; used by the demo
+(:mod:`embeddb.demo`, which re-exports :func:`auc`), the trainer and the synthetic data's
+teacher (``embeddb.trainer.data.synthetic``). :func:`log_loss` is another name of
+:func:`logloss`.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import numpy.typing as npt
 
 from embeddb.errors import InvalidArgumentError
 
-__all__ = ["auc", "log_loss"]
+__all__ = ["auc", "log_loss", "logloss"]
 
 
 def auc(scores: npt.ArrayLike, labels: npt.ArrayLike) -> float:
@@ -47,8 +49,16 @@ def auc(scores: npt.ArrayLike, labels: npt.ArrayLike) -> float:
     return (rank_sum - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg)
 
 
-def log_loss(probabilities: npt.ArrayLike, labels: npt.ArrayLike, eps: float = 1e-7) -> float:
+def logloss(probabilities: npt.ArrayLike, labels: npt.ArrayLike, eps: float = 1e-7) -> float:
     """Mean binary cross-entropy of ``probabilities`` (clipped to ``[eps, 1 - eps]``).
+
+    Args:
+        probabilities: predicted click probabilities (not logits), any shape; flattened.
+        labels: one label per sample, 0 or 1.
+        eps: the clipping margin, so a confident mistake costs ``-log(eps)``, not infinity.
+
+    Returns:
+        The mean log loss (natural log).
 
     Raises:
         InvalidArgumentError: sizes differ or there are no samples.
@@ -56,5 +66,8 @@ def log_loss(probabilities: npt.ArrayLike, labels: npt.ArrayLike, eps: float = 1
     p = np.clip(np.asarray(probabilities, dtype=np.float64).ravel(), eps, 1.0 - eps)
     y = np.asarray(labels, dtype=np.float64).ravel()
     if p.size != y.size or p.size == 0:
-        raise InvalidArgumentError(f"log_loss: {p.size} probabilities and {y.size} labels")
+        raise InvalidArgumentError(f"logloss: {p.size} probabilities and {y.size} labels")
     return float(-np.mean(y * np.log(p) + (1.0 - y) * np.log1p(-p)))
+
+
+log_loss = logloss  # the earlier name

@@ -31,6 +31,7 @@ from embeddb.v1 import embeddb_pb2 as pb
 
 __all__ = [
     "KAPPA",
+    "SERVICE_NAME",
     "decode_ids",
     "decode_matrix",
     "encode_ids",
@@ -41,6 +42,9 @@ __all__ = [
     "parse_lookup_response",
     "row_bytes",
 ]
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["EmbeddingStore"].full_name
+"""The shard's gRPC service (health checks, metrics, reflection name it)."""
 
 KAPPA = 16384.0  # rows are scaled so that max|row| == KAPPA (float16 max is 65504)
 

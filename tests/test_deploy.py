@@ -931,7 +931,9 @@ def parse_trainer_run(args: list[str], monkeypatch: pytest.MonkeyPatch) -> tuple
     """Run ``python -m embeddb.trainer.run ARGS`` up to the training itself."""
     run = pytest.importorskip("embeddb.trainer.run")
     seen: list[tuple[JobConfig, Path]] = []
-    monkeypatch.setattr(run, "train", lambda job, addresses, predict: seen.append((job, addresses)))
+    monkeypatch.setattr(
+        run, "train", lambda job, addresses, predict, **_: seen.append((job, addresses))
+    )
     assert run.main(args) == 0
     return seen[0]
 

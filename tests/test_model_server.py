@@ -408,6 +408,42 @@ def test_bad_http_requests_get_400_or_413_and_the_server_stays_up(start: Any) ->
     )
 
 
+def test_hashed_records_and_string_ids_over_http_and_grpc_json(served: Served, start: Any) -> None:
+    """A model without a feature pipeline: "records" and "hashed_records" are both the
+    pre-hashed form; ids may be decimal strings (JSON-safe 64-bit ids); gRPC's records_json
+    scores the same; exactly one body key."""
+    server = start(max_records=8)
+    port = server.http_port
+    batch = ragged(rows(30, 5))
+    want = served.infer.predict(batch)
+    hashed = records(batch)
+    as_text = json.loads(json.dumps(hashed))
+    for record in as_text:
+        record["ids"] = {name: [str(x) for x in ids] for name, ids in record["ids"].items()}
+    assert served.infer.pipeline is None
+    for body in ({"records": hashed}, {"hashed_records": hashed}, {"hashed_records": as_text}):
+        code, doc = call_http(port, "/v1/predict", body)
+        assert code == 200, doc
+        np.testing.assert_allclose(np.float32(doc["scores"]), want, rtol=1e-6, atol=1e-7)
+    with ModelClient(f"127.0.0.1:{server.port}") as client:
+        np.testing.assert_allclose(client.predict_records(as_text), want, rtol=1e-6, atol=1e-7)
+        with pytest.raises(InvalidArgumentError, match=r"record 1: ids\.education"):
+            client.predict_records([hashed[0], {"ids": {"education": "x1"}}])
+        request = mpb.PredictRequest(num_records=3, records_json=json.dumps(hashed).encode())
+        with pytest.raises(InvalidArgumentError, match="num_records is 3"):
+            client.predict_request(request)
+    code, doc = call_http(port, "/v1/predict", {"records": hashed, "hashed_records": hashed})
+    assert code == 400 and "exactly one" in doc["error"]
+    too_big = str(1 << 64)
+    for bad_id in (too_big, "-1", "1e3", "\uff11\uff12", "", True):
+        body = {"hashed_records": [{"ids": {"education": bad_id}, "non_id": hashed[0]["non_id"]}]}
+        code, doc = call_http(port, "/v1/predict", body)
+        assert code == 400 and "record 0: ids.education" in doc["error"], (bad_id, doc)
+    body = {"hashed_records": [{**hashed[0], "ids": {"education": ["7", too_big]}}]}
+    code, doc = call_http(port, "/v1/predict", body)
+    assert code == 400 and "record 0: ids.education" in doc["error"]
+
+
 def test_health_follows_set_serving(start: Any) -> None:
     server = start()
     assert call_http(server.http_port, "/healthz") == (200, {"status": "SERVING"})
@@ -454,12 +490,16 @@ def test_serve_model_cli_needs_exactly_one_way_to_name_the_shards(
 ) -> None:
     runner = CliRunner()
     result = runner.invoke(main, ["serve-model", "--model", str(served.model_dir)])
-    assert result.exit_code == 2 and "--addresses FILE or --shard" in result.output
+    assert result.exit_code == 2 and "--addresses FILE, --shard HOST:PORT or" in result.output
     addresses = tmp_path / "shards.txt"
     addresses.write_text(served.shards.addresses[0] + "\n")
     both = ["serve-model", "--model", str(served.model_dir), "--addresses", str(addresses),
             "--shard", served.shards.addresses[0]]  # fmt: skip
     assert runner.invoke(main, both).exit_code == 2
+    with_checkpoint = ["serve-model", "--model", str(served.model_dir), "--shard",
+                       served.shards.addresses[0], "--from-checkpoint", str(tmp_path)]  # fmt: skip
+    refused = runner.invoke(main, with_checkpoint)
+    assert refused.exit_code == 2 and "--from-checkpoint DIR (one of them)" in refused.output
     missing = runner.invoke(
         main, ["serve-model", "--model", str(tmp_path / "none"), "--shard", "x:1"]
     )

@@ -412,3 +412,53 @@ def test_the_criteo_and_movielens_examples_train_and_predict(example: str) -> No
     assert float(out.split("test AUC ")[1].split()[0]) >= min_auc
     assert float(out.split("|  ")[1].split()[0].replace(",", "")) > 0  # samples/s printed
     assert out.count("prediction ") == 3
+
+
+# ------------------------------------------------------------- friendly failures
+def test_torchruns_noise_is_filtered_and_the_root_cause_is_the_first_error(
+    tmp_path: Path,
+) -> None:
+    import io
+
+    from embeddb.trainer.launch import StderrFilter, root_cause
+
+    noise = (
+        "W1124 20:00:00.000000 123 torch/distributed/run.py:793] *****\n"
+        "rank output line\n"
+        "embeddb train: rank 1: CorruptDataError: data.csv:7: bad\n"
+        "E1124 20:00:01.000000 123 torch/distributed/elastic/multiprocessing/api.py:1] failed\n"
+        "Traceback (most recent call last):\n"
+        '  File "x.py", line 1, in <module>\n'
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:\n"
+        + "=" * 60
+        + "\nembeddb.trainer.run FAILED\n"
+        + "-" * 60
+        + "\nRoot Cause (first observed failure):\n[0]:\n  rank      : 1\n"
+        + "=" * 60
+        + "\nafter the report\n"
+    )
+    sink = io.StringIO()
+    StderrFilter(io.BytesIO(noise.encode()), sink).join()
+    assert sink.getvalue() == "rank output line\nafter the report\n"
+
+    errors = tmp_path / "errors"
+    errors.mkdir()
+    (errors / "attempt0-rank0.txt").write_text("1.0\tValueError: old attempt\n")
+    (errors / "attempt1-rank0.txt").write_text("3.0\tRuntimeError: peer closed\n")
+    (errors / "attempt1-rank1.txt").write_text("2.0\tCorruptDataError: data.csv:7: bad\n")
+    assert root_cause(tmp_path) == "CorruptDataError: data.csv:7: bad"
+    assert root_cause(tmp_path / "nowhere") is None
+
+
+def test_job_errors_name_the_key_and_its_line(tmp_path: Path) -> None:
+    path = tmp_path / "job.yaml"
+    path.write_text("model: m.py:M\nepochs: 3\nbatch_size: 0\n")
+    with pytest.raises(ConfigError, match=r"batch_size: .*\(.*job\.yaml:3\)") as raised:
+        JobConfig.from_yaml(path)
+    assert raised.value.key == "batch_size"
+    path.write_text("model: builtin:dnnn\n")
+    with pytest.raises(ConfigError, match=r"model: .*dnnn.*job\.yaml:1"):
+        JobConfig.from_yaml(path)
+    path.write_text("model: builtin:fm\nepochs: [1\n")
+    with pytest.raises(ConfigError, match=r"job\.yaml:\d+: is not valid YAML"):
+        JobConfig.from_yaml(path)

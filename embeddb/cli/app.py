@@ -1,22 +1,50 @@
-"""The ``embeddb`` click group, ``main``, with every command added to it."""
+"""The ``embeddb`` click group, ``main``. Each command's module is imported when the command
+runs (``embeddb train`` never imports the shard engine, numba or gRPC server code), so a
+command's process holds only what it uses: the training launcher and the local cluster's
+supervisor stay small (``benchmarks/data.py`` sums every process of a job)."""
 
 from __future__ import annotations
 
+import importlib
 import logging
 
 import click
 
 from embeddb import __version__
-from embeddb.cli.cluster import cluster
-from embeddb.cli.durability import reshard, restore, snapshot_command
 from embeddb.cli.options import LOG_LEVELS
-from embeddb.cli.serve import serve, serve_model
-from embeddb.cli.train import demo, train
 
-__all__ = ["main"]
+__all__ = ["COMMANDS", "main"]
+
+# command name -> "module:attribute" of its click command
+COMMANDS = {
+    "cluster": "embeddb.cli.cluster:cluster",
+    "demo": "embeddb.cli.train:demo",
+    "reshard": "embeddb.cli.durability:reshard",
+    "restore": "embeddb.cli.durability:restore",
+    "serve": "embeddb.cli.serve:serve",
+    "serve-model": "embeddb.cli.serve:serve_model",
+    "snapshot": "embeddb.cli.durability:snapshot_command",
+    "train": "embeddb.cli.train:train",
+}
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _LazyGroup(click.Group):
+    """A group whose commands are imported on first use (``COMMANDS``)."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        target = COMMANDS.get(cmd_name)
+        if target is None:
+            return None
+        module, attribute = target.split(":")
+        command = getattr(importlib.import_module(module), attribute)
+        assert isinstance(command, click.Command), target
+        return command
+
+
+@click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="embeddb")
 @click.option(
     "--log-level",
@@ -29,7 +57,3 @@ def main(log_level: str) -> None:
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-
-
-for _command in (demo, train, serve, serve_model, snapshot_command, cluster, reshard, restore):
-    main.add_command(_command)

@@ -273,6 +273,13 @@ def serve(
     metavar="HOST:PORT",
     help="A shard to read, in shard order (repeat for each); instead of --addresses.",
 )
+@click.option(
+    "--from-checkpoint",
+    "checkpoint_dir",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="A job's checkpoint_dir: serve with the shards of its latest checkpoint opened in "
+    "this process, read-only (no shard servers; a local demo). Instead of --shard/--addresses.",
+)
 @listen_options(
     port=click.option(
         "--port", type=click.IntRange(0, 65535), default=7080, show_default=True, help="gRPC port."
@@ -328,6 +335,7 @@ def serve_model(
     model_dir: Path,
     address_file: Path | None,
     shards: tuple[str, ...],
+    checkpoint_dir: Path | None,
     listen: ListenArgs,
     http_port: int,
     no_http: bool,
@@ -342,13 +350,20 @@ def serve_model(
     """Serve an exported model over gRPC and HTTP/JSON until SIGTERM or SIGINT.
 
     Embeddings are read from the shards (read-only followers in production) with evaluation
-    lookups; concurrent requests are scored together in micro-batches. Shutdown: health
-    NOT_SERVING, stop accepting calls, let in-flight ones finish, exit 0. Needs the trainer
-    extra (torch).
+    lookups, or with --from-checkpoint from a job checkpoint's shards opened in this process;
+    concurrent requests are scored together in micro-batches. A model exported with its
+    feature pipeline scores raw records ({"records": [{"user": "u17", "price": 12.5}]}).
+    Shutdown: health NOT_SERVING, stop accepting calls, let in-flight ones finish, exit 0.
+    Needs the trainer extra (torch).
     """
     set_log_level(ctx, log_level)
-    if (address_file is None) == (not shards):
-        raise click.UsageError("give --addresses FILE or --shard HOST:PORT (one of them)")
+    given = [address_file is not None, bool(shards), checkpoint_dir is not None]
+    if sum(given) != 1:
+        raise click.UsageError(
+            "give --addresses FILE, --shard HOST:PORT or --from-checkpoint DIR (one of them)"
+        )
+    if checkpoint_dir is not None and (shard_token_file or shard_tls_ca):
+        raise click.UsageError("--shard-token-file and --shard-tls-ca need shards to reach")
     listen.check()
     try:
         from embeddb.trainer.serving.daemon import ModelDaemonOptions, run_model_server
@@ -365,7 +380,12 @@ def serve_model(
         )
         options = ModelDaemonOptions(
             model_dir=model_dir,
-            shards=address_file if address_file is not None else list(shards),
+            shards=None
+            if checkpoint_dir is not None
+            else address_file
+            if address_file is not None
+            else list(shards),
+            checkpoint_dir=checkpoint_dir,
             shard_token=read_token(shard_token_file),
             shard_tls_ca=shard_tls_ca,
             port_file=port_file,

@@ -6,6 +6,19 @@ to a shard (tokens, interceptors, listen config, assembly, process lifecycle) is
 
 from __future__ import annotations
 
-from embeddb.server.app import SERVICE_NAME, ServerConfig, build_server
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from embeddb.server.app import SERVICE_NAME, ServerConfig, build_server
 
 __all__ = ["SERVICE_NAME", "ServerConfig", "build_server"]
+
+
+def __getattr__(name: str) -> Any:
+    """The shard server's names, imported on first use: the cluster supervisor
+    (:mod:`.cluster`) lives in this package and must not load the shard engine (numba)."""
+    if name in __all__:
+        from embeddb.server import app
+
+        return getattr(app, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -69,7 +69,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from embeddb.errors import ConfigError, UnavailableError
 from embeddb.rpc.lifecycle import write_atomically
-from embeddb.server.app import SERVICE_NAME
+from embeddb.wire import SERVICE_NAME
 
 __all__ = ["Cluster", "ClusterConfig", "ShardState"]
 

@@ -107,7 +107,7 @@ from embeddb.rpc.metrics import LATENCY_BUCKETS
 from embeddb.server.served_shard import ServedShard
 from embeddb.server.streams import StreamSlots
 from embeddb.shard import Shard
-from embeddb.v1 import embeddb_pb2 as pb
+from embeddb.wire import SERVICE_NAME
 
 __all__ = [
     "SERVICE_NAME",
@@ -117,8 +117,6 @@ __all__ = [
     "ShardStatsCollector",
 ]
 
-SERVICE_NAME = pb.DESCRIPTOR.services_by_name["EmbeddingStore"].full_name
-"""The shard's service, whose calls :meth:`ShardMetrics.observe` records."""
 
 # TableStats field → (metric name without prefix, help). Counters; gauges are handled apart.
 _COUNTERS: dict[str, tuple[str, str]] = {

@@ -13,7 +13,23 @@ the process group), :mod:`.dense` (synchronous and delayed dense updates), :mod:
 prepared ahead, tensors), :mod:`.checkpoint` (job checkpoints: dense file + one snapshot per
 shard), :mod:`.checkpointing` (taking and restoring them), :mod:`.job` (the training job YAML),
 :mod:`.launch` (``embeddb train``: local shards + torchrun), :mod:`.run` (the NN worker's
-torchrun entry), :mod:`.errors`.
+torchrun entry), :mod:`.models` (the built-in models ``dnn``, ``fm``, ``deepfm``, ``dlrm``),
+:mod:`.spawn` (starting the embedding worker: the main-guard check, Ctrl-C), :mod:`.errors`.
+Metrics: :func:`auc` and :func:`logloss` (from :mod:`embeddb.evaluation`).
+
+The dense model's inputs (``TrainCtx.forward`` / ``EvalCtx.forward`` call
+``model(non_id, embeddings)``)::
+
+    non_id      one float32 tensor (n, width) per non-ID feature, in the batch's order
+                (batch.non_id_type_features)
+    embeddings  one entry per ID feature, in the batch's order (batch.id_type_features, not
+                the embedding config's): pooled (n, dim) float32, or
+                (vectors (n, L, dim), mask (n, L) bool) for a sequence feature
+                (embedding_summation: false)
+
+A script that builds a :class:`TrainCtx` at top level needs an ``if __name__ == "__main__":``
+guard: the embedding worker is started with multiprocessing ``spawn``, which imports the script
+again (without the guard the context raises at once, saying so).
 
 Names that need torch (the contexts, ``DistEnv``) are imported on first use, so the embedding
 worker process, which imports this package, never loads torch.
@@ -28,6 +44,8 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # what a type checker sees of the lazy names below
+    from embeddb.evaluation import auc, logloss
+
     from .batch import (
         Batch,
         IDTypeFeature,
@@ -48,9 +66,11 @@ if TYPE_CHECKING:  # what a type checker sees of the lazy names below
         LookupFailedError,
         TrainerError,
     )
+    from .models import BUILTIN_MODELS, build_model
     from .pooling import Pooling
 
 __all__ = [
+    "BUILTIN_MODELS",
     "Batch",
     "CheckpointInfo",
     "DistEnv",
@@ -70,6 +90,9 @@ __all__ = [
     "TrainCtx",
     "TrainerConfig",
     "TrainerError",
+    "auc",
+    "build_model",
+    "logloss",
 ]
 
 _LAZY = {
@@ -92,6 +115,10 @@ _LAZY = {
     "EvalCtx": ".ctx",
     "PreparedBatch": ".embedding_ctx",
     "TrainCtx": ".ctx",
+    "BUILTIN_MODELS": ".models",
+    "build_model": ".models",
+    "auc": "embeddb.evaluation",
+    "logloss": "embeddb.evaluation",
 }
 
 

@@ -37,7 +37,7 @@ import os
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -55,7 +55,11 @@ from .dense import DelayedDense, DenseUpdater, SyncDense
 from .dist import DistEnv, resolve_device
 from .embedding_ctx import EmbeddingCtx, PreparedBatch, embedding_gradients
 from .errors import EmbeddingWorkerError, TrainerError
+from .spawn import check_main_guard
 from .worker_process import EmbeddingWorkerProcess
+
+if TYPE_CHECKING:  # export_model's pipeline=
+    from .data.pipeline import FeaturePipeline
 
 __all__ = ["EvalCtx", "TrainCtx"]
 
@@ -95,6 +99,7 @@ class TrainCtx(EmbeddingCtx):
         *,
         dist_env: DistEnv | None = None,
     ) -> None:
+        check_main_guard()  # first: a spawn child importing an unguarded script stops here
         cfg = config if config is not None else TrainerConfig()
         _check_types(model, embedding_config, cfg)
         if not isinstance(optimizer, torch.optim.Optimizer):
@@ -151,6 +156,22 @@ class TrainCtx(EmbeddingCtx):
 
     def forward(self, prepared: PreparedBatch) -> tuple[Any, list[torch.Tensor]]:
         """Run the model on a prepared batch; returns ``(output, labels)``.
+
+        The model is called as ``model(non_id, embeddings)``:
+
+        * ``non_id``: one float32 tensor ``(n, width)`` per non-ID feature, in the batch's
+          order (``batch.non_id_type_features``);
+        * ``embeddings``: one entry per ID feature, in the batch's order
+          (``batch.id_type_features``, not the embedding config's): a pooled ``(n, dim)``
+          float32 tensor, or ``(vectors (n, L, dim), mask (n, L) bool)`` for a sequence
+          feature (``embedding_summation: false``).
+
+        For a batch with ID features ``[user, city]`` and non-ID ``[price (1), age (1)]``::
+
+            non_id     = [price (n, 1), age (n, 1)]
+            embeddings = [user (n, dim_user), city (n, dim_city)]
+
+        ``labels`` are the batch's labels as tensors, in its order.
 
         Raises:
             LookupFailedError: the batch's lookup failed (a shard down, after retries).
@@ -264,6 +285,7 @@ class TrainCtx(EmbeddingCtx):
         *,
         example: Batch | None = None,
         positive: str | None = None,
+        pipeline: FeaturePipeline | None = None,
         overwrite: bool = False,
     ) -> Path:
         """Export the dense model for online inference
@@ -278,12 +300,17 @@ class TrainCtx(EmbeddingCtx):
             directory: the model directory to write.
             example: a batch fixing the inputs' order and shapes; default: the first batch
                 this context forwarded.
-            positive: a human label of the positive class, for ``model.json``.
+            positive: a human label of the positive class, for ``model.json``; default: the
+                pipeline's ``positive``, if any.
+            pipeline: the feature pipeline that built the training batches
+                (:class:`~embeddb.trainer.data.pipeline.FeaturePipeline`), written into the
+                model directory: the served model then scores raw records through it.
             overwrite: replace an existing exported model.
 
         Raises:
             InvalidArgumentError: no example (nothing forwarded yet), an existing model without
-                ``overwrite``, or a model that can be neither scripted nor traced.
+                ``overwrite``, a model that can be neither scripted nor traced, or a pipeline
+                whose features are not the example batch's.
         """
         from .serving import export_model  # torch-heavy, needed by few jobs
 
@@ -299,8 +326,9 @@ class TrainCtx(EmbeddingCtx):
             embedding_config=self.embedding_config,
             example=chosen,
             snapshot_id=self._last_checkpoint,
-            positive=positive,
+            positive=positive if positive is not None or pipeline is None else pipeline.positive,
             pooling=self.config.worker.pooling,
+            pipeline=pipeline,
             overwrite=overwrite,
         )
 
@@ -355,6 +383,7 @@ class EvalCtx(EmbeddingCtx):
         shards: Shards,
         config: TrainerConfig | None = None,
     ) -> None:
+        check_main_guard()
         cfg = config if config is not None else TrainerConfig()
         _check_types(model, embedding_config, cfg)
         addresses = _addresses(shards)

@@ -21,7 +21,10 @@ imports torch.
 Failures are never silent: the receiver thread sees EOF as soon as the worker process exits and
 fails every pending call with :class:`EmbeddingWorkerError` (naming its exit code); the worker
 sees EOF as soon as the NN process exits, drains its pending pushes and exits. Waiting calls
-are bounded by timeouts.
+are bounded by timeouts. A worker that dies while starting (before ``Ready``) leaves its
+one-line cause in a start report the NN worker raises, e.g. the fix for a main script without
+an ``if __name__ == "__main__":`` guard; the worker ignores SIGINT (Ctrl-C reaches only the
+NN worker, whose context stops it): see :mod:`.spawn`.
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ from . import protocol as msg
 from .embedding_worker import EmbeddingWorker, EmbeddingWorkerConfig, IdFeature
 from .errors import EmbeddingWorkerError, TrainerError
 from .pooling import Pooled
+from .spawn import StartReport, check_main_guard, ignore_sigint, report_failure
 from .worker_metrics import WorkerMetrics
 
 __all__ = ["EmbeddingWorkerProcess", "serve"]
@@ -86,6 +90,7 @@ class EmbeddingWorkerProcess:
         *,
         start_timeout: float = 120.0,
     ) -> None:
+        check_main_guard()
         self.config = config
         ctx = multiprocessing.get_context("spawn")
         self._conn, child = ctx.Pipe(duplex=True)
@@ -95,7 +100,13 @@ class EmbeddingWorkerProcess:
             name="embeddb-embedding-worker",
             daemon=True,
         )
-        self._process.start()
+        self._report = StartReport()
+        try:
+            with self._report.starting():
+                self._process.start()
+        except BaseException:
+            self._report.close()
+            raise
         child.close()
         self._send_lock = threading.Lock()
         self._join_lock = threading.Lock()  # one reaper at a time (waitpid races otherwise)
@@ -107,11 +118,14 @@ class EmbeddingWorkerProcess:
         self._failures: list[EmbeddbError] = []
         self._dead: EmbeddingWorkerError | None = None
         self._closing = False
+        self._torn = False  # a send was interrupted (Ctrl-C): the pipe may hold half a message
         try:
             self.pid = self._await_ready(start_timeout)
         except BaseException:
             self._kill()
             raise
+        finally:
+            self._report.close()
         self._receiver = threading.Thread(
             target=self._receive, name="embeddb-embedding-worker-receiver", daemon=True
         )
@@ -121,18 +135,15 @@ class EmbeddingWorkerProcess:
         deadline = time.monotonic() + timeout
         while not self._conn.poll(0.05):
             if self._exited(0):
-                raise EmbeddingWorkerError(
-                    f"the embedding worker exited with code {self._process.exitcode} "
-                    "before it was ready (see its log above)"
-                )
+                raise self._start_failure()
             if time.monotonic() > deadline:
                 raise EmbeddingWorkerError(
                     f"the embedding worker was not ready within {timeout:.0f} s"
                 )
         try:
             answer: msg.FromWorker = self._conn.recv()
-        except (EOFError, OSError) as exc:
-            raise EmbeddingWorkerError("the embedding worker exited while starting") from exc
+        except (EOFError, OSError):
+            raise self._start_failure() from None
         if isinstance(answer, msg.StartFailed):
             raise msg.error_from(
                 answer.error, f"the embedding worker could not start: {answer.message}"
@@ -140,6 +151,17 @@ class EmbeddingWorkerProcess:
         if not isinstance(answer, msg.Ready):
             raise EmbeddingWorkerError(f"the embedding worker started with {answer!r}")
         return answer.pid
+
+    def _start_failure(self) -> EmbeddingWorkerError:
+        """The worker died before Ready: its start report's line, else its exit code."""
+        self._exited(_JOIN_S)
+        reported = self._report.read()
+        if reported is not None:
+            return EmbeddingWorkerError(reported)
+        return EmbeddingWorkerError(
+            f"the embedding worker exited with code {self._process.exitcode} while starting "
+            "(its error is printed above)"
+        )
 
     # ------------------------------------------------------------------ calls
     def lookup(
@@ -192,14 +214,17 @@ class EmbeddingWorkerProcess:
 
     def close(self, timeout: float = 60.0) -> dict[str, float] | None:
         """Drain pending pushes, stop the worker, wait for its exit; returns its final metrics
-        (``None`` if it was already gone). Idempotent."""
+        (``None`` if it was already gone). After a send cut short by Ctrl-C the pipe cannot
+        carry a request: the worker is terminated instead. Idempotent."""
         with self._lock:
             if self._closing:
                 return None
             self._closing = True
             dead = self._dead is not None
         final: dict[str, float] | None = None
-        if not dead:
+        if self._torn and not dead:
+            self._process.terminate()  # quiet: SIGTERM's default action, no traceback
+        elif not dead:
             try:
                 final = self._request(msg.Close, timeout)
             except EmbeddbError as exc:
@@ -239,12 +264,19 @@ class EmbeddingWorkerProcess:
             ) from None
 
     def _send(self, message: msg.ToWorker) -> None:
-        try:
-            with self._send_lock:
+        with self._send_lock:
+            if self._torn:
+                raise EmbeddingWorkerError(
+                    "a message to the embedding worker was interrupted; the context must be closed"
+                )
+            try:
                 self._conn.send(message)
-        except (OSError, ValueError) as exc:  # broken pipe, or closed connection
-            self._mark_dead()
-            raise self._dead or EmbeddingWorkerError("the embedding worker is gone") from exc
+            except (OSError, ValueError) as exc:  # broken pipe, or closed connection
+                self._mark_dead()
+                raise self._dead or EmbeddingWorkerError("the embedding worker is gone") from exc
+            except BaseException:  # KeyboardInterrupt between two writes of one message
+                self._torn = True
+                raise
 
     def _check_alive(self) -> None:
         if self._dead is not None:
@@ -317,11 +349,18 @@ def serve(
     config: EmbeddingWorkerConfig,
 ) -> None:
     """The embedding worker process's main: serve the NN worker over ``conn`` until it closes
-    the worker or goes away."""
+    the worker or goes away. Ignores SIGINT (the NN worker stops it); a failure before it is
+    ready goes to its start report as one line."""
+    ignore_sigint()
     _configure_logging(config.log_level)
+    server = _Server(conn, embedding_config, addresses, config)
     try:
-        asyncio.run(_Server(conn, embedding_config, addresses, config).run())
+        asyncio.run(server.run())
         logger.debug("the event loop is closed")
+    except Exception as exc:
+        if not server.answered:
+            report_failure(f"the embedding worker could not start: {type(exc).__name__}: {exc}")
+        raise
     finally:
         conn.close()
         # Served and drained: should the interpreter's exit hang (a library thread), print
@@ -354,6 +393,7 @@ class _Server:
         self._config = config
         self._outbox: queue.SimpleQueue[msg.FromWorker | None] = queue.SimpleQueue()
         self._tasks: set[asyncio.Task[None]] = set()
+        self.answered = False  # Ready or StartFailed sent: the NN worker knows how it went
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -380,10 +420,12 @@ class _Server:
                 _serve_metrics(metrics, cfg.metrics_port)
         except Exception as exc:
             logger.error("cannot start: %s: %s", type(exc).__name__, exc)
+            self.answered = True
             self._outbox.put(msg.StartFailed(type(exc).__name__, str(exc)))
             await client.close()
             self._stop_writer(writer)
             return
+        self.answered = True
         self._outbox.put(msg.Ready(os.getpid()))
         expiry = loop.create_task(worker.run_expiry())
         close_request = await self._dispatch(worker, inbox)
@@ -459,6 +501,9 @@ class _Server:
             try:
                 message = self._conn.recv()
             except (EOFError, OSError):
+                message = None
+            except Exception as exc:  # half a message (the NN worker interrupted mid-send)
+                logger.warning("unreadable message from the NN worker (%s); stopping", exc)
                 message = None
             try:
                 loop.call_soon_threadsafe(inbox.put_nowait, message)

@@ -27,14 +27,16 @@ class NonIdFeature(_message.Message):
     def __init__(self, name: _Optional[str] = ..., values: _Optional[bytes] = ..., shape: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class PredictRequest(_message.Message):
-    __slots__ = ("num_records", "id_features", "non_id_features")
+    __slots__ = ("num_records", "id_features", "non_id_features", "records_json")
     NUM_RECORDS_FIELD_NUMBER: _ClassVar[int]
     ID_FEATURES_FIELD_NUMBER: _ClassVar[int]
     NON_ID_FEATURES_FIELD_NUMBER: _ClassVar[int]
+    RECORDS_JSON_FIELD_NUMBER: _ClassVar[int]
     num_records: int
     id_features: _containers.RepeatedCompositeFieldContainer[IdFeature]
     non_id_features: _containers.RepeatedCompositeFieldContainer[NonIdFeature]
-    def __init__(self, num_records: _Optional[int] = ..., id_features: _Optional[_Iterable[_Union[IdFeature, _Mapping]]] = ..., non_id_features: _Optional[_Iterable[_Union[NonIdFeature, _Mapping]]] = ...) -> None: ...
+    records_json: bytes
+    def __init__(self, num_records: _Optional[int] = ..., id_features: _Optional[_Iterable[_Union[IdFeature, _Mapping]]] = ..., non_id_features: _Optional[_Iterable[_Union[NonIdFeature, _Mapping]]] = ..., records_json: _Optional[bytes] = ...) -> None: ...
 
 class PredictResponse(_message.Message):
     __slots__ = ("scores",)

@@ -11,8 +11,25 @@ Readers (each an iterable of batches; every ``iter()`` is one pass over the data
   and movies; ``genres`` is ragged.
 * :class:`CsvReader` / :class:`ParquetReader`: any table, driven by a :class:`ColumnSpec`
   (Parquet needs the ``parquet`` extra: pyarrow).
+* :class:`LibsvmReader`: libSVM / libFM text (``label idx:val ...``): the ragged id feature
+  ``features`` and indexes as numeric columns (:func:`libsvm_spec`).
+* :class:`DatasetSpec`: the reader of a job file's ``dataset:`` (below).
 * :class:`SyntheticCriteo`: ``.batches(n, batch_size, split)`` and ``.best_auc()``.
 * :class:`RowRange`: rows ``start:stop`` of another reader (a positional train/test split).
+
+Streaming at any size (:mod:`.stream`): :func:`partition` gives each rank its disjoint
+:class:`Part` list of the files (byte ranges; whole ``.gz`` files, Parquet row groups);
+a :class:`RowFilter` (:class:`HashSplit`, :class:`OrderSplit` with :func:`order_threshold`,
+:class:`HeadRows`) keeps a split's rows; :func:`shuffled` mixes rows in a bounded buffer.
+The table readers take ``parts=``, ``row_filter=`` and ``stripe=(rank, world)``.
+
+Datasets of a job file and serving:
+
+* :class:`DatasetSpec`: the ``dataset:`` node of a job (files, columns, split, shuffle,
+  presets); ``fit()`` returns a :class:`FeaturePipeline`, ``reader()`` streams a split.
+* :class:`FeaturePipeline`: the fitted columns; ``batch_from_records`` builds the batch of raw
+  JSON-shaped records with the code that builds training batches (:func:`save_pipeline`,
+  :func:`load_pipeline`, :data:`PIPELINE_FILE`).
 
 Text is parsed a chunk at a time with whole-array operations (8 bytes per ``uint64``
 operation for hex and decimal fields); no Python code runs per row. Strings become ids
@@ -25,10 +42,13 @@ from __future__ import annotations
 from ._reader import Reader, RowRange
 from .adult import AdultReader
 from .criteo import CriteoConfig, CriteoReader, criteo_spec
+from .dataset import DatasetSpec
 from .delimited import CsvReader
 from .hashing import hash_strings, namespace_seed
+from .libsvm import LibsvmReader, libsvm_spec
 from .movielens import MovieLensConfig, MovieLensReader
 from .parquet import ParquetReader
+from .pipeline import PIPELINE_FILE, FeaturePipeline, load_pipeline, save_pipeline
 from .spec import (
     ColumnSpec,
     CsvDialect,
@@ -36,6 +56,16 @@ from .spec import (
     IdKind,
     LabelColumn,
     NumericColumn,
+)
+from .stream import (
+    HashSplit,
+    HeadRows,
+    OrderSplit,
+    Part,
+    RowFilter,
+    order_threshold,
+    partition,
+    shuffled,
 )
 from .synthetic import (
     SyntheticCriteo,
@@ -45,20 +75,29 @@ from .synthetic import (
 )
 
 __all__ = [
+    "PIPELINE_FILE",
     "AdultReader",
     "ColumnSpec",
     "CriteoConfig",
     "CriteoReader",
     "CsvDialect",
     "CsvReader",
+    "DatasetSpec",
+    "FeaturePipeline",
+    "HashSplit",
+    "HeadRows",
     "IDColumn",
     "IdKind",
     "LabelColumn",
+    "LibsvmReader",
     "MovieLensConfig",
     "MovieLensReader",
     "NumericColumn",
+    "OrderSplit",
     "ParquetReader",
+    "Part",
     "Reader",
+    "RowFilter",
     "RowRange",
     "SyntheticCriteo",
     "SyntheticCriteoConfig",
@@ -66,5 +105,11 @@ __all__ = [
     "ZipfSampler",
     "criteo_spec",
     "hash_strings",
+    "libsvm_spec",
+    "load_pipeline",
     "namespace_seed",
+    "order_threshold",
+    "partition",
+    "save_pipeline",
+    "shuffled",
 ]

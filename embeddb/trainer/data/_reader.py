@@ -179,8 +179,72 @@ class Chunk(abc.ABC):
         return values.ravel(), present.ravel()
 
 
-def build_block(chunk: Chunk, spec: ColumnSpec, *, strip: bool = False) -> Block:
-    """The features and labels of ``spec`` over the rows of ``chunk``."""
+class MissingMarked(Chunk):
+    """Another chunk whose text fields equal to one of ``markers`` are missing (not valid).
+
+    Only text is marked: native numbers and lists of the inner chunk pass through.
+    """
+
+    def __init__(self, inner: Chunk, markers: tuple[bytes, ...]) -> None:
+        self.inner = inner
+        self.markers = markers
+        self.size = inner.size
+
+    def text(self, columns: Sequence[str]) -> Fields:
+        fields = self.inner.text(columns)
+        hit = equal_to_any(fields, self.markers)
+        if not hit.any():
+            return fields
+        valid = ~hit if fields.valid is None else fields.valid & ~hit
+        return Fields(fields.buf, fields.starts, fields.ends, valid)
+
+    def where(self, row: int) -> str:
+        return self.inner.where(row)
+
+    def native_floats(self, column: str) -> tuple[F64, Bool] | None:
+        return self.inner.native_floats(column)
+
+    def native_uints(self, column: str) -> tuple[U64, Bool] | None:
+        return self.inner.native_uints(column)
+
+    def native_lists(self, spec: IDColumn, seed: np.uint64) -> tuple[U64, I64] | None:
+        return self.inner.native_lists(spec, seed)
+
+
+def equal_to_any(fields: Fields, markers: Sequence[bytes]) -> Bool:
+    """Fields (any shape) whose bytes equal one of ``markers``; one vectorised pass each."""
+    starts, lengths = fields.starts.ravel(), fields.lengths.ravel()
+    hit = np.zeros(starts.size, dtype=bool)
+    for marker in markers:
+        width = len(marker)
+        rows = np.flatnonzero(lengths == width)
+        if not width or not rows.size:
+            continue
+        window = fields.buf[starts[rows, None] + np.arange(width)]
+        same = (window == np.frombuffer(marker, dtype=np.uint8)).all(axis=1)
+        hit[rows[same]] = True
+    out: Bool = hit.reshape(fields.shape)
+    return out
+
+
+def build_block(
+    chunk: Chunk, spec: ColumnSpec, *, strip: bool = False, na_values: Sequence[str] = ()
+) -> Block:
+    """The features and labels of ``spec`` over the rows of ``chunk``.
+
+    Args:
+        chunk: the rows.
+        spec: which columns become ID features, numeric features and labels.
+        strip: the text was stripped (tokens of multi-valued fields are stripped too).
+        na_values: text fields equal to one of these are missing (as empty fields are).
+
+    Raises:
+        CorruptDataError: a field that does not parse or an empty label, naming
+            ``chunk.where(row)`` and the column.
+    """
+    markers = tuple(v.encode("utf-8") for v in na_values if v)
+    if markers:
+        chunk = MissingMarked(chunk, markers)
     ids = {c.feature: _id_column(chunk, c, strip) for c in spec.ids}
     dense = {n.name: _numeric(chunk, n) for n in spec.numeric}
     labels = {lb.label: _label(chunk, lb) for lb in spec.labels}
@@ -260,6 +324,10 @@ def _numeric(chunk: Chunk, spec: NumericColumn) -> F32:
     if spec.log1p:
         np.maximum(values, 0.0, out=values)
         np.log1p(values, out=values)
+    if spec.standardize is not None:
+        stats = np.array(spec.standardize, dtype=np.float64)
+        values -= stats[:, 0]
+        values /= stats[:, 1]
     return values.astype(np.float32)
 
 
@@ -272,9 +340,20 @@ def _label(chunk: Chunk, spec: LabelColumn) -> F32:
             hash_fields(fields, namespace_seed("")).ravel(), wanted
         )
     else:
-        values, present2 = chunk.floats([spec.column])
-        present = present2.ravel()
-        label = values.ravel() >= spec.threshold if spec.threshold is not None else values.ravel()
+        values2, present2 = chunk.floats([spec.column])
+        values, present = values2.ravel(), present2.ravel()
+        if spec.threshold is not None:
+            label = values >= spec.threshold
+        else:
+            label = values > 0
+            bad = present & (values != 1) & (values != 0) & (values != -1)
+            if bad.any():
+                row = int(np.argmax(bad))
+                raise CorruptDataError(
+                    f"{chunk.where(row)}: label column {spec.column!r}: {float(values[row])!r} "
+                    "is not 1, 0 or -1 (name the positive values with positive: or a "
+                    "threshold for other labels)"
+                )
     if not present.all():
         row = int(np.argmin(present))
         raise CorruptDataError(f"{chunk.where(row)}: label column {spec.column!r} is empty")

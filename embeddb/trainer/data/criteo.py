@@ -64,7 +64,7 @@ class CriteoConfig:
     labelled: bool = True
     log1p: bool = True
     missing_id: int | None = None
-    chunk_bytes: int = 4 << 20
+    chunk_bytes: int = 1 << 20
 
     def __post_init__(self) -> None:
         for key in ("labelled", "log1p"):

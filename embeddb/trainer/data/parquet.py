@@ -11,8 +11,9 @@ of a numeric feature or label gives its values; a list column of an ID column is
 
 from __future__ import annotations
 
+import functools
 import importlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,14 +21,17 @@ import numpy as np
 
 from embeddb.arrays import F64, I64, U64, Bool
 from embeddb.errors import ConfigError, CorruptDataError, InvalidArgumentError
+from embeddb.routing import mix64
 
 from ._block import Block
 from ._fields import Fields
-from ._io import existing_file
-from ._reader import Chunk, Reader, build_block
+from ._parts import PartsReader, Source, pick_source
+from ._reader import build_block
+from .hashing import hash_strings
 from .spec import ColumnSpec, IDColumn, IdKind
+from .stream import FilterableChunk, Part, RowFilter
 
-__all__ = ["ParquetReader"]
+__all__ = ["ArrowChunk", "ParquetReader"]
 
 
 def _pyarrow() -> tuple[Any, Any, Any]:
@@ -40,65 +44,131 @@ def _pyarrow() -> tuple[Any, Any, Any]:
     return pa, pc, pq
 
 
-class ParquetReader(Reader):
-    """Batches from a Parquet file, as a :class:`ColumnSpec` says.
+class ParquetReader(PartsReader):
+    """Batches from Parquet files, as a :class:`ColumnSpec` says.
+
+    Several files (or row groups of files, from :func:`~embeddb.trainer.data.partition`) are
+    read in order as one table.
 
     Args:
-        path: the file.
+        path: the file, a :class:`~embeddb.trainer.data.Part` (its ``row_groups``), or a list.
         spec: which columns are ID features, numeric features and labels.
         batch_size: samples per batch (the last batch may be shorter).
         chunk_rows: rows converted at a time.
+        parts: the input as a keyword (instead of ``path``, which is then None).
+        row_filter: keeps some rows (a train/test split), before features are built.
+        stripe: ``(rank, world)``: keep every ``world``-th chunk, from chunk ``rank``.
         requires_grad: training batches (needs ``spec.labels``).
         drop_last: drop a short last batch.
 
     Raises:
         ImportError: pyarrow is not installed.
         NotFoundError: no such file.
-        ConfigError: the spec names a column the file does not have.
+        ConfigError: the spec or the filter names a column a file does not have.
     """
 
     def __init__(
         self,
-        path: str | Path,
+        path: Source | None,
         spec: ColumnSpec,
         batch_size: int,
         *,
         chunk_rows: int = 65536,
+        parts: Source | None = None,
+        row_filter: RowFilter | None = None,
+        stripe: tuple[int, int] = (0, 1),
         requires_grad: bool = True,
         drop_last: bool = False,
     ) -> None:
-        super().__init__(batch_size, requires_grad=requires_grad, drop_last=drop_last)
+        super().__init__(
+            pick_source(path, parts),
+            batch_size,
+            row_filter=row_filter,
+            stripe=stripe,
+            requires_grad=requires_grad,
+            drop_last=drop_last,
+        )
         self._pa, self._pc, self._pq = _pyarrow()
-        self.path = existing_file(path)
         self.spec = spec
         self.chunk_rows = chunk_rows
         self._check_labels(bool(spec.labels))
-        names = self._pq.ParquetFile(self.path).schema_arrow.names
-        missing = [c for c in spec.columns() if c not in names]
-        if missing:
-            raise ConfigError("columns", f"{self.path} has no column(s) {missing}; it has {names}")
+        self._filter_columns = list(row_filter.columns) if row_filter else []
+        for file in self.files():
+            names = self._pq.ParquetFile(file).schema_arrow.names
+            wanted = dict.fromkeys(spec.columns() + self._filter_columns)
+            missing = [c for c in wanted if c not in names]
+            if missing:
+                raise ConfigError("columns", f"{file} has no column(s) {missing}; it has {names}")
 
-    def _blocks(self) -> Iterator[Block]:
-        first_row = 0
-        with self._pq.ParquetFile(self.path) as file:
-            for batch in file.iter_batches(batch_size=self.chunk_rows, columns=self.spec.columns()):
-                chunk = ArrowChunk(self._pa, self._pc, batch, f"{self.path}", first_row)
-                first_row += chunk.size
-                yield build_block(chunk, self.spec)
+    def _part_chunks(
+        self, part: Part, columns: Sequence[str] | None
+    ) -> Iterator[Callable[[], FilterableChunk]]:
+        wanted = list(self.spec.columns() if columns is None else columns)
+        cols = list(dict.fromkeys(wanted + self._filter_columns))
+        with self._pq.ParquetFile(part.path) as file:
+            meta = file.metadata
+            first_rows = np.zeros(meta.num_row_groups + 1, dtype=np.int64)
+            np.cumsum([meta.row_group(g).num_rows for g in range(meta.num_row_groups)],
+                      out=first_rows[1:])  # fmt: skip
+            spans = [(None, 0)] if part.row_groups is None else [
+                ([g], int(first_rows[g])) for g in part.row_groups
+            ]  # fmt: skip
+            for groups, first_row in spans:
+                batches = file.iter_batches(
+                    batch_size=self.chunk_rows, row_groups=groups, columns=cols
+                )
+                for batch in batches:
+                    yield functools.partial(
+                        ArrowChunk, self._pa, self._pc, batch, part.path, first_row
+                    )
+                    first_row += batch.num_rows
+
+    def _build(self, chunk: FilterableChunk) -> Block:
+        return build_block(chunk, self.spec)
 
 
-class ArrowChunk(Chunk):
-    """Rows of an Arrow record batch."""
+class ArrowChunk(FilterableChunk):
+    """Rows of an Arrow record batch.
 
-    def __init__(self, pa: Any, pc: Any, batch: Any, where: str, first_row: int) -> None:
+    Args:
+        pa, pc: the pyarrow and pyarrow.compute modules.
+        batch: the record batch.
+        path: the file.
+        first_row: the file's row index of the batch's first row.
+        file_rows: the file's row index of every row (after a filter), else consecutive.
+    """
+
+    def __init__(
+        self,
+        pa: Any,
+        pc: Any,
+        batch: Any,
+        path: Path | str,
+        first_row: int,
+        file_rows: I64 | None = None,
+    ) -> None:
         self.pa, self.pc = pa, pc
         self.batch = batch
         self.size = int(batch.num_rows)
-        self._where = where
+        self.path = Path(path)
         self.first_row = first_row
+        self.file_rows = (
+            np.arange(first_row, first_row + self.size, dtype=np.int64)
+            if file_rows is None
+            else file_rows
+        )
+
+    def row_hashes(self, seed: np.uint64) -> U64:
+        """Hashes of (file name, row index in the file) of every row."""
+        name = hash_strings([self.path.name], "embeddb.parquet-row")[0]
+        return mix64(mix64(self.file_rows.astype(np.uint64) ^ name), seed)
+
+    def select(self, keep: Bool) -> ArrowChunk:
+        batch = self.batch.filter(self.pa.array(keep))
+        return ArrowChunk(self.pa, self.pc, batch, self.path, self.first_row, self.file_rows[keep])
 
     def where(self, row: int) -> str:
-        return f"{self._where}: row {self.first_row + row}"
+        return f"{self.path}: row {int(self.file_rows[row])}"
 
     def _column(self, name: str) -> Any:
         column = self.batch.column(name)

@@ -16,16 +16,29 @@ non-ID feature ``counts`` of shape ``(n, 2)`` and a label ``clicked`` of shape `
 Missing values: an empty (or null) field of an ID column gives that sample no id (an empty
 sample: its pooled embedding is zero) unless ``missing_id`` names an id to use instead (a
 learned "missing" embedding). Empty numeric fields become ``fill``. A missing label is an error.
+A field equal to one of :attr:`CsvDialect.na_values` (``"NA"``, ``"null"`` ...) is missing too.
+
+Numeric transforms, in this order: missing -> ``fill``, ``log1p``, then ``standardize``
+(``(x - mean) / std`` with the per-column statistics a dataset's ``fit`` measured).
 """
 
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass
 
 from embeddb.errors import ConfigError
 
-__all__ = ["ColumnSpec", "CsvDialect", "IDColumn", "IdKind", "LabelColumn", "NumericColumn"]
+__all__ = [
+    "ColumnSpec",
+    "CsvDialect",
+    "IDColumn",
+    "IdKind",
+    "LabelColumn",
+    "NumericColumn",
+    "check_na_values",
+]
 
 
 class IdKind(str, enum.Enum):
@@ -109,12 +122,15 @@ class NumericColumn:
         name: the feature's name.
         log1p: apply ``log(1 + max(x, 0))`` (counts; negatives clamp to 0, as DLRM does).
         fill: the value of an empty or null field (before ``log1p``).
+        standardize: ``(mean, std)`` per column, applied last: ``(x - mean) / std``
+            (computed in float64, then rounded to float32 like every numeric feature).
     """
 
     columns: tuple[str, ...]
     name: str = "dense"
     log1p: bool = False
     fill: float = 0.0
+    standardize: tuple[tuple[float, float], ...] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.columns, str):
@@ -125,6 +141,23 @@ class NumericColumn:
         for i, c in enumerate(self.columns):
             _name(c, f"columns[{i}]")
         _name(self.name, "name")
+        if isinstance(self.fill, bool) or not isinstance(self.fill, (int, float)):
+            raise ConfigError("fill", f"must be a number, got {self.fill!r}")
+        if self.standardize is not None:
+            stats = tuple(tuple(pair) for pair in self.standardize)
+            if len(stats) != len(self.columns) or any(
+                len(pair) != 2
+                or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in pair)
+                or not math.isfinite(pair[0])
+                or not (math.isfinite(pair[1]) and pair[1] > 0)
+                for pair in stats
+            ):
+                raise ConfigError(
+                    "standardize",
+                    f"must be one (mean, std > 0) pair of finite numbers per column "
+                    f"({len(self.columns)}), got {self.standardize!r}",
+                )
+            object.__setattr__(self, "standardize", tuple((float(m), float(sd)) for m, sd in stats))
 
 
 @dataclass(frozen=True)
@@ -136,7 +169,8 @@ class LabelColumn:
         name: the label's name (default: ``column``).
         positive: label 1 where the field is one of these strings, else 0.
         threshold: label 1 where the field's number is ``>= threshold``, else 0.
-            Without ``positive`` or ``threshold`` the number itself is the label.
+            Without ``positive`` or ``threshold`` the field must be ``1``, ``0``, ``-1``
+            (or ``+1``): label 1 where it is positive, else 0; any other number is an error.
     """
 
     column: str
@@ -203,6 +237,8 @@ class CsvDialect:
         names: the column names of a file without a header (or overriding its header).
         comment: lines starting with this character are skipped (empty lines always are).
         strip: remove spaces and tabs around every field (``"a, b"`` -> ``"a"``, ``"b"``).
+        na_values: fields equal to one of these (after ``strip``) are missing, like empty
+            ones: no id, ``fill``, an error for a label.
         chunk_bytes: bytes of text parsed at a time (memory vs per-chunk overhead).
     """
 
@@ -211,10 +247,12 @@ class CsvDialect:
     names: tuple[str, ...] | None = None
     comment: str | None = None
     strip: bool = False
-    chunk_bytes: int = 4 << 20
+    chunk_bytes: int = 1 << 20
+    na_values: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         _single_char(self.delimiter, "delimiter")
+        object.__setattr__(self, "na_values", check_na_values(self.na_values))
         _single_char(self.comment, "comment", allow_none=True)
         if self.names is not None:
             object.__setattr__(self, "names", tuple(self.names))
@@ -228,3 +266,18 @@ class CsvDialect:
             or self.chunk_bytes < 1
         ):
             raise ConfigError("chunk_bytes", f"must be a positive int, got {self.chunk_bytes!r}")
+
+
+def check_na_values(values: object, key: str = "na_values") -> tuple[str, ...]:
+    """``values`` as a tuple of strings (a single string is one value).
+
+    Raises:
+        ConfigError: naming ``key``: not a list of strings, or a string with a newline.
+    """
+    if isinstance(values, str):
+        values = (values,)
+    if not isinstance(values, (list, tuple)) or not all(isinstance(v, str) for v in values):
+        raise ConfigError(key, f"must be a list of strings, got {values!r}")
+    if any("\n" in v for v in values):
+        raise ConfigError(key, f"a missing-value marker cannot hold a newline: {values!r}")
+    return tuple(dict.fromkeys(values))

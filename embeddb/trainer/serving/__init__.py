@@ -7,6 +7,8 @@ A *model directory* (written by :func:`export_model`, read by :class:`InferCtx`,
       dense.pt        TorchScript: forward(non_id: List[Tensor], embeddings: List[Tensor])
                       -> Tensor (n, 1) logits
       embedding.yaml  the embedding config (tables, features, pooling)
+      features.json   the feature pipeline (optional; model.json's "pipeline" names it): raw
+                      records → batch, by the code that built the training batches
       model.json      what the model reads (:class:`ModelSpec`); written last: a directory is a
                       model only once its model.json exists
 
@@ -15,13 +17,14 @@ production) and are read with evaluation lookups, so predictions follow training
 
 Modules: :mod:`.spec` (model.json), :mod:`.export` (writing a model directory),
 :mod:`.infer` (:class:`InferCtx`: records → batch → lookups → pooled → dense → scores),
-:mod:`.torchserve` (a TorchServe handler).
+:mod:`.records` (pre-hashed records), :mod:`.local_shards` (a checkpoint's shards opened
+in-process, read-only), :mod:`.torchserve` (a TorchServe handler).
 """
 
 from __future__ import annotations
 
 from .export import export_model
-from .infer import InferCtx
+from .infer import InferCtx, LookupBackend
 from .spec import ModelSpec, NonIdSpec, load_model_spec
 
-__all__ = ["InferCtx", "ModelSpec", "NonIdSpec", "export_model", "load_model_spec"]
+__all__ = ["InferCtx", "LookupBackend", "ModelSpec", "NonIdSpec", "export_model", "load_model_spec"]

@@ -4,6 +4,7 @@
 
     with ModelClient("127.0.0.1:7080", token=None) as model:
         scores = model.predict(batch)     # (n,) float32, one per sample of the Batch
+        scores = model.predict_records([{"user": "u17", "price": 12.5}])   # raw records
 
 Errors come back as :mod:`embeddb.errors` exceptions (``InvalidArgumentError`` for bad input,
 ``UnauthenticatedError``, ``ResourceExhaustedError``, ...), raised from the
@@ -12,6 +13,8 @@ Errors come back as :mod:`embeddb.errors` exceptions (``InvalidArgumentError`` f
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -20,7 +23,7 @@ import numpy as np
 import numpy.typing as npt
 
 from embeddb.client.errors import DeadlineExceededError, RemoteError
-from embeddb.errors import ERROR_BY_STATUS, EmbeddbError
+from embeddb.errors import ERROR_BY_STATUS, EmbeddbError, InvalidArgumentError
 from embeddb.trainer.batch import Batch
 from embeddb.v1 import model_pb2 as mpb
 from embeddb.v1 import model_pb2_grpc as mpb_grpc
@@ -67,6 +70,21 @@ class ModelClient:
     def predict(self, batch: Batch) -> npt.NDArray[np.float32]:
         """Scores of every sample of ``batch``: ``(n,)`` float32 probabilities."""
         return self.predict_request(encode_request(batch))
+
+    def predict_records(self, records: Sequence[Mapping[str, object]]) -> npt.NDArray[np.float32]:
+        """Scores of JSON-shaped records (``records_json``): raw records when the served model
+        has a feature pipeline, else pre-hashed ones (as HTTP's ``"records"``).
+
+        Raises:
+            InvalidArgumentError: ``records`` cannot be written as JSON (or a bad record, from
+                the server).
+        """
+        try:
+            text = json.dumps(list(records), allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise InvalidArgumentError(f"records cannot be sent as JSON: {exc}") from exc
+        request = mpb.PredictRequest(num_records=len(records), records_json=text.encode())
+        return self.predict_request(request)
 
     def predict_request(self, request: mpb.PredictRequest) -> npt.NDArray[np.float32]:
         """Send a prepared request (:func:`~embeddb.trainer.serving.codec.encode_request`)."""

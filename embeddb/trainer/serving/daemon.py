@@ -2,8 +2,10 @@
 steps: :mod:`embeddb.rpc.lifecycle`)::
 
     umask 0o077                   every file the process creates is 0600 (restored at return)
-    InferCtx(model_dir, shards)   load model.json, dense.pt, embedding.yaml; reach the shards
-                                  and check they serve the model's tables
+    InferCtx(model_dir, shards)   load model.json, dense.pt, embedding.yaml (and the feature
+                                  pipeline); reach the shards and check they serve the
+                                  model's tables, or (--from-checkpoint) open the shards of
+                                  the job checkpoint in-process, read-only
     build_model_server            gRPC (+ HTTP, metrics); health SERVING
     write the port file           JSON {"grpc": port, "http": port|null, "metrics": port|null}
                                   (temp file + rename) so a supervisor finds port-0 servers
@@ -39,21 +41,25 @@ class ModelDaemonOptions:
     Attributes:
         model_dir: the exported model directory.
         shards: the shards' ``host:port`` in shard order (followers in production), or the
-            path of an address file.
+            path of an address file; ``None`` with ``checkpoint_dir``.
         shard_token: bearer token for the shards (read-only is enough).
         shard_tls_ca: PEM CA file; the shards are reached over TLS.
         port_file: where to write the bound ports once serving; removed at shutdown.
         grace: seconds in-flight calls may run after SIGTERM.
         handle_signals: route SIGTERM/SIGINT to the shutdown (main thread only).
+        checkpoint_dir: instead of shards: a job's checkpoint directory, whose latest
+            checkpoint's shards are opened in-process, read-only
+            (:meth:`InferCtx.from_checkpoint`).
     """
 
     model_dir: Path
-    shards: Sequence[str] | Path
+    shards: Sequence[str] | Path | None
     shard_token: str | None = None
     shard_tls_ca: Path | None = None
     port_file: Path | None = None
     grace: float = 5.0
     handle_signals: bool = True
+    checkpoint_dir: Path | None = None
 
 
 def run_model_server(
@@ -67,7 +73,8 @@ def run_model_server(
         0 after a clean shutdown.
 
     Raises:
-        NotFoundError, CorruptDataError: the model directory is missing or malformed.
+        NotFoundError, CorruptDataError: the model directory is missing or malformed; no
+            checkpoint (or snapshot) in ``checkpoint_dir``.
         ConfigError: the shards do not serve the model's tables.
         OSError: a port cannot be bound or the port file cannot be written.
         embeddb errors of the client: the shards cannot be reached.
@@ -77,12 +84,15 @@ def run_model_server(
     with server_process(stop, options.handle_signals), ExitStack() as shutdown:
         if options.port_file is not None:  # the callbacks run last-registered first
             shutdown.callback(options.port_file.unlink, missing_ok=True)
-        infer = InferCtx(
-            options.model_dir,
-            options.shards,
-            token=options.shard_token,
-            tls_ca=options.shard_tls_ca,
-        )
+        if options.checkpoint_dir is not None:
+            infer = InferCtx.from_checkpoint(options.model_dir, options.checkpoint_dir)
+        else:
+            infer = InferCtx(
+                options.model_dir,
+                options.shards,
+                token=options.shard_token,
+                tls_ca=options.shard_tls_ca,
+            )
         shutdown.callback(infer.close)
         served = build_model_server(infer, config)
         shutdown.callback(served.stop, options.grace)
@@ -90,7 +100,7 @@ def run_model_server(
         if options.port_file is not None:
             write_atomically(options.port_file, json.dumps(ports) + "\n")
         logger.info(
-            "serving model %s on %s: gRPC %d, HTTP %s, metrics %s (shards %s; "
+            "serving model %s on %s: gRPC %d, HTTP %s, metrics %s (shards %s; %s; "
             "max batch %d, max delay %g ms)",
             options.model_dir,
             config.listen.host,
@@ -98,6 +108,7 @@ def run_model_server(
             ports["http"] if ports["http"] is not None else "off",
             ports["metrics"] if ports["metrics"] is not None else "off",
             ", ".join(infer.addresses),
+            "raw records" if infer.pipeline is not None else "pre-hashed records",
             config.max_batch,
             config.max_delay * 1e3,
         )

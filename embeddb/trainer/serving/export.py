@@ -6,6 +6,11 @@ The dense part is compiled with ``torch.jit.script``; a model TorchScript cannot
 embeddings of the config's dims. Either way the compiled module is checked against the eager
 model on those inputs before anything is written.
 
+With a feature pipeline (``pipeline=``, the :class:`~embeddb.trainer.data.pipeline.FeaturePipeline`
+that built the training batches) the directory also holds it (``features.json``), and the
+served model scores raw records through it; its ID features and non-ID inputs must be the
+example batch's, in the same order.
+
 Written atomically: the files go to a temporary sibling directory, ``model.json`` last, which
 is then renamed into place. An existing complete model directory (one with ``model.json``) is
 replaced only with ``overwrite=True``; an incomplete one (no ``model.json``) is replaced.
@@ -14,6 +19,7 @@ replaced only with ``overwrite=True``; an incomplete one (no ``model.json``) is 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import logging
 import os
@@ -22,6 +28,7 @@ import time
 import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -34,7 +41,10 @@ from embeddb.errors import InvalidArgumentError
 from ..batch import Batch
 from ..pooling import Pooling, PoolingSpec
 from .infer import quiet_jit
-from .spec import DENSE_FILE, EMBEDDING_FILE, MODEL_FILE, ModelSpec, NonIdSpec
+from .spec import DENSE_FILE, EMBEDDING_FILE, MODEL_FILE, ModelSpec, NonIdSpec, check_pipeline
+
+if TYPE_CHECKING:
+    from ..data.pipeline import FeaturePipeline
 
 __all__ = ["export_model"]
 
@@ -53,6 +63,7 @@ def export_model(
     positive: str | None = None,
     non_id_shapes: Mapping[str, Sequence[int]] | None = None,
     pooling: Mapping[str, Pooling] | None = None,
+    pipeline: FeaturePipeline | None = None,
     overwrite: bool = False,
 ) -> Path:
     """Write ``model`` (its dense part) with its embedding config as a model directory.
@@ -70,6 +81,8 @@ def export_model(
         non_id_shapes: name -> per-sample shape of each non-ID input, in order (when there is
             no ``example``).
         pooling: the trainer's per-feature pooling overrides (``TrainerConfig.pooling``).
+        pipeline: the feature pipeline that built the training batches, written as
+            ``features.json``: the served model then scores raw records through it.
         overwrite: replace an existing complete model directory.
 
     Returns:
@@ -79,7 +92,9 @@ def export_model(
         InvalidArgumentError: ``directory`` holds a model and ``overwrite`` is false; neither
             ``example`` nor ``non_id_shapes``; an ID feature the config lacks; a sequence
             feature (not supported: the dense part takes one tensor per feature); the model
-            can be neither scripted nor traced, or its output is not ``(n, 1)``.
+            can be neither scripted nor traced, or its output is not ``(n, 1)``; a
+            ``pipeline`` whose ID features or non-ID inputs (names, widths, order) are not
+            the example's.
     """
     target = Path(directory)
     if (target / MODEL_FILE).exists() and not overwrite:
@@ -88,6 +103,11 @@ def export_model(
         )
     overrides = {str(k): Pooling(v) for k, v in dict(pooling or {}).items()}
     spec = _spec(embedding_config, example, non_id_shapes, snapshot_id, positive, overrides)
+    if pipeline is not None:
+        from ..data.pipeline import PIPELINE_FILE
+
+        check_pipeline(pipeline, spec)
+        spec = dataclasses.replace(spec, pipeline=PIPELINE_FILE)
     non_id, embeddings = _example_inputs(spec, embedding_config, example)
     eager = copy.deepcopy(model).to("cpu").eval()
     compiled, how = _compile(eager, non_id, embeddings)
@@ -99,6 +119,10 @@ def export_model(
             torch.jit.save(compiled, str(staging / DENSE_FILE))
         text = yaml.safe_dump(embedding_config.to_dict(), sort_keys=False)
         (staging / EMBEDDING_FILE).write_text(text, encoding="utf-8")
+        if pipeline is not None and spec.pipeline is not None:
+            from ..data.pipeline import save_pipeline
+
+            save_pipeline(pipeline, staging / spec.pipeline)
         _write_json(staging / MODEL_FILE, spec.to_json())  # last: the directory is complete
         _replace(staging, target)
     except BaseException:

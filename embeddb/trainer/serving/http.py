@@ -4,7 +4,7 @@ Every answer is JSON, error pages of the HTTP parser included; ``HEAD`` gets the
 the answer ``GET`` would get and no body::
 
     POST /v1/predict {"records": [...]}   200 {"scores": [...]}, or an error of the request
-                                          (HTTP_STATUS: 400, 401, 413, 503, ...)
+      or {"hashed_records": [...]}        (HTTP_STATUS: 400, 401, 413, 503, ...)
     GET|HEAD /healthz                     200 {"status": "SERVING"} / 503 {"status": "NOT_SERVING"}
     another method on those paths         405, with ``Allow``
     any method on another path            404
@@ -23,7 +23,14 @@ of :data:`GRPC_STATUS` (404 NOT_FOUND, 405 UNIMPLEMENTED, 500 INTERNAL, ...).
 ``max_body_bytes``) → the body (400): strict UTF-8 (a leading BOM is skipped), arrays and
 objects nested at most :data:`MAX_JSON_DEPTH` deep (checked before parsing, see
 :func:`json_depth`), JSON with no ``NaN``/``Infinity`` literals → the records
-(``InferCtx.batch_from_records``: 400, 413 above ``max_records``) → scoring.
+(400, 413 above ``max_records``) → scoring.
+
+The body holds exactly one of two keys: ``"records"``, raw records (column values as in the
+training data, ``{"user": "u17", "price": 12.5}``) when the model was exported with its
+feature pipeline, else pre-hashed ones (``InferCtx.batch_from_records``); ``"hashed_records"``,
+always pre-hashed records (``{"ids": {...}, "non_id": {...}}``, ids as integers or decimal
+strings: ``InferCtx.batch_from_hashed_records``). A bad record is a 400 naming the record's
+index and the column (or field).
 
 Refusals (4xx) are the caller's doing: logged at DEBUG only and counted in
 ``embeddb_model_bad_requests_total{method,reason}`` (``ModelMetrics.observe_bad_request``;
@@ -110,7 +117,8 @@ GRPC_STATUS: dict[int, str] = {
 
 MAX_JSON_DEPTH = 32
 """The deepest nesting of arrays and objects a body may have. A request nests 5 levels plus
-the dimensions of a non-ID input (``{"records": [{"non_id": {"x": [[...]]}}]}``)."""
+the dimensions of a non-ID input (``{"hashed_records": [{"non_id": {"x": [[...]]}}]}``)."""
+_BODY_KEYS = ("records", "hashed_records")
 
 _ROUTES: dict[str, tuple[str, ...]] = {"/v1/predict": ("POST",), "/healthz": ("GET", "HEAD")}
 _METHODS = frozenset(
@@ -309,18 +317,29 @@ class HttpFrontend:
                 'the body must be a JSON object {"records": [record, ...]}, got a JSON '
                 f"{type(doc).__name__}"
             )
-        if "records" not in doc:
-            raise InvalidArgumentError('the body has no "records": {"records": [record, ...]}')
-        extra = sorted(set(doc) - {"records"})
+        given = [key for key in _BODY_KEYS if key in doc]
+        if len(given) != 1:
+            raise InvalidArgumentError(
+                'the body needs exactly one of "records" (raw records) and "hashed_records" '
+                f"(pre-hashed records), got {'both' if given else 'neither'}"
+            )
+        extra = sorted(set(doc) - set(_BODY_KEYS))
         if extra:
-            raise InvalidArgumentError(f"unknown keys {extra} (the body has only 'records')")
-        records = doc["records"]
+            raise InvalidArgumentError(
+                f"unknown keys {extra} (the body has 'records' or 'hashed_records')"
+            )
+        (key,) = given
+        records = doc[key]
         if isinstance(records, list) and len(records) > self.config.max_records:
             raise ResourceExhaustedError(
                 f"{len(records)} records in one request, more than this server accepts "
                 f"({self.config.max_records}); split the request"
             )
-        batch = self.predictor.batch_from_records(records)
+        batch = (
+            self.predictor.batch_from_records(records)
+            if key == "records"
+            else self.predictor.batch_from_hashed_records(records)
+        )
         scores: list[float] = self.batcher.submit(batch).result().tolist()
         return scores
 

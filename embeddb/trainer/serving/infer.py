@@ -18,15 +18,29 @@ created). The shards' lookup answer does not say which ids were unknown (``Looku
 vectors only), so ``InferCtx`` cannot count them without a second RPC per shard; it exposes no
 unknown-id counter.
 
-A record (JSON-shaped, :meth:`InferCtx.batch_from_records`)::
+Records (JSON-shaped, :meth:`InferCtx.batch_from_records`). A model exported with its feature
+pipeline (``features.json``) reads **raw records**, column values as in the training data,
+turned into a batch by the code that built the training batches (no training/serving skew)::
+
+    {"user": "u17", "city": "Zurich", "tags": "a|b", "price": 12.5}
+
+A model without one reads **pre-hashed records** (:meth:`InferCtx.batch_from_hashed_records`,
+always available; ids may be decimal strings, JSON-safe 64-bit ids)::
 
     {"ids": {"user_id": 42, "genres": [3, 7]},     # a missing ID feature: an empty sample
      "non_id": {"dense": [0.1, 0.2, 0.3, 0.4]}}     # every non-ID input of model.json required
+
+Where the embeddings come from (the *lookup backend*): the shards over gRPC (``addresses``:
+read-only followers in production), or any object with the client's evaluation-lookup
+interface (``backend=``, :class:`LookupBackend`), such as the shards of a job checkpoint
+opened in-process (:meth:`InferCtx.from_checkpoint`,
+:class:`~embeddb.trainer.serving.local_shards.LocalShards`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import threading
 import time
@@ -34,6 +48,7 @@ import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import torch
@@ -49,14 +64,46 @@ from embeddb.errors import (
     NotFoundError,
 )
 
-from ..batch import Batch, IDTypeFeature, IDTypeFeatureWithSingleID, NonIDTypeFeature
+from ..batch import Batch, IDTypeFeature
 from ..embedding_worker import IdFeature, plan_lookup, pool_lookup, pooling_specs
-from .spec import DENSE_FILE, EMBEDDING_FILE, ModelSpec, NonIdSpec, load_model_spec
+from .records import check_records, hashed_batch
+from .spec import DENSE_FILE, EMBEDDING_FILE, ModelSpec, check_pipeline, load_model_spec
 
-__all__ = ["InferCtx", "load_dense", "load_embedding_config", "quiet_jit"]
+if TYPE_CHECKING:
+    from ..data.pipeline import FeaturePipeline
 
-_MAX_ID = (1 << 64) - 1
-_RECORD_KEYS = frozenset(("ids", "non_id"))
+__all__ = [
+    "InferCtx",
+    "LookupBackend",
+    "load_dense",
+    "load_embedding_config",
+    "load_pipeline_of",
+    "quiet_jit",
+]
+
+logger = logging.getLogger(__name__)
+
+
+class _Table(Protocol):
+    @property
+    def name(self) -> str: ...
+    @property
+    def dim(self) -> int: ...
+
+
+class LookupBackend(Protocol):
+    """Where :class:`InferCtx` reads embeddings: what it uses of
+    :class:`~embeddb.client.Client` (evaluation lookups never insert nor refresh rows; an
+    unknown id reads as zeros)."""
+
+    @property
+    def addresses(self) -> tuple[str, ...]: ...
+    def check_topology(self) -> None: ...
+    def list_tables(self) -> Sequence[_Table]: ...
+    def lookup_many(
+        self, requests: Mapping[str, object], train: bool = ...
+    ) -> Mapping[str, F32]: ...
+    def close(self) -> None: ...
 
 
 @contextlib.contextmanager
@@ -81,6 +128,26 @@ def load_embedding_config(model_dir: str | os.PathLike[str]) -> EmbeddingConfig:
         return EmbeddingConfig.from_yaml(path)
     except ConfigError as exc:
         raise CorruptDataError(f"{path} is not a valid embedding config: {exc}") from exc
+
+
+def load_pipeline_of(model_dir: str | os.PathLike[str], spec: ModelSpec) -> FeaturePipeline | None:
+    """The feature pipeline of a model directory (``None`` when model.json names none),
+    checked against the model's inputs.
+
+    Raises:
+        NotFoundError: model.json names a pipeline file that is missing.
+        CorruptDataError: the file is malformed, or its features are not the model's.
+    """
+    if spec.pipeline is None:
+        return None
+    from ..data.pipeline import load_pipeline
+
+    pipeline = load_pipeline(Path(model_dir) / spec.pipeline)
+    try:
+        check_pipeline(pipeline, spec, str(Path(model_dir) / spec.pipeline))
+    except InvalidArgumentError as exc:
+        raise CorruptDataError(str(exc)) from exc
+    return pipeline
 
 
 def load_dense(model_dir: str | os.PathLike[str], device: torch.device) -> torch.jit.ScriptModule:
@@ -109,21 +176,26 @@ class InferCtx:
     Args:
         model_dir: a directory written by :func:`~embeddb.trainer.serving.export_model`.
         addresses: the shards' ``host:port`` in shard order (read-only followers in
-            production), or the path of an address file.
+            production), or the path of an address file; ``None`` with ``backend``.
         token: bearer token for the shards (a read-only one is enough).
         tls_ca: PEM file of the CA that signed the shards' certificates; ``None``: plaintext.
         device: where the dense part runs (``"cpu"``, ``"cuda:0"``).
         threads: torch intra-op threads (``torch.set_num_threads``, which is process-wide);
             ``None`` leaves torch's setting.
+        backend: read embeddings from this instead of shards at ``addresses``
+            (:class:`LookupBackend`); the context closes it.
 
     Attributes:
         spec: the parsed ``model.json``.
         embedding_config: the parsed ``embedding.yaml``.
+        pipeline: the model's feature pipeline (raw records), or ``None`` (pre-hashed
+            records only).
         predictions: samples scored so far.
 
     Raises:
-        NotFoundError: the directory, ``model.json``, ``dense.pt`` or ``embedding.yaml`` is
-            missing. CorruptDataError: one of them is malformed. ConfigError: bad addresses, or
+        NotFoundError: the directory, ``model.json``, ``dense.pt``, ``embedding.yaml`` or the
+            pipeline model.json names is missing. CorruptDataError: one of them is malformed.
+        ConfigError: bad addresses (or both or neither of ``addresses`` and ``backend``), or
             the shards do not serve a table of the model (or with another ``dim``), or list
             in another order. embeddb errors of the client: the shards cannot be reached.
     """
@@ -131,12 +203,13 @@ class InferCtx:
     def __init__(
         self,
         model_dir: str | os.PathLike[str],
-        addresses: Sequence[str] | str | os.PathLike[str],
+        addresses: Sequence[str] | str | os.PathLike[str] | None = None,
         *,
         token: str | None = None,
         tls_ca: str | os.PathLike[str] | None = None,
         device: str = "cpu",
         threads: int | None = None,
+        backend: LookupBackend | None = None,
     ) -> None:
         self.model_dir = Path(model_dir)
         self.on_lookup: Callable[[float], None] | None = None  # seconds of each batch's lookups
@@ -161,22 +234,75 @@ class InferCtx:
                     f"{self.model_dir}: feature {name!r} is a sequence feature "
                     "(embedding_summation: false); exported models support pooled features only"
                 )
-        self._non_id = {s.name: s for s in self.spec.non_id}
+        self.pipeline = load_pipeline_of(self.model_dir, self.spec)
         self._id_index = {name: i for i, name in enumerate(self.spec.id_features)}
         self._lock = threading.Lock()
         self.predictions = 0
         self._closed = False
-        shard_list = (
-            read_address_file(addresses)
-            if isinstance(addresses, (str, os.PathLike))
-            else check_addresses(list(addresses))
-        )
-        options = ClientOptions(token=token, credentials=tls_credentials(tls_ca))
-        self._client = Client(shard_list, options)
+        if (addresses is None) == (backend is None):
+            raise ConfigError("addresses", "give the shards' addresses or a backend (one of them)")
+        if backend is not None:
+            self._client: LookupBackend = backend
+        else:
+            assert addresses is not None
+            shard_list = (
+                read_address_file(addresses)
+                if isinstance(addresses, (str, os.PathLike))
+                else check_addresses(list(addresses))
+            )
+            options = ClientOptions(token=token, credentials=tls_credentials(tls_ca))
+            self._client = Client(shard_list, options)
         try:
             self._check_shards()
         except BaseException:
             self._client.close()
+            raise
+
+    @classmethod
+    def from_checkpoint(
+        cls,
+        model_dir: str | os.PathLike[str],
+        checkpoint_dir: str | os.PathLike[str],
+        *,
+        checkpoint_id: str | None = None,
+        device: str = "cpu",
+        threads: int | None = None,
+    ) -> InferCtx:
+        """Score with the shards of a job checkpoint opened in this process, read-only
+        (:class:`~embeddb.trainer.serving.local_shards.LocalShards`): no shard servers.
+
+        Args:
+            model_dir: the exported model directory.
+            checkpoint_dir: the job's ``checkpoint_dir`` (its shards' data under ``shards/``).
+            checkpoint_id: the checkpoint; ``None``: the latest. A checkpoint other than the
+                model's ``snapshot_id`` is served with a warning (the dense part was exported
+                with other embeddings).
+            device: see :class:`InferCtx`. threads: see :class:`InferCtx`.
+
+        Raises:
+            The errors of :meth:`LocalShards.open
+            <embeddb.trainer.serving.local_shards.LocalShards.open>` and of
+            :class:`InferCtx`.
+        """
+        from .local_shards import LocalShards
+
+        spec = load_model_spec(model_dir)
+        shards = LocalShards.open(
+            checkpoint_dir, load_embedding_config(model_dir), checkpoint_id=checkpoint_id
+        )
+        served = shards.checkpoint.snapshot_id
+        if spec.snapshot_id is not None and spec.snapshot_id != served:
+            logger.warning(
+                "the model %s was exported with snapshot %s, the checkpoint served is %s: the "
+                "embeddings are not the ones its dense part was trained with",
+                model_dir,
+                spec.snapshot_id,
+                served,
+            )
+        try:
+            return cls(model_dir, device=device, threads=threads, backend=shards)
+        except BaseException:
+            shards.close()
             raise
 
     @property
@@ -228,7 +354,7 @@ class InferCtx:
         vectors = self._client.lookup_many(requests, train=False) if requests else {}
         if self.on_lookup is not None:
             self.on_lookup(time.perf_counter() - started)
-        pooled = pool_lookup(plan, vectors)
+        pooled = pool_lookup(plan, dict(vectors))
         embeddings = [torch.from_numpy(np.asarray(p)).to(self.device) for p in pooled]
         with torch.inference_mode():
             logits = self._dense(non_id, embeddings)
@@ -292,91 +418,46 @@ class InferCtx:
 
     # ------------------------------------------------------------------ records
     def batch_from_records(self, records: object) -> Batch:
-        """A batch from JSON-shaped records (see the module docstring).
+        """A batch from JSON-shaped records: raw records when the model has a feature
+        pipeline (:attr:`pipeline`), pre-hashed records otherwise.
+
+        A raw record holds column values as in the training data (``{"user": "u17",
+        "tags": "a|b", "price": 12.5}``; a missing key, ``null`` or a missing-value marker is
+        a missing value); it becomes a batch through the pipeline's
+        :meth:`~embeddb.trainer.data.pipeline.FeaturePipeline.batch_from_records`, the code
+        that built the training batches (the same hashing, transforms and fill). A pre-hashed
+        record is :meth:`batch_from_hashed_records`'s.
+
+        Raises:
+            InvalidArgumentError: not a non-empty list of records, or a bad record; the
+                message names the record's index and the column (or field).
+        """
+        if self.pipeline is None:
+            return self.batch_from_hashed_records(records)
+        rows = check_records(records)
+        for i, record in enumerate(rows):
+            if not isinstance(record, Mapping):
+                raise InvalidArgumentError(
+                    f"record {i} must be an object of column -> value, got {type(record).__name__}"
+                )
+        return self.pipeline.batch_from_records(rows)  # type: ignore[arg-type]
+
+    def batch_from_hashed_records(self, records: object) -> Batch:
+        """A batch from pre-hashed records (see :mod:`embeddb.trainer.serving.records`).
 
         Each record is ``{"ids": {feature: id | [id, ...]}, "non_id": {name: number | nested
-        list}}``: ids are integers in ``[0, 2**64)``; a missing ID feature is an empty sample;
+        list}}``: ids are integers in ``[0, 2**64)`` or the same as decimal strings (JSON-safe
+        64-bit ids: ``"12345678901234567890"``); a missing ID feature is an empty sample;
         every non-ID input of ``spec.non_id`` is required, with its per-sample shape (a single
-        number for a one-element shape).
+        number for a one-element shape), after the model's transforms.
 
         Raises:
             InvalidArgumentError: not a non-empty list of records, or a record with an unknown
-                key, an unknown ID feature or non-ID input, an id that is not an integer in
-                range, a missing non-ID input, or one of the wrong shape or type; the message
-                names the record's index and the field.
+                key, an unknown ID feature or non-ID input, an id that is not an integer (or a
+                decimal string) in range, a missing non-ID input, or one of the wrong shape or
+                type; the message names the record's index and the field.
         """
-        if isinstance(records, (str, bytes, Mapping)) or not isinstance(records, Sequence):
-            raise InvalidArgumentError(
-                f"records must be a list of records, got {type(records).__name__}"
-            )
-        n = len(records)
-        if n == 0:
-            raise InvalidArgumentError("records is empty: nothing to score")
-        names = self.spec.id_features
-        counts = np.zeros((len(names), n), dtype=np.int64)
-        flat: list[list[int]] = [[] for _ in names]  # every id of a feature, in record order
-        non_id_values: dict[str, list[object]] = {s.name: [] for s in self.spec.non_id}
-        for i, record in enumerate(records):
-            if not isinstance(record, Mapping):
-                raise InvalidArgumentError(
-                    f"record {i} must be an object, got {type(record).__name__}"
-                )
-            extra = record.keys() - _RECORD_KEYS
-            if extra:
-                raise InvalidArgumentError(
-                    f"record {i} has unknown keys {sorted(map(str, extra))} "
-                    "(a record has 'ids' and 'non_id')"
-                )
-            ids = record.get("ids", {})
-            if not isinstance(ids, Mapping):
-                raise InvalidArgumentError(
-                    f"record {i}: 'ids' must be an object of feature -> ids, "
-                    f"got {type(ids).__name__}"
-                )
-            for name, value in ids.items():
-                k = self._id_index.get(name)
-                if k is None:
-                    raise InvalidArgumentError(
-                        f"record {i}: ids.{name}: the model reads no such ID feature "
-                        f"({', '.join(names)})"
-                    )
-                if type(value) is int and 0 <= value <= _MAX_ID:  # the common case, no numpy
-                    flat[k].append(value)
-                    counts[k, i] = 1
-                else:
-                    many = _ids_of(value, i, name)
-                    flat[k].extend(many)
-                    counts[k, i] = len(many)
-            values = record.get("non_id", {})
-            if not isinstance(values, Mapping):
-                raise InvalidArgumentError(
-                    f"record {i}: 'non_id' must be an object of name -> values, "
-                    f"got {type(values).__name__}"
-                )
-            for name in values.keys() - non_id_values.keys():
-                raise InvalidArgumentError(
-                    f"record {i}: non_id.{name}: the model reads no such non-ID input "
-                    f"({', '.join(non_id_values) or 'none'})"
-                )
-            for name, column in non_id_values.items():
-                if name not in values:
-                    raise InvalidArgumentError(f"record {i}: non_id.{name} is missing")
-                column.append(values[name])
-        id_features: list[IDTypeFeature] = []
-        for k, name in enumerate(names):
-            row = counts[k]
-            values_k = np.array(flat[k], dtype=np.uint64)
-            if values_k.size == n and bool(np.all(row == 1)):
-                id_features.append(IDTypeFeatureWithSingleID(name, values_k))
-            else:
-                offsets = np.zeros(n + 1, dtype=np.int64)
-                np.cumsum(row, out=offsets[1:])
-                id_features.append(IDTypeFeature.from_csr(name, values_k, offsets))
-        non_id = [
-            NonIDTypeFeature(_non_id_column(spec, non_id_values[spec.name]), name=spec.name)
-            for spec in self.spec.non_id
-        ]
-        return Batch(id_features, non_id, requires_grad=False)
+        return hashed_batch(records, self.spec)
 
     # ------------------------------------------------------------------ lifecycle
     def close(self) -> None:
@@ -399,79 +480,3 @@ class InferCtx:
 
     def __repr__(self) -> str:
         return f"InferCtx({str(self.model_dir)!r}, {list(self.addresses)!r})"
-
-
-# ---------------------------------------------------------------------- helpers
-def _ids_of(value: object, index: int, name: str) -> list[int]:
-    """One record's ids of one feature, checked (a number or a list of numbers)."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        raise InvalidArgumentError(
-            f"record {index}: ids.{name}: {value} is not an id (integers in [0, 2**64))"
-        )
-    if isinstance(value, (list, tuple)):
-        if not value:
-            return []
-        try:
-            array = np.asarray(value)
-        except (ValueError, OverflowError):
-            array = np.asarray([0.5])  # ragged or out of range: reported below
-        if array.ndim == 1 and (
-            array.dtype.kind == "u" or (array.dtype.kind == "i" and int(array.min()) >= 0)
-        ):
-            return list(value)
-        raise InvalidArgumentError(
-            f"record {index}: ids.{name}: must be a flat list of integers in [0, 2**64), "
-            f"got {_preview(value)}"
-        )
-    raise InvalidArgumentError(
-        f"record {index}: ids.{name}: must be an integer id or a list of them, "
-        f"got {type(value).__name__}"
-    )
-
-
-def _non_id_column(spec: NonIdSpec, column: list[object]) -> F32:
-    """``(n, *spec.shape)`` float32 from one value per record; a precise error otherwise."""
-    n = len(column)
-    scalar = spec.size == 1
-    try:
-        array = np.asarray(column, dtype=np.float32)
-    except (TypeError, ValueError):
-        array = None
-    if array is not None:
-        if array.shape == (n, *spec.shape):
-            pass
-        elif scalar and array.shape == (n,):
-            array = array.reshape(n, *spec.shape)
-        else:
-            array = None
-    if array is not None and bool(np.isfinite(array).all()):
-        return array
-    for i, value in enumerate(column):  # the slow path, only to name the bad record
-        if isinstance(value, bool) or not _is_numeric(value):
-            raise InvalidArgumentError(
-                f"record {i}: non_id.{spec.name}: must be numbers, got {_preview(value)}"
-            )
-        one = np.asarray(value, dtype=np.float64)
-        if one.shape != spec.shape and not (scalar and one.size == 1):
-            raise InvalidArgumentError(
-                f"record {i}: non_id.{spec.name}: must have shape {list(spec.shape)}, got "
-                f"{list(one.shape)}"
-            )
-        if not np.isfinite(one).all():
-            raise InvalidArgumentError(f"record {i}: non_id.{spec.name}: must be finite numbers")
-    raise InvalidArgumentError(f"non_id.{spec.name}: values of mixed shapes")
-
-
-def _is_numeric(value: object) -> bool:
-    if isinstance(value, bool):
-        return False
-    if isinstance(value, (int, float)):
-        return True
-    if isinstance(value, (list, tuple)):
-        return all(_is_numeric(v) for v in value)
-    return False
-
-
-def _preview(value: object, limit: int = 60) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."

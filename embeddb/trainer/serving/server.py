@@ -2,8 +2,9 @@
 
 ::
 
-    gRPC  embeddb.v1.ModelService/Predict ─┐    decode + validate (codec.batch_from_request /
-    HTTP  POST /v1/predict {"records"} ────┤    InferCtx.batch_from_records), then
+    gRPC  embeddb.v1.ModelService/Predict ─┐    decode + validate (codec.batch_from_request, or
+    HTTP  POST /v1/predict {"records"} ────┤    InferCtx.batch_from_records of raw records:
+                                           │    the feature pipeline's), then
                                            ▼
                                    MicroBatcher ── one InferCtx.predict per micro-batch
                                    (batcher.py)    (lookups on the shards, dense), scores
@@ -37,7 +38,7 @@ import grpc
 from prometheus_client import CollectorRegistry
 
 from embeddb.arrays import F32
-from embeddb.errors import ConfigError
+from embeddb.errors import ConfigError, InvalidArgumentError, ResourceExhaustedError
 from embeddb.rpc.assembly import ConnectionConfig, RpcServer, ServerPools, Service, start_server
 from embeddb.rpc.auth import AccessPolicy, Role
 from embeddb.rpc.listen import ListenConfig
@@ -47,7 +48,7 @@ from embeddb.v1 import model_pb2_grpc as mpb_grpc
 
 from .batcher import MicroBatcher
 from .codec import ModelInputs, batch_from_request, encode_scores
-from .http import HTTP_STATUS, HttpFrontend
+from .http import HTTP_STATUS, HttpFrontend, parse_json
 from .metrics import ModelMetrics
 
 __all__ = [
@@ -73,6 +74,7 @@ class Predictor(Protocol):
     def spec(self) -> ModelInputs: ...
     def predict(self, batch: Batch) -> F32: ...
     def batch_from_records(self, records: object) -> Batch: ...
+    def batch_from_hashed_records(self, records: object) -> Batch: ...
 
 
 @dataclass(frozen=True)
@@ -120,16 +122,51 @@ class ModelServerConfig:
 
 
 class _Servicer(mpb_grpc.ModelServiceServicer):
-    def __init__(self, spec: ModelInputs, batcher: MicroBatcher, max_records: int) -> None:
-        self._spec = spec
+    def __init__(self, predictor: Predictor, batcher: MicroBatcher, max_records: int) -> None:
+        self._predictor = predictor
+        self._spec = predictor.spec
         self._batcher = batcher
         self._max_records = max_records
 
     def Predict(
         self, request: mpb.PredictRequest, context: grpc.ServicerContext
     ) -> mpb.PredictResponse:
-        batch = batch_from_request(request, self._spec, self._max_records)
+        if request.records_json:
+            records = json_records(request, self._max_records)
+            batch = self._predictor.batch_from_records(records)
+        else:
+            batch = batch_from_request(request, self._spec, self._max_records)
         return encode_scores(self._batcher.submit(batch).result())
+
+
+def json_records(request: mpb.PredictRequest, max_records: int) -> list[object]:
+    """The records of a request in the JSON form (``records_json``), checked.
+
+    Raises:
+        InvalidArgumentError: columnar features beside the JSON, JSON that is not an array
+            (see :func:`~embeddb.trainer.serving.http.parse_json`), or ``num_records`` neither
+            0 nor the number of records.
+        ResourceExhaustedError: more than ``max_records`` records.
+    """
+    if request.id_features or request.non_id_features:
+        raise InvalidArgumentError(
+            "a request carries records_json or id_features/non_id_features, not both"
+        )
+    records = parse_json(request.records_json)
+    if not isinstance(records, list):
+        raise InvalidArgumentError(
+            f"records_json must be a JSON array of records, got a JSON {type(records).__name__}"
+        )
+    if len(records) > max_records:
+        raise ResourceExhaustedError(
+            f"{len(records)} records in one request, more than this server accepts "
+            f"({max_records}); split the request"
+        )
+    if request.num_records not in (0, len(records)):
+        raise InvalidArgumentError(
+            f"num_records is {request.num_records}, records_json holds {len(records)} records"
+        )
+    return records
 
 
 @dataclass
@@ -204,7 +241,7 @@ def build_model_server(
         for frontend in http:
             frontend.stop(grace)
 
-    servicer = _Servicer(predictor.spec, batcher, cfg.max_records)
+    servicer = _Servicer(predictor, batcher, cfg.max_records)
 
     def register(server: grpc.Server) -> None:
         mpb_grpc.add_ModelServiceServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]

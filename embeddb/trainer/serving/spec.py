@@ -6,11 +6,17 @@ Example (the Adult example's model)::
      "id_features": ["workclass", "education", ...],        # the batch order of embeddings
      "non_id": [{"name": "dense", "shape": [6], "dtype": "float32"}],
      "output": "logit", "torch": "2.13.0", "positive": "income >50K",
-     "pooling": {}}                                          # per-feature pooling overrides
+     "pooling": {},                                          # per-feature pooling overrides
+     "pipeline": "features.json"}                            # the feature pipeline, or null
 
 ``pooling`` is optional (an addition to the issue-6 contract): the trainer's per-feature
 overrides of the config's pooling (``TrainerConfig.pooling``, e.g. ``{"title": "mean"}``),
 which ``embedding.yaml`` cannot express.
+
+``pipeline`` is optional too (issue 13; absent or null in older models, which stay readable):
+the file of the model directory holding the feature pipeline
+(:class:`~embeddb.trainer.data.pipeline.FeaturePipeline`) that turns raw records into batches
+exactly as training did. A model with one scores raw records; one without, pre-hashed records.
 """
 
 from __future__ import annotations
@@ -20,9 +26,9 @@ import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from embeddb.errors import CorruptDataError, NotFoundError
+from embeddb.errors import CorruptDataError, InvalidArgumentError, NotFoundError
 
 from ..pooling import Pooling
 
@@ -33,6 +39,8 @@ __all__ = [
     "MODEL_FILE",
     "ModelSpec",
     "NonIdSpec",
+    "PipelineInputs",
+    "check_pipeline",
     "load_model_spec",
 ]
 
@@ -41,6 +49,16 @@ MODEL_FILE = "model.json"
 DENSE_FILE = "dense.pt"
 EMBEDDING_FILE = "embedding.yaml"
 _DTYPES = ("float32",)
+
+
+class PipelineInputs(Protocol):
+    """What :func:`check_pipeline` reads of a
+    :class:`~embeddb.trainer.data.pipeline.FeaturePipeline`."""
+
+    @property
+    def id_features(self) -> tuple[str, ...]: ...
+    @property
+    def non_id(self) -> tuple[tuple[str, int], ...]: ...
 
 
 @dataclass(frozen=True)
@@ -70,6 +88,8 @@ class ModelSpec:
         created: unix time of the export.
         torch: the torch version that exported it.
         pooling: per-feature pooling overrides (feature -> :class:`Pooling`).
+        pipeline: the file name of the feature pipeline in the model directory, or ``None``
+            (the model reads pre-hashed records only).
         format: ``embeddb-model/1``.
     """
 
@@ -81,6 +101,7 @@ class ModelSpec:
     created: float = 0.0
     torch: str = ""
     pooling: dict[str, Pooling] = field(default_factory=dict)
+    pipeline: str | None = None
     format: str = FORMAT
 
     def to_json(self) -> dict[str, Any]:
@@ -97,6 +118,7 @@ class ModelSpec:
             "torch": self.torch,
             "positive": self.positive,
             "pooling": {name: p.value for name, p in self.pooling.items()},
+            "pipeline": self.pipeline,
         }
 
     @classmethod
@@ -143,9 +165,18 @@ class ModelSpec:
             raise bad(f"output must be 'logit', got {doc.get('output')!r}")
         snapshot_id = doc.get("snapshot_id")
         positive = doc.get("positive")
-        for key, value in (("snapshot_id", snapshot_id), ("positive", positive)):
+        pipeline = doc.get("pipeline")
+        for key, value in (
+            ("snapshot_id", snapshot_id),
+            ("positive", positive),
+            ("pipeline", pipeline),
+        ):
             if value is not None and not isinstance(value, str):
                 raise bad(f"{key} must be a string or null, got {value!r}")
+        if pipeline is not None and (
+            pipeline in ("", ".", "..") or "/" in pipeline or "\\" in pipeline
+        ):
+            raise bad(f"pipeline must be a file name in the model directory, got {pipeline!r}")
         created = doc.get("created", 0.0)
         if not isinstance(created, (int, float)) or isinstance(created, bool):
             raise bad(f"created must be a unix time, got {created!r}")
@@ -162,6 +193,7 @@ class ModelSpec:
             created=float(created),
             torch=str(doc.get("torch", "")),
             pooling=pooling,
+            pipeline=pipeline,
         )
 
 
@@ -191,3 +223,32 @@ def load_model_spec(model_dir: str | os.PathLike[str]) -> ModelSpec:
     except json.JSONDecodeError as exc:
         raise CorruptDataError(f"{path} is not valid JSON: {exc}") from exc
     return ModelSpec.from_json(doc, str(path))
+
+
+def check_pipeline(pipeline: PipelineInputs, spec: ModelSpec, where: str = "") -> None:
+    """Check that ``pipeline`` builds the batches the model of ``spec`` reads.
+
+    Args:
+        pipeline: the feature pipeline.
+        spec: the model's inputs (``model.json``).
+        where: a prefix of the error message (the model directory), or empty.
+
+    Raises:
+        InvalidArgumentError: the pipeline's ID features are not the model's (names and
+            order), or its non-ID features are not the model's inputs (names, widths, order:
+            each input a vector of the pipeline's width).
+    """
+    prefix = f"{where}: " if where else ""
+    ids = tuple(pipeline.id_features)
+    if ids != tuple(spec.id_features):
+        raise InvalidArgumentError(
+            f"{prefix}the feature pipeline's ID features {list(ids)} are not the model's "
+            f"{list(spec.id_features)} (names and order)"
+        )
+    built = [(str(name), (int(width),)) for name, width in pipeline.non_id]
+    reads = [(s.name, tuple(s.shape)) for s in spec.non_id]
+    if built != reads:
+        raise InvalidArgumentError(
+            f"{prefix}the feature pipeline's non-ID features {built} (name, shape) are not "
+            f"the model's inputs {reads}"
+        )

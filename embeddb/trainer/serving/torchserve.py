@@ -12,9 +12,12 @@ or, without it, from the environment: ``EMBEDDB_ADDRESSES`` (comma-separated ``h
 shard order), and ``EMBEDDB_TLS_CA`` (a PEM file). ``EMBEDDB_TOKEN`` is the shards' bearer
 token (never in the archive).
 
-Each request's body is JSON: ``{"records": [record, ...]}``, a list of records, or one record
-(records as in :mod:`embeddb.trainer.serving.infer`). TorchServe's batch of requests is scored
-in one :meth:`InferCtx.predict`; each request gets the list of its records' scores.
+Each request's body is JSON: ``{"records": [record, ...]}``, a list of records, or one record:
+raw records (column values as in the training data, ``{"user": "u17", "price": 12.5}``) when
+the model was exported with its feature pipeline, else pre-hashed ones; or
+``{"hashed_records": [record, ...]}``, always pre-hashed records (records as in
+:mod:`embeddb.trainer.serving.infer`). TorchServe's batch of requests is scored in one
+:meth:`InferCtx.predict`; each request gets the list of its records' scores.
 
 TorchServe's ``ts`` package is optional: when it imports, the handler subclasses its
 ``BaseHandler``; otherwise it is a plain class with the same interface.
@@ -33,6 +36,7 @@ import numpy as np
 from embeddb.errors import ConfigError, InvalidArgumentError
 
 from ..batch import Batch
+from .codec import merge_batches
 from .infer import InferCtx
 
 __all__ = ["SERVING_FILE", "EmbeddbHandler"]
@@ -83,13 +87,23 @@ class EmbeddbHandler(_Base):  # type: ignore[misc]
         infer = self._ctx()
         if isinstance(data, (str, bytes, Mapping)) or not isinstance(data, Sequence):
             raise InvalidArgumentError(f"expected a list of requests, got {type(data).__name__}")
-        records: list[Any] = []
+        batches: list[Batch] = []
         counts: list[int] = []
         for i, item in enumerate(data):
-            mine = _records(item, i)
-            records.extend(mine)
-            counts.append(len(mine))
-        return infer.batch_from_records(records), counts
+            hashed, mine = _records(item, i)
+            try:
+                batch = (
+                    infer.batch_from_hashed_records(mine)
+                    if hashed
+                    else infer.batch_from_records(mine)
+                )
+            except InvalidArgumentError as exc:
+                raise InvalidArgumentError(f"request {i}: {exc}") from exc
+            batches.append(batch)
+            counts.append(batch.batch_size)
+        if not batches:
+            raise InvalidArgumentError("no requests to score")
+        return merge_batches(batches), counts
 
     def inference(self, data: tuple[Batch, list[int]], *args: Any, **kwargs: Any) -> Any:
         """Score the batch: ``(scores, counts)``."""
@@ -145,8 +159,8 @@ def _shards(model_dir: Path, environ: Mapping[str, str]) -> tuple[list[str], str
     return addresses, environ.get("EMBEDDB_TLS_CA") or None
 
 
-def _records(item: object, index: int) -> list[Any]:
-    """The records of one TorchServe request item."""
+def _records(item: object, index: int) -> tuple[bool, list[Any]]:
+    """The records of one TorchServe request item, and whether they are pre-hashed."""
     body: object = item
     if isinstance(item, Mapping):
         body = item.get("body", item.get("data"))
@@ -157,15 +171,20 @@ def _records(item: object, index: int) -> list[Any]:
             body = json.loads(body)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise InvalidArgumentError(f"request {index}: the body is not JSON: {exc}") from exc
-    if isinstance(body, Mapping) and "records" in body:
-        records = body["records"]
+    if isinstance(body, Mapping) and ("records" in body or "hashed_records" in body):
+        if "records" in body and "hashed_records" in body:
+            raise InvalidArgumentError(
+                f"request {index}: give 'records' or 'hashed_records', not both"
+            )
+        key = "records" if "records" in body else "hashed_records"
+        records = body[key]
         if isinstance(records, (str, bytes, Mapping)) or not isinstance(records, Sequence):
-            raise InvalidArgumentError(f"request {index}: 'records' must be a list")
-        return list(records)
+            raise InvalidArgumentError(f"request {index}: {key!r} must be a list")
+        return key == "hashed_records", list(records)
     if isinstance(body, Mapping):
-        return [body]  # one record
+        return False, [body]  # one record
     if isinstance(body, list):
-        return body
+        return False, body
     raise InvalidArgumentError(
         f"request {index}: the body must be {{'records': [...]}} or a record, "
         f"got {type(body).__name__}"

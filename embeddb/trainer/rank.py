@@ -1,0 +1,367 @@
+"""One NN worker's training (torch): what ``python -m embeddb.trainer.run`` runs once it has
+parsed its arguments (:mod:`embeddb.trainer.run`, the torch-free entry point).
+
+Data. Each rank starts one data loader (:mod:`embeddb.trainer.loader`, a numpy-only process)
+that streams the rank's disjoint part of the training data, shuffled, as batches. Steps stay
+aligned across ranks with a per-step all-reduce (MIN) of "I have a batch": an epoch ends, for
+every rank, at the first step some rank has no batch for (the ranks' parts differ by at most
+a batch or so; the leftover is dropped). ``in_memory: true`` reads the rank's part into memory
+first instead (the streaming benchmark's baseline).
+
+Checkpoints every ``checkpoint_every`` steps (or at each epoch's end). When the checkpoint
+directory holds a checkpoint the job resumes from it: after torchrun restarts the workers (one
+died) or when the job is started again. The loader is deterministic per (seed, epoch, rank),
+so resuming at step ``s`` restarts epoch ``s // steps_per_epoch`` and drops its first
+``s % steps_per_epoch`` batches (``steps_per_epoch`` is kept in ``CHECKPOINT_DIR/epochs.json``
+once the first epoch has ended).
+
+Rank 0 draws a progress line (samples/s of the whole job, loss, AUC of the last batches),
+evaluates on the test split (streamed), exports the model with its feature pipeline, prints
+``test AUC`` and ``samples/s`` and answers ``--predict K`` online predictions. A failing rank
+prints one line ``embeddb train: <Type>: <message>`` and writes it to ``RUN/errors/`` (the
+launcher prints the root cause last); ``EMBEDDB_TRACEBACK=1`` prints the traceback too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from collections import deque
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from embeddb.config import EmbeddingConfig
+from embeddb.errors import ConfigError, UnauthenticatedError
+from embeddb.evaluation import auc
+
+from .batch import Batch
+from .checkpoint import latest_checkpoint
+from .config import TrainerConfig
+from .ctx import TrainCtx
+from .data.pipeline import PIPELINE_FILE, FeaturePipeline, load_pipeline
+from .embedding_worker import EmbeddingWorkerConfig
+from .job import JobConfig
+from .loader import BatchStream, loader_command
+from .validate import build_job_model, load_model, validate
+
+__all__ = ["load_model", "train"]
+
+EPOCHS_FILE = "epochs.json"
+_PROGRESS_S = 0.5
+
+
+def _optimizer(job: JobConfig, model: nn.Module) -> torch.optim.Optimizer:
+    kwargs = {k: v for k, v in job.optimizer.items() if k != "type"}
+    kind = {"adam": torch.optim.Adam, "adagrad": torch.optim.Adagrad, "sgd": torch.optim.SGD}
+    optimizer: torch.optim.Optimizer = kind[job.optimizer["type"]](model.parameters(), **kwargs)
+    return optimizer
+
+
+def _aligned(batches: Iterator[Batch], distributed: bool) -> Iterator[Batch]:
+    """``batches`` while every rank has one: a MIN all-reduce of "I have a batch" per step."""
+    while True:
+        batch = next(batches, None)
+        if distributed:
+            flag = torch.tensor([0 if batch is None else 1], dtype=torch.int32)
+            dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+            if not int(flag.item()):
+                return
+        elif batch is None:
+            return
+        assert batch is not None
+        yield batch
+
+
+class _Epochs:
+    """This rank's batches of epochs ``first ..`` as one aligned stream, recording at which
+    step each epoch ends (known ahead of training: the context prepares batches ahead)."""
+
+    def __init__(
+        self,
+        job: JobConfig,
+        job_path: Path,
+        run_dir: Path,
+        pipeline: FeaturePipeline,
+        *,
+        rank: int,
+        world: int,
+        first: int,
+        skip: int,
+        start_step: int,
+    ) -> None:
+        self.job, self.job_path, self.run_dir, self.pipeline = job, job_path, run_dir, pipeline
+        self.rank, self.world, self.first, self.skip = rank, world, first, skip
+        self.ends: dict[int, int] = {}  # step at which an epoch ends -> that epoch (0-based)
+        self._step = start_step
+        self._memory: list[Batch] | None = None
+        self._stream: BatchStream | None = None
+
+    def load(self) -> None:
+        """Start the data loader (or, with ``in_memory``, read the rank's part now)."""
+        if self.job.in_memory:
+            reader = self.job.dataset_spec.reader(
+                self.pipeline,
+                "train",
+                self.job.batch_size,
+                train=True,
+                rank=self.rank,
+                world=self.world,
+                epoch=0,
+                seed=self.job.seed,
+            )
+            self._memory = list(reader)
+        else:
+            command = loader_command(
+                self.job_path,
+                self.run_dir,
+                rank=self.rank,
+                world=self.world,
+                epochs=(self.first, self.job.epochs),
+                batch_size=self.job.batch_size,
+                skip=self.skip,
+            )
+            self._stream = BatchStream(command)
+
+    def __iter__(self) -> Iterator[Batch]:
+        distributed = self.world > 1
+        for epoch in range(self.first, self.job.epochs):
+            skip = self.skip if epoch == self.first else 0
+            if self._memory is not None:
+                source: Iterator[Batch] = iter(self._memory[skip:])
+            else:
+                assert self._stream is not None
+                source = self._stream.epoch()
+            for batch in _aligned(source, distributed):
+                self._step += 1
+                yield batch
+            self.ends[self._step] = epoch
+            for _ in source:  # this rank's leftover of the epoch (another rank ran out)
+                pass
+
+    def close(self) -> None:
+        if self._stream is not None:
+            self._stream.close()
+
+
+def _resume_point(job: JobConfig, step: int) -> tuple[int, int]:
+    """``(epoch, batches to skip in it)`` of a job resumed at ``step``."""
+    if step == 0 or job.checkpoint_dir is None:
+        return 0, step
+    try:
+        per_epoch = int(json.loads((job.checkpoint_dir / EPOCHS_FILE).read_text())["steps"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0, step  # the first epoch never ended: the step lies in it
+    first, skip = divmod(step, max(per_epoch, 1))
+    return min(first, job.epochs), skip
+
+
+def train(
+    job: JobConfig, job_path: Path, addresses: Path, run_dir: Path | None, predict: int
+) -> dict[str, Any]:
+    """Train ``job`` on the shards of the address file; rank 0 returns the final metrics.
+
+    ``run_dir``: where ``embeddb train``'s validation step wrote ``features.json`` (and the
+    auto ``embedding.yaml``); ``None`` (torchrun started by hand, Kubernetes): this rank fits
+    them itself into a private temporary directory (the fit is deterministic, so every rank
+    gets the same pipeline).
+    """
+    if run_dir is None:
+        with tempfile.TemporaryDirectory(prefix="embeddb-rank-") as own:
+            validate(job, Path(own))
+            return train(job, job_path, addresses, Path(own), predict)
+    torch.set_num_threads(job.threads)
+    torch.manual_seed(job.seed)
+    pipeline = load_pipeline(run_dir / PIPELINE_FILE)
+    embedding_config = EmbeddingConfig.from_yaml(job.embedding_config_path(run_dir))
+    model = build_job_model(job, pipeline, embedding_config)
+    optimizer = _optimizer(job, model)
+    config = TrainerConfig(
+        mode=job.mode,  # type: ignore[arg-type]
+        worker=EmbeddingWorkerConfig(
+            max_staleness=job.max_staleness,
+            metrics_port=job.metrics_port,
+            token=job.read_token(),
+        ),
+    )
+    # The data loader starts first: it warms up while the embedding worker starts.
+    last = latest_checkpoint(job.checkpoint_dir) if job.checkpoint_dir is not None else None
+    start_step = last.step if last is not None else 0
+    first, skip = _resume_point(job, start_step)
+    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    epochs = _Epochs(
+        job,
+        job_path,
+        run_dir,
+        pipeline,
+        rank=rank,
+        world=world,
+        first=first,
+        skip=skip,
+        start_step=start_step,
+    )
+    epochs.load()
+    try:
+        return _train(job, model, optimizer, embedding_config, addresses, config, epochs,
+                      pipeline, predict)  # fmt: skip
+    finally:
+        epochs.close()
+
+
+def _train(
+    job: JobConfig,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    embedding_config: EmbeddingConfig,
+    addresses: Path,
+    config: TrainerConfig,
+    epochs: _Epochs,
+    pipeline: FeaturePipeline,
+    predict: int,
+) -> dict[str, Any]:
+    loss_fn = nn.BCEWithLogitsLoss()
+    try:
+        started_ctx = TrainCtx(model, optimizer, embedding_config, addresses, config)
+    except UnauthenticatedError as exc:
+        hint = (
+            "the shards require a bearer token; set token_file in the job: a private file "
+            "holding a read-write token"
+            if job.token_file is None
+            else f"the shards refused the token of token_file {job.token_file}"
+        )
+        raise UnauthenticatedError(f"{exc}. {hint}") from exc
+    with started_ctx as ctx:
+        env = ctx.dist_env
+        lead = env.rank == 0
+        if job.checkpoint_dir is not None and latest_checkpoint(job.checkpoint_dir) is not None:
+            info = ctx.load_checkpoint(job.checkpoint_dir)
+            if lead:
+                print(
+                    f"resumed from checkpoint {info.checkpoint_id} (step {info.step})", flush=True
+                )
+        first = epochs.first
+        scores: deque[np.ndarray] = deque(maxlen=20)
+        truth: deque[np.ndarray] = deque(maxlen=20)
+        samples = 0
+        started = last_print = time.perf_counter()
+        for prepared in ctx.prepare(epochs):
+            output, labels = ctx.forward(prepared)
+            loss = loss_fn(output, labels[0])
+            ctx.backward(loss)
+            samples += prepared.batch.batch_size
+            epoch_end = epochs.ends.get(ctx.step)
+            if epoch_end is not None:
+                _epoch_ended(job, ctx, lead, epoch_end)
+            elif (
+                job.checkpoint_dir is not None
+                and job.checkpoint_every
+                and ctx.step % job.checkpoint_every == 0
+            ):
+                ctx.save_checkpoint(job.checkpoint_dir)
+            if lead:
+                scores.append(output.detach().numpy().ravel())
+                truth.append(labels[0].numpy().ravel())
+                now = time.perf_counter()
+                if now - last_print >= _PROGRESS_S:
+                    last_print = now
+                    rate = samples * env.world_size / (now - started)
+                    done = len([s for s in epochs.ends if s <= ctx.step])
+                    print(
+                        f"\repoch {min(first + done + 1, job.epochs)}/{job.epochs}  "
+                        f"step {ctx.step}  {rate:,.0f} samples/s  loss {loss.item():.4f}  "
+                        f"AUC {_window_auc(scores, truth):.4f}",
+                        end="",
+                        flush=True,
+                    )
+        ctx.flush()
+        elapsed = time.perf_counter() - started
+        if job.checkpoint_dir is not None:
+            last = latest_checkpoint(job.checkpoint_dir)
+            if last is None or last.step < ctx.step:
+                ctx.save_checkpoint(job.checkpoint_dir)
+        if job.export_dir is not None:
+            ctx.dense.flush()  # every rank: async mode's pending dense updates
+        if not lead:
+            return {}
+        print(flush=True)
+        if job.export_dir is not None:
+            exported = ctx.export_model(
+                job.export_dir, positive=pipeline.positive, pipeline=pipeline, overwrite=True
+            )
+            print(f"exported model to {exported}", flush=True)
+        with ctx.eval_ctx() as ev:
+            test = job.dataset_spec.reader(pipeline, "test", job.eval_batch_size, train=False)
+            outputs, targets = [], []
+            for prepared in ev.prepare(test):
+                output, labels = ev.forward(prepared)
+                outputs.append(output.numpy().ravel())
+                targets.append(labels[0].numpy().ravel())
+            if not outputs:
+                raise ConfigError("dataset.test", "the test split holds no rows")
+            test_auc = auc(np.concatenate(outputs), np.concatenate(targets))
+            rate = samples * env.world_size / max(elapsed, 1e-9)
+            print(
+                f"test AUC {test_auc:.4f}  |  {rate:,.0f} samples/s  "
+                f"({job.mode}, {env.world_size} NN workers, {ctx.step} steps of "
+                f"{job.batch_size} per worker)",
+                flush=True,
+            )
+            if predict:
+                _predict(ev, job, pipeline, predict)
+    metrics = {
+        "dataset": job.dataset_name,
+        "mode": job.mode,
+        "test_auc": test_auc,
+        "samples_per_s": rate,
+        "steps": ctx.step,
+        "workers": env.world_size,
+        "in_memory": job.in_memory,
+    }
+    if job.metrics_file is not None:
+        with open(job.metrics_file, "a") as fh:
+            fh.write(json.dumps(metrics) + "\n")
+    return metrics
+
+
+def _epoch_ended(job: JobConfig, ctx: TrainCtx, lead: bool, epoch: int) -> None:
+    """At the end of an epoch: remember the steps per epoch (resume), checkpoint when the
+    job checkpoints at epoch ends."""
+    if job.checkpoint_dir is None:
+        return
+    if lead and epoch == 0 and ctx.step > 0:
+        job.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        path = job.checkpoint_dir / EPOCHS_FILE
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"steps": ctx.step}))
+        os.replace(tmp, path)
+    if job.checkpoint_every:
+        if ctx.step % job.checkpoint_every == 0:
+            ctx.save_checkpoint(job.checkpoint_dir)
+    elif epoch < job.epochs - 1:  # the last epoch's checkpoint is the final one
+        ctx.save_checkpoint(job.checkpoint_dir)
+
+
+def _window_auc(scores: deque[np.ndarray], truth: deque[np.ndarray]) -> float:
+    """AUC of the last batches (NaN while they hold one class only)."""
+    labels = np.concatenate(truth)
+    if not 0 < labels.sum() < len(labels):
+        return float("nan")
+    return auc(np.concatenate(scores), labels)
+
+
+def _predict(ev: Any, job: JobConfig, pipeline: FeaturePipeline, count: int) -> None:
+    """Score the first ``count`` test rows online (evaluation lookups on the shards)."""
+    batch = next(iter(job.dataset_spec.reader(pipeline, "test", count, train=False)))
+    positive = pipeline.positive or "positive"
+    for prepared in ev.prepare([batch]):
+        output, labels = ev.forward(prepared)
+        probs = torch.sigmoid(output).numpy().ravel()
+        for i, (p, y) in enumerate(zip(probs, labels[0].numpy().ravel(), strict=True)):
+            print(f"prediction {i}: P({positive}) = {p:.3f}  (label {int(y)})")
