@@ -1,26 +1,7 @@
 """One NN worker's training (torch): what ``python -m embeddb.trainer.run`` runs once it has
-parsed its arguments (:mod:`embeddb.trainer.run`, the torch-free entry point).
-
-Data. Each rank starts one data loader (:mod:`embeddb.trainer.loader`, a numpy-only process)
-that streams the rank's disjoint part of the training data, shuffled, as batches. Steps stay
-aligned across ranks with a per-step all-reduce (MIN) of "I have a batch": an epoch ends, for
-every rank, at the first step some rank has no batch for (the ranks' parts differ by at most
-a batch or so; the leftover is dropped). ``in_memory: true`` reads the rank's part into memory
-first instead (the streaming benchmark's baseline).
-
-Checkpoints every ``checkpoint_every`` steps (or at each epoch's end). When the checkpoint
-directory holds a checkpoint the job resumes from it: after torchrun restarts the workers (one
-died) or when the job is started again. The loader is deterministic per (seed, epoch, rank),
-so resuming at step ``s`` restarts epoch ``s // steps_per_epoch`` and drops its first
-``s % steps_per_epoch`` batches (``steps_per_epoch`` is kept in ``CHECKPOINT_DIR/epochs.json``
-once the first epoch has ended).
-
-Rank 0 draws a progress line (samples/s of the whole job, loss, AUC of the last batches),
-evaluates on the test split (streamed), exports the model with its feature pipeline, prints
-``test AUC`` and ``samples/s`` and answers ``--predict K`` online predictions. A failing rank
-prints one line ``embeddb train: <Type>: <message>`` and writes it to ``RUN/errors/`` (the
-launcher prints the root cause last); ``EMBEDDB_TRACEBACK=1`` prints the traceback too.
-"""
+parsed its arguments. :mod:`embeddb.trainer.run` (the torch-free entry point) documents the
+data loader, the step alignment across ranks, checkpoints and resumption, evaluation and how a
+failing rank reports."""
 
 from __future__ import annotations
 
