@@ -43,3 +43,16 @@ def finish(
         json_out.write_text(line + "\n")
     say(line)
     return 0
+
+
+def pyplot() -> Any | None:
+    """``matplotlib.pyplot`` on the non-interactive Agg backend, or None without matplotlib
+    (plots are optional: every benchmark writes its figures to CSV/JSON as well)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    return plt

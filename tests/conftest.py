@@ -78,3 +78,35 @@ def sgd(lr: float = 1.0) -> OptimizerConfig:
 
 def ids(*values: int) -> np.ndarray:
     return np.array(values, dtype=np.uint64)
+
+
+@pytest.fixture
+def make_cluster(tmp_path: Path) -> Iterator[Callable[[int], Any]]:
+    """``make(n)``: ``n`` real shards served on 127.0.0.1 (``tests.test_client.Cluster``),
+    stopped when the test ends."""
+    from tests.test_client import serve_cluster
+
+    with_clusters: list[Any] = []
+
+    def make(n: int) -> Any:
+        manager = serve_cluster(tmp_path / f"cluster-{len(with_clusters)}", n)
+        with_clusters.append(manager)
+        return manager.__enter__()
+
+    yield make
+    for manager in reversed(with_clusters):
+        manager.__exit__(None, None, None)
+
+
+@pytest.fixture
+def two(make_cluster: Callable[[int], Any]) -> Any:
+    """Two real shards (``tests.test_client.Cluster``)."""
+    return make_cluster(2)
+
+
+@pytest.fixture
+def tokens_env(tmp_path: Path) -> dict[str, str]:
+    """The variables of a fresh env file of ``docker/make_secrets.py`` (the deployment tests)."""
+    from tests.deploy_support import make_tokens_env
+
+    return make_tokens_env(tmp_path)

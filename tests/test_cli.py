@@ -47,3 +47,21 @@ def test_auc_matches_pairwise_definition() -> None:
     pos, neg = scores[labels == 1], scores[labels == 0]
     pairs = (pos[:, None] > neg[None, :]).sum() + 0.5 * (pos[:, None] == neg[None, :]).sum()
     assert abs(auc(scores, labels) - pairs / (pos.size * neg.size)) < 1e-12
+
+
+def test_serve_threads_overrides_only_the_store_threads() -> None:
+    from embeddb.cli.common import packaged_config, with_threads
+
+    config = packaged_config("default.yaml")
+    changed = with_threads(config, 3)
+
+    assert changed.store.parallel.threads == 3
+    assert changed.store.parallel.min_ids == config.store.parallel.min_ids
+    assert changed.tables == config.tables and changed.store.ram == config.store.ram
+
+
+def test_serve_and_cluster_refuse_a_zero_threads_option() -> None:
+    for command in (["serve", "--ephemeral"], ["cluster", "--ephemeral"]):
+        result = CliRunner().invoke(main, [*command, "--threads", "0"])
+        assert result.exit_code == 2
+        assert "--threads" in result.output and "Traceback" not in result.output

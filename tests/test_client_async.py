@@ -31,15 +31,13 @@ from embeddb.routing import shard_of
 from tests.test_client import (
     DIM,
     LR,
-    WRONG_LISTS,
     Cluster,
     batch_with_duplicates,
-    rows_per_shard,
     serve_cluster,
     sgd_tables,
     silent_address,
-    wrong_list,
 )
+from tests.test_client_topology import WRONG_LISTS, rows_per_shard, wrong_list
 
 
 @pytest.fixture

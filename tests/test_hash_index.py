@@ -380,6 +380,36 @@ def test_gather_touch_refreshes_recency_and_no_touch_does_not() -> None:
     assert oldest(index) == [c, a, b]
 
 
+@pytest.mark.parametrize("touch", [False, True])
+def test_gather_over_many_blocks_matches_probe(touch: bool) -> None:
+    """lookup_gather works in blocks of ids (loads, probes, copies): across block edges,
+    with duplicates, misses and crowded runs, it must answer what ``probe`` answers."""
+    rng = np.random.default_rng(7)
+    index = new_index(300)
+    present = rng.choice(1 << 40, size=300, replace=False).astype(np.uint64)
+    insert(index, present, np.arange(300, dtype=np.int64), 1)
+    absent = rng.choice(1 << 40, size=80).astype(np.uint64) | np.uint64(1 << 41)
+    keys = np.concatenate([present[rng.integers(0, 300, size=170)], absent])
+    rng.shuffle(keys)  # 250 ids: 7 full blocks and a partial one, repeats included
+    positions = rng.permutation(keys.size + 5)[: keys.size].astype(np.int64)
+    rows = gather_rows(300)
+    expected_slots = np.empty(keys.size, dtype=np.int64)
+    probe(index.copy(), keys, 9, False, expected_slots)
+
+    out = np.full((keys.size + 5, DIM), -7.0, dtype=np.float32)
+    miss = np.full(keys.size, -99, dtype=np.int64)
+    n_miss = lookup_gather(index, rows, keys, positions, out, 9, touch, miss)
+
+    assert miss[:n_miss].tolist() == np.flatnonzero(expected_slots < 0).tolist()
+    want = np.full_like(out, -7.0)
+    hit = expected_slots >= 0
+    want[positions[hit]] = rows[expected_slots[hit], :DIM]
+    np.testing.assert_array_equal(out, want)
+    stamps = {k: stamp for k, (_, stamp) in read_index(index).items()}
+    touched = {int(k) for k in keys[hit]}
+    assert all(stamps[k] == (9 if touch and k in touched else 1) for k in map(int, present))
+
+
 def test_probe_touch_refreshes_recency_and_no_touch_does_not() -> None:
     index, (a, b, c) = three_entries()
     slots = np.empty(2, dtype=np.int64)

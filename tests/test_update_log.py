@@ -12,6 +12,7 @@ import time
 import zlib
 from pathlib import Path
 
+import crc32c
 import numpy as np
 import pytest
 
@@ -311,9 +312,9 @@ def test_a_torn_tail_in_the_last_of_several_segments(tmp_path: Path) -> None:
 
 
 def segment_header(first_seq: int) -> bytes:
-    """The documented segment header: magic, version 1, first seq, crc32 of those 20 bytes."""
-    body = b"EMBDBLOG" + struct.pack("<IQ", 1, first_seq)
-    return body + struct.pack("<I", zlib.crc32(body))
+    """The documented segment header: magic, version 2, first seq, CRC-32C of those 20 bytes."""
+    body = b"EMBDBLOG" + struct.pack("<IQ", 2, first_seq)
+    return body + struct.pack("<I", crc32c.crc32c(body))
 
 
 @pytest.mark.parametrize("size", [*range(SEGMENT_HEADER + 1), -1])
@@ -338,10 +339,13 @@ def test_a_segment_header_of_another_segment_or_version_is_refused(tmp_path: Pat
     path.write_bytes(segment_header(2) + data[SEGMENT_HEADER:])
     with pytest.raises(CorruptDataError, match="header says first seq 2, its name 1"):
         UpdateLog(tmp_path, NEVER)
-    body = b"EMBDBLOG" + struct.pack("<IQ", 2, 1)
-    path.write_bytes(body + struct.pack("<I", zlib.crc32(body)) + data[SEGMENT_HEADER:])
-    with pytest.raises(StorageError, match="format version 2"):
-        UpdateLog(tmp_path, NEVER)
+    for crc in (zlib.crc32, crc32c.crc32c):  # a newer format, whatever checksum it uses
+        body = b"EMBDBLOG" + struct.pack("<IQ", 3, 1)
+        path.write_bytes(body + struct.pack("<I", crc(body)) + data[SEGMENT_HEADER:])
+        with pytest.raises(
+            StorageError, match="format version 3; this embeddb reads versions 1, 2"
+        ):
+            UpdateLog(tmp_path, NEVER)
 
 
 @pytest.mark.parametrize("offset", range(RECORD))

@@ -75,7 +75,7 @@ __all__ = ["cluster"]
 @click.option(
     "--start-timeout",
     type=click.FloatRange(min=1),
-    default=60.0,
+    default=120.0,
     show_default=True,
     help="Seconds a shard may take to become healthy.",
 )
@@ -97,6 +97,7 @@ __all__ = ["cluster"]
 @click.option("--fail-fast", is_flag=True, help="Stop the cluster when a shard is given up.")
 @log_level_option()
 @click.option("--workers", type=click.IntRange(min=1), help="Passed to every shard.")
+@click.option("--threads", type=click.IntRange(min=1, max=256), help="Passed to every shard.")
 @click.option("--max-message-mb", type=click.IntRange(min=1), help="Passed to every shard.")
 @click.option(
     "--tls-server-name",
@@ -118,6 +119,7 @@ def cluster(
     fail_fast: bool,
     log_level: str | None,
     workers: int | None,
+    threads: int | None,
     max_message_mb: int | None,
     tls_server_name: str | None,
 ) -> None:
@@ -128,6 +130,8 @@ def cluster(
     serve_args: list[str] = []
     if workers is not None:
         serve_args += ["--workers", str(workers)]
+    if threads is not None:
+        serve_args += ["--threads", str(threads)]
     if max_message_mb is not None:
         serve_args += ["--max-message-mb", str(max_message_mb)]
     if listen.tokens_file is not None:

@@ -4,6 +4,7 @@ config, PEM, token files), build credentials, set the log level. Errors become
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from importlib import resources
 from pathlib import Path
@@ -36,6 +37,13 @@ def packaged_config(name: str) -> EmbeddingConfig:
 def load_config(path: Path | None) -> EmbeddingConfig:
     """The config at ``path`` (``--config``), else the packaged ``default.yaml``."""
     return EmbeddingConfig.from_yaml(path) if path else packaged_config("default.yaml")
+
+
+def with_threads(config: EmbeddingConfig, threads: int) -> EmbeddingConfig:
+    """``config`` with its store's ``threads`` (``--threads``) replaced."""
+    store = config.store
+    parallel = dataclasses.replace(store.parallel, threads=threads)
+    return dataclasses.replace(config, store=dataclasses.replace(store, parallel=parallel))
 
 
 def read_bytes(path: Path | None) -> bytes | None:

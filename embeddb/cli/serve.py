@@ -7,7 +7,13 @@ from pathlib import Path
 
 import click
 
-from embeddb.cli.common import channel_credentials, load_config, read_token, set_log_level
+from embeddb.cli.common import (
+    channel_credentials,
+    load_config,
+    read_token,
+    set_log_level,
+    with_threads,
+)
 from embeddb.cli.options import (
     DEFAULT_PORT,
     EXISTING_FILE,
@@ -107,6 +113,13 @@ __all__ = ["serve", "serve_model"]
     "--workers", type=click.IntRange(min=1), default=ServerConfig().workers, show_default=True
 )
 @click.option(
+    "--threads",
+    type=click.IntRange(min=1, max=256),
+    help="Threads that may serve the stripes of one large call (overrides the config's "
+    "store.threads; default: the config's, 0 = every CPU). `embeddb train` sets it from the "
+    "job's core budget.",
+)
+@click.option(
     "--grace",
     type=click.FloatRange(min=0),
     default=5.0,
@@ -168,6 +181,7 @@ def serve(
     stream_idle_timeout: float,
     max_idle: float,
     workers: int,
+    threads: int | None,
     grace: float,
     restore: str | None,
     fallback_snapshot: bool,
@@ -212,6 +226,8 @@ def serve(
         data_dir = "embeddb-data/follower-{index}"
     try:
         config = load_config(config_path)
+        if threads is not None:
+            config = with_threads(config, threads)
         server_config = ServerConfig(
             listen=listen.config(DEFAULT_PORT + shard_index if listen.port is None else None),
             shard_index=shard_index,
@@ -322,6 +338,14 @@ def serve(
     help="Longest a request waits for others to join its micro-batch.",
 )
 @click.option(
+    "--threads",
+    type=click.IntRange(min=1, max=256),
+    default=1,
+    show_default=True,
+    help="torch intra-op threads of the model (1 keeps a lone request's latency low when "
+    "several requests run at once).",
+)
+@click.option(
     "--workers",
     type=click.IntRange(min=1),
     default=8,
@@ -345,6 +369,7 @@ def serve_model(
     max_batch: int,
     max_delay_ms: float,
     workers: int,
+    threads: int,
     log_level: str | None,
 ) -> None:
     """Serve an exported model over gRPC and HTTP/JSON until SIGTERM or SIGINT.
@@ -389,6 +414,7 @@ def serve_model(
             shard_token=read_token(shard_token_file),
             shard_tls_ca=shard_tls_ca,
             port_file=port_file,
+            threads=threads,
         )
         code = run_model_server(config, options)
     except (EmbeddbError, OSError) as exc:

@@ -32,7 +32,8 @@ their shared state in :mod:`~embeddb.client.base`),
 in :mod:`~embeddb.client.snapshots`), :mod:`~embeddb.client.topology` (the ``DescribeShard``
 check and the request budgets), :mod:`~embeddb.client.batching` (dedup, split, merge; pure
 numpy), :mod:`~embeddb.client.calls` (the plan and call types both clients execute),
-:mod:`~embeddb.client.options` (settings, retry policy, address file),
+:mod:`~embeddb.client.options` (settings, retry policy, address file; the simulated network's
+calls in :mod:`~embeddb.client.netsim`),
 :mod:`~embeddb.client.errors` (gRPC status → embeddb exception).
 """
 
@@ -43,9 +44,10 @@ if __name__ != "embeddb.client":  # the top-level folder is a link, not a second
 
 from .aio import AsyncClient
 from .errors import DeadlineExceededError, RemoteError
-from .options import ClientOptions, read_address_file
+from .options import ClientOptions, SimulatedNetwork, read_address_file
 from .plans import CheckpointPart, ListedSnapshot, PushResult, ShardStatsDict, TableDescription
 from .sync import Client
+from .warmup import warm_up_client
 
 __all__ = [
     "AsyncClient",
@@ -57,6 +59,8 @@ __all__ = [
     "PushResult",
     "RemoteError",
     "ShardStatsDict",
+    "SimulatedNetwork",
     "TableDescription",
     "read_address_file",
+    "warm_up_client",
 ]

@@ -11,6 +11,7 @@ described once (``DescribeShard``), however many calls start together; see
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -24,7 +25,7 @@ import numpy.typing as npt
 
 from embeddb.errors import UnavailableError
 
-from . import plans, topology
+from . import netsim, plans, topology
 from .base import ClientBase
 from .batching import Budget, IdBatch, as_matrix
 from .options import ClientOptions, read_address_file
@@ -67,6 +68,7 @@ class AsyncClient(ClientBase):
         self._channels: list[grpc.aio.Channel] = []
         self._stubs: list[Any] = []
         self._describe_lock = asyncio.Lock()  # one DescribeShard round at a time
+        self._link = netsim.link_of(self.options.network)  # a simulated network, or None
 
     @classmethod
     def from_address_file(
@@ -267,6 +269,8 @@ class AsyncClient(ClientBase):
     async def _call(self, call: ShardCall) -> Any:
         """One call with a deadline, retrying UNAVAILABLE for idempotent calls."""
         method = getattr(self._stub(call.shard), call.method)
+        if self._link is not None:  # each attempt crosses the simulated network
+            method = functools.partial(self._link.call_async, method)
         opts = self.options
         deadline = time.monotonic() + (call.timeout or opts.timeout)
         attempt = 0

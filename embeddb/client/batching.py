@@ -124,15 +124,38 @@ class IdBatch:
     def of(cls, ids: object) -> IdBatch:
         """Deduplicate ``ids`` (validated with :func:`embeddb.routing.as_ids`).
 
+        An ``IdBatch`` is returned as it is: a batch deduplicated once (e.g. by
+        :meth:`distinct`, or an earlier ``of``) is not deduplicated again.
+
         Raises:
             InvalidArgumentError: ids that are not a 1-D array of non-negative integers.
         """
+        if isinstance(ids, IdBatch):
+            return ids
         arr = np.ascontiguousarray(as_ids(ids))
         unique = np.empty(arr.size, dtype=np.uint64)
         inverse = np.empty(arr.size, dtype=np.intp)
         counts = np.empty(arr.size, dtype=np.intp)
         k = int(_kernels.dedup(arr, unique, inverse, counts)) if arr.size else 0
         return cls(unique=unique[:k], inverse=inverse, counts=counts[:k])
+
+    @classmethod
+    def distinct(cls, ids: object) -> IdBatch:
+        """A batch of ids the caller knows to be distinct (e.g. the ``unique`` of another
+        batch), validated but not deduplicated: no hash pass over them.
+
+        A duplicate passed here anyway reaches the shard as it is, and the shard handles
+        duplicates itself (the same answers, with duplicate work).
+
+        Raises:
+            InvalidArgumentError: ids that are not a 1-D array of non-negative integers.
+        """
+        arr = np.ascontiguousarray(as_ids(ids))
+        return cls(
+            unique=arr,
+            inverse=np.arange(arr.size, dtype=np.intp),
+            counts=np.ones(arr.size, dtype=np.intp),
+        )
 
     @property
     def size(self) -> int:

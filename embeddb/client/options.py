@@ -9,9 +9,10 @@ from __future__ import annotations
 import math
 import os
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -19,11 +20,93 @@ from embeddb.errors import ConfigError
 
 __all__ = [
     "ClientOptions",
+    "SimulatedNetwork",
     "check_address",
     "check_addresses",
     "read_address_file",
     "tls_credentials",
 ]
+
+
+_GBIT = 1e9 / 8  # bytes per second in one Gbit/s
+_NETWORK_KEYS = ("rtt_ms", "bandwidth_gbit")
+
+
+@dataclass(frozen=True)
+class SimulatedNetwork:
+    """A slower network between a client and its shards, simulated in the client (off unless
+    :attr:`ClientOptions.network` is set): for benchmarks and what-if runs on one machine.
+
+    Method: the kernels this runs on have no ``netem`` (no ``sch_netem`` module, and changing
+    qdiscs needs privileges a job does not have), so the delay is injected in the client, around
+    each call to one shard: before the request is sent it waits ``rtt / 2 + request bytes /
+    bandwidth``, after the answer arrives ``rtt / 2 + response bytes / bandwidth``, so each
+    attempt (a retry is one more) takes ``rtt + (request + response bytes) / bandwidth`` longer
+    than on loopback. The :class:`~embeddb.client.AsyncClient` awaits the delay
+    (``asyncio.sleep``), the :class:`~embeddb.client.Client` sleeps in its fan-out thread:
+    calls to different shards and concurrent calls overlap, as on a real network. Not modelled:
+    link contention (every call has the whole bandwidth), packet loss, jitter, TCP slow start.
+    Bytes are the messages' serialized sizes (protobuf framing included, HTTP/2 and gRPC headers
+    not). See :mod:`embeddb.client.netsim`.
+
+    Attributes:
+        rtt: round-trip time added to each call, in seconds (>= 0).
+        bandwidth: bytes per second of the simulated link (> 0); default 1.25e9 (10 Gbit/s).
+
+    Raises:
+        ConfigError: a negative or non-finite ``rtt``, a non-positive or non-finite
+            ``bandwidth`` (naming the attribute).
+    """
+
+    rtt: float
+    bandwidth: float = 10 * _GBIT
+
+    def __post_init__(self) -> None:
+        if not (_is_number(self.rtt) and math.isfinite(self.rtt) and self.rtt >= 0):
+            raise ConfigError("rtt", f"must be a number of seconds >= 0, got {self.rtt!r}")
+        if not (
+            _is_number(self.bandwidth) and math.isfinite(self.bandwidth) and self.bandwidth > 0
+        ):
+            raise ConfigError(
+                "bandwidth", f"must be a positive number of bytes/s, got {self.bandwidth!r}"
+            )
+
+    @classmethod
+    def from_mapping(cls, value: object, key: str = "simulated_network") -> SimulatedNetwork:
+        """The network of a job file's ``{rtt_ms: 20, bandwidth_gbit: 10}`` (``bandwidth_gbit``
+        optional, default 10).
+
+        Raises:
+            ConfigError: not a mapping, an unknown or missing key, or a bad value; the key is
+                named as ``KEY.rtt_ms``.
+        """
+        if not isinstance(value, Mapping):
+            raise ConfigError(
+                key, f"must be a mapping {{rtt_ms: ..., bandwidth_gbit: ...}}, got {value!r}"
+            )
+        raw: Mapping[str, Any] = value
+        unknown = sorted(str(k) for k in raw if k not in _NETWORK_KEYS)
+        if unknown:
+            raise ConfigError(f"{key}.{unknown[0]}", f"is not a key ({', '.join(_NETWORK_KEYS)})")
+        if "rtt_ms" not in raw:
+            raise ConfigError(f"{key}.rtt_ms", "is required (milliseconds, >= 0)")
+        rtt_ms, gbit = raw["rtt_ms"], raw.get("bandwidth_gbit", 10)
+        if not (_is_number(rtt_ms) and math.isfinite(rtt_ms) and rtt_ms >= 0):
+            raise ConfigError(
+                f"{key}.rtt_ms", f"must be a number of milliseconds >= 0, got {rtt_ms!r}"
+            )
+        if not (_is_number(gbit) and math.isfinite(gbit) and gbit > 0):
+            raise ConfigError(f"{key}.bandwidth_gbit", f"must be a number > 0, got {gbit!r}")
+        return cls(rtt=rtt_ms / 1000.0, bandwidth=gbit * _GBIT)
+
+    def delay(self, request_bytes: int, response_bytes: int) -> float:
+        """Seconds one call to one shard takes longer: ``rtt + (request_bytes +
+        response_bytes) / bandwidth``."""
+        return self.rtt + (request_bytes + response_bytes) / self.bandwidth
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True)
@@ -60,6 +143,9 @@ class ClientOptions:
             ``len(addresses)`` or routes another way, so nothing reaches a misconfigured
             cluster. ``False`` skips the check (the shards still refuse ids they do not own);
             the limits are fetched all the same.
+        network: delay every call as a slower network would (:class:`SimulatedNetwork`:
+            ``rtt + bytes / bandwidth`` per call to one shard, injected in the client);
+            ``None`` (the default): no delay.
     """
 
     timeout: float = 10.0
@@ -74,6 +160,7 @@ class ClientOptions:
     token: str | None = None
     tune_allocator: bool = True
     verify_topology: bool = True
+    network: SimulatedNetwork | None = None
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.timeout) and self.timeout > 0):
@@ -97,6 +184,10 @@ class ClientOptions:
             raise ConfigError("max_message_bytes", f"must be >= 1, got {self.max_message_bytes}")
         if self.token is not None and (not self.token or any(c in self.token for c in "\r\n")):
             raise ConfigError("token", "must be a non-empty single-line string")
+        if self.network is not None and not isinstance(self.network, SimulatedNetwork):
+            raise ConfigError(
+                "network", f"must be a SimulatedNetwork or None, got {self.network!r}"
+            )
 
     @property
     def metadata(self) -> tuple[tuple[str, str], ...]:

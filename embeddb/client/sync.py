@@ -7,6 +7,7 @@ sizes every later request from their limits.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -22,7 +23,7 @@ import numpy.typing as npt
 
 from embeddb.errors import UnavailableError
 
-from . import plans, topology
+from . import netsim, plans, topology
 from .base import ClientBase
 from .batching import Budget, IdBatch, as_matrix
 from .options import ClientOptions, read_address_file
@@ -88,6 +89,7 @@ class Client(ClientBase):
         )
         self._lock = threading.Lock()  # guards _dims and _closed
         self._describe_lock = threading.Lock()  # one DescribeShard round at a time
+        self._link = netsim.link_of(self.options.network)  # a simulated network, or None
 
     @classmethod
     def from_address_file(
@@ -120,7 +122,9 @@ class Client(ClientBase):
 
         Args:
             table: table name.
-            ids: 1-D non-negative integer ids.
+            ids: 1-D non-negative integer ids, or an
+                :class:`~embeddb.client.batching.IdBatch` (not deduplicated again; ids known to
+                be distinct skip the hash pass with ``IdBatch.distinct(ids)``).
             train: a training lookup admits new rows and refreshes recency (never retried);
                 ``False`` (evaluation, inference) changes nothing and reads unknown ids as zeros.
 
@@ -160,7 +164,8 @@ class Client(ClientBase):
         per table.
 
         Args:
-            requests: table → 1-D non-negative integer ids.
+            requests: table → 1-D non-negative integer ids, or an ``IdBatch`` (as in
+                :meth:`lookup`).
             train: as in :meth:`lookup`; training lookups are never retried, evaluation
                 lookups are.
 
@@ -388,6 +393,8 @@ class Client(ClientBase):
     def _call(self, call: ShardCall) -> Any:
         """One call with a deadline, retrying UNAVAILABLE for idempotent calls."""
         method = getattr(self._stubs[call.shard], call.method)
+        if self._link is not None:  # each attempt crosses the simulated network
+            method = functools.partial(self._link.call, method)
         opts = self.options
         deadline = time.monotonic() + (call.timeout or opts.timeout)
         attempt = 0

@@ -11,9 +11,11 @@ Files
 -----
 A log is a directory of segments, each named after the seq of its first record; appends go to
 the last (the *active*) segment, and a new one starts when the active one would exceed
-``segment_bytes``. The segment header and the framing of a record (a checksummed header, then
-the payload, LZ4-compressed when that shrinks it) are drawn in :mod:`.log_format`; what is read
-back is served by :class:`~.log_read.LogReader`, from which :class:`UpdateLog` derives.
+``segment_bytes``. The segment header and the framing of a record (a CRC-32C-checksummed
+header, then the payload, LZ4-compressed when that shrinks it) are drawn in :mod:`.log_format`,
+with the format versions: segments of version 1 (zlib CRC-32) are still read, and a log that
+ends in one continues in a new version-2 segment when it opens. What is read back is served by
+:class:`~.log_read.LogReader`, from which :class:`UpdateLog` derives.
 
 Fsync policies and their loss windows
 -------------------------------------
@@ -74,14 +76,17 @@ from pathlib import Path
 
 from embeddb.config import FsyncPolicy, LogRecovery
 from embeddb.durability.log_format import (
+    FILE_MODE,
     RECORD_HEADER,
     SEGMENT_HEADER,
+    VERSION,
     PayloadPart,
     Segment,
     create_segment,
     frame,
     os_error,
     record_header,
+    segment_header,
     write_all,
 )
 from embeddb.durability.log_read import LogReader, LogRecord, LogTruncatedError
@@ -202,6 +207,7 @@ class UpdateLog(LogReader):
                     f"update log directory {self.directory} is in use by another UpdateLog", exc
                 ) from exc
             self._segments, self._last_seq = self._recover(start_seq)
+            self._upgrade_active()
             active = self._segments[-1]
             try:
                 self._fd = os.open(active.path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
@@ -490,6 +496,50 @@ class UpdateLog(LogReader):
                 return  # the log is marked failed and logged; appends now raise
 
     # -------------------------------------------------------------------------------- recovery
+
+    def _upgrade_active(self) -> None:
+        """Make the active segment one of the format written (:data:`~.log_format.VERSION`):
+        an older one that holds records is sealed (fsynced first) and a new segment starts at
+        the next seq; one that holds none is replaced, atomically, by a new empty one."""
+        active = self._segments[-1]
+        if active.version == VERSION:
+            return
+        old = active.version
+        try:
+            if active.size > SEGMENT_HEADER.size:
+                fd = os.open(active.path, os.O_RDONLY | os.O_CLOEXEC)
+                try:
+                    _fdatasync(fd)
+                finally:
+                    os.close(fd)
+                segment, fd = create_segment(
+                    self.directory, self._dir_fd, self._last_seq + 1, self._fail
+                )
+                os.close(fd)
+                active.sealed = True
+                self._segments.append(segment)
+            else:
+                staged = active.path.with_name(f".{active.path.name}.new")
+                flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
+                fd = os.open(staged, flags, FILE_MODE)
+                try:
+                    header = segment_header(active.first_seq)
+                    write_all(fd, [header], len(header))
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+                os.replace(staged, active.path)
+                os.fsync(self._dir_fd)
+                active.version = VERSION
+        except OSError as exc:
+            raise os_error(
+                f"cannot start a format-{VERSION} segment in update log {self.directory}", exc
+            ) from exc
+        logger.info(
+            "update log %s: segment %s has format version %d; appends go to format version %d "
+            "from seq %d on",
+            self.directory, active.path.name, old, VERSION, self._last_seq + 1,
+        )  # fmt: skip
 
     def _recover(self, start_seq: int) -> tuple[list[Segment], int]:
         """Scan and validate the segments, cutting what the config allows (:mod:`.log_scan`);

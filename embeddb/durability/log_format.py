@@ -13,19 +13,32 @@ A segment is a 24-byte header followed by records (all integers little-endian)::
     segment header
     0          8          12                    20         24
     ┌──────────┬──────────┬─────────────────────┬──────────┐
-    │ magic    │ version  │ first_seq  u64      │ crc32 of │
-    │"EMBDBLOG"│ u32 = 1  │ (= the file's name) │ 0:20     │
+    │ magic    │ version  │ first_seq  u64      │ crc of   │
+    │"EMBDBLOG"│ u32 = 2  │ (= the file's name) │ 0:20     │
     └──────────┴──────────┴─────────────────────┴──────────┘
 
     record: a 21-byte header, then the stored payload
     0          4          8                     16         20     21
     ┌──────────┬──────────┬─────────────────────┬──────────┬──────┬─────────────────────┐
-    │ crc32    │ stored   │ seq  u64            │ length   │ flags│ stored payload      │
+    │ crc      │ stored   │ seq  u64            │ length   │ flags│ stored payload      │
     │          │ u32      │                     │ u32      │ u8   │ (`stored` bytes)    │
     └──────────┴──────────┴─────────────────────┴──────────┴──────┴─────────────────────┘
-    crc32  = zlib.crc32(stored payload ‖ header bytes 4:21)
+    crc    = CRC(stored payload ‖ header bytes 4:21)
     flags  bit 0 (LZ4): the stored payload is one LZ4 frame of the `length` payload bytes;
            without it, stored == length and the payload is stored as is. Other bits: reserved, 0.
+
+The segment's ``version`` names the checksum ``CRC`` of its header and of all its records:
+
+- **version 2** (written since issue 14): CRC-32C (Castagnoli, iSCSI), computed with the
+  CPU's CRC32 instruction by the ``crc32c`` package: about 6x faster than zlib's CRC-32 on the
+  megabytes a gradient push logs, and a stronger code for the same 4 bytes.
+- **version 1** (written before): CRC-32 (ISO-HDLC, ``zlib.crc32``); read, never written.
+
+Migration: a log of version-1 segments opens and reads as before; :class:`UpdateLog
+<embeddb.durability.log.UpdateLog>` never appends to a version-1 segment but starts a version-2
+one at the next seq when it opens (replacing the active segment when it holds no record yet),
+so one log may hold both. Segments of an unknown version (a newer embeddb) are refused with
+:class:`~embeddb.errors.StorageError`; an older embeddb refuses version-2 segments the same way.
 
 For example the record of seq 7 with the 5-byte payload ``hello`` is 26 bytes: a header with
 ``stored = 5, seq = 7, length = 5, flags = 0`` and its crc, then ``hello``. A payload of at least
@@ -48,21 +61,26 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import BinaryIO, NamedTuple, TypeAlias
 
+import crc32c
 import lz4.frame
 
 from embeddb.errors import CorruptDataError, InvalidArgumentError, StorageError
 
 __all__ = [
     "FILE_MODE",
+    "FORMATS",
     "LZ4",
     "RECORD_HEADER",
     "SEGMENT_HEADER",
     "SEGMENT_NAME",
     "SEQ_AT",
+    "VERSION",
+    "Checksum",
     "Framed",
     "PayloadPart",
     "Segment",
     "check_segment_header",
+    "checksum",
     "create_segment",
     "decode",
     "frame",
@@ -76,12 +94,20 @@ __all__ = [
 ]
 
 PayloadPart: TypeAlias = bytes | bytearray | memoryview
+Checksum: TypeAlias = Callable[[PayloadPart, int], int]
+"""``crc(data, previous)``: the checksum of ``previous``'s data followed by ``data``."""
+
+
+def _crc32c(data: PayloadPart, value: int = 0) -> int:
+    return crc32c.crc32c(data, value)
+
 
 MAGIC = b"EMBDBLOG"
-VERSION = 1
-SEGMENT_HEADER = struct.Struct("<8sIQI")  # magic, version, first_seq, crc32 of those 20 bytes
-RECORD_HEADER = struct.Struct("<IIQIB")  # crc32, stored, seq, length, flags
-FIELDS = struct.Struct("<IQIB")  # the record header after its crc32
+VERSION = 2  # the format version written
+FORMATS: dict[int, Checksum] = {1: zlib.crc32, 2: _crc32c}  # the versions read: their CRC
+SEGMENT_HEADER = struct.Struct("<8sIQI")  # magic, version, first_seq, crc of those 20 bytes
+RECORD_HEADER = struct.Struct("<IIQIB")  # crc, stored, seq, length, flags
+FIELDS = struct.Struct("<IQIB")  # the record header after its crc
 SEQ_AT = 8  # offset of seq in a record header
 LZ4 = 0x01
 FILE_MODE = 0o600  # segments and cut records: the rows are nobody else's business
@@ -95,16 +121,24 @@ _MARK_BYTES = 256 << 10  # a segment remembers the offset of a record every 256 
 class Segment:
     """One segment file. ``size`` counts complete records only (readers stop there)."""
 
-    __slots__ = ("first_seq", "mark_offsets", "mark_seqs", "path", "sealed", "size")
+    __slots__ = ("first_seq", "mark_offsets", "mark_seqs", "path", "sealed", "size", "version")
 
-    def __init__(self, path: Path, first_seq: int, size: int, sealed: bool) -> None:
+    def __init__(
+        self, path: Path, first_seq: int, size: int, sealed: bool, version: int = VERSION
+    ) -> None:
         self.path = path
         self.first_seq = first_seq
         self.size = size
         self.sealed = sealed
+        self.version = version  # the format; set from the header when the segment is scanned
         # Sparse index: record ``mark_seqs[i]`` starts at byte ``mark_offsets[i]``.
         self.mark_seqs: list[int] = []
         self.mark_offsets: list[int] = []
+
+    @property
+    def crc(self) -> Checksum:
+        """The checksum of the segment's format version."""
+        return FORMATS[self.version]
 
     def mark(self, seq: int, offset: int) -> None:
         """Remember that record ``seq`` starts at ``offset`` if the last mark is far enough."""
@@ -130,41 +164,54 @@ def segment_name(first_seq: int) -> str:
     return f"{first_seq:020d}.log"
 
 
-def segment_header(first_seq: int) -> bytes:
+def checksum(version: int) -> Checksum:
+    """The checksum of format ``version`` (a key of :data:`FORMATS`)."""
+    return FORMATS[version]
+
+
+def segment_header(first_seq: int, version: int = VERSION) -> bytes:
     """The 24-byte header of the segment whose first record is ``first_seq``."""
-    body = struct.pack("<8sIQ", MAGIC, VERSION, first_seq)
-    return body + struct.pack("<I", zlib.crc32(body))
+    body = struct.pack("<8sIQ", MAGIC, version, first_seq)
+    return body + struct.pack("<I", FORMATS[version](body, 0))
 
 
-def check_segment_header(path: Path, head: bytes, first_seq: int) -> str | None:
-    """Why ``head`` is not the header of segment ``path`` when a torn write could explain it
-    (None: it is the header).
+def check_segment_header(path: Path, head: bytes, first_seq: int) -> int | str:
+    """The format version of segment ``path`` from its header ``head``, or why ``head`` is not
+    its header when a torn write could explain it (a string).
 
     Raises:
-        StorageError: an intact header of another format version.
+        StorageError: an intact header of a format version this embeddb does not read.
         CorruptDataError: an intact header of another segment.
     """
     if len(head) < SEGMENT_HEADER.size:
         return "incomplete segment header"
     magic, version, got, crc = SEGMENT_HEADER.unpack(head)
-    if magic != MAGIC or zlib.crc32(head[:-4]) != crc:
+    if magic != MAGIC:
         return "invalid segment header"
-    if version != VERSION:
+    crc_of = FORMATS.get(version)
+    if crc_of is None:
+        # Another format's header, intact under one of the checksums we know, or damage.
+        if all(f(head[:-4], 0) != crc for f in FORMATS.values()):
+            return "invalid segment header"
+        known = ", ".join(str(v) for v in FORMATS)
         raise StorageError(
             f"update log segment {path} has format version {version}; this embeddb reads "
-            f"version {VERSION}"
+            f"versions {known}"
         )
+    if crc_of(head[:-4], 0) != crc:
+        return "invalid segment header"
     if got != first_seq:
         raise CorruptDataError(
             f"update log segment {path}: its header says first seq {got}, its name {first_seq}"
         )
-    return None
+    return int(version)
 
 
 def create_segment(
     directory: Path, dir_fd: int, first_seq: int, fail: Callable[[StorageError], None]
 ) -> tuple[Segment, int]:
-    """Create an empty segment (header written, directory fsynced); returns it and its fd.
+    """Create an empty segment of format :data:`VERSION` (header written, directory fsynced);
+    returns it and its fd.
 
     Args:
         directory: the log's directory, open as ``dir_fd``.
@@ -201,19 +248,21 @@ def create_segment(
 
 
 class Framed(NamedTuple):
-    """A payload framed as a record, all but its seq (see :func:`record_header`)."""
+    """A payload framed as a record of format :data:`VERSION`, all but its seq (see
+    :func:`record_header`)."""
 
     parts: list[bytes | memoryview]  # the stored payload, written after the header
     length: int  # of the payload
     stored: int  # of the stored payload
     flags: int
-    crc: int  # crc32 of the stored payload
+    crc: int  # CRC-32C of the stored payload
 
 
 def frame(payload_parts: Sequence[PayloadPart], lz4_min_bytes: int) -> Framed:
     """Frame the concatenation of ``payload_parts`` (bytes, or C-contiguous buffers such as
     ``memoryview(array)``): compressed if it has at least ``lz4_min_bytes`` (0: never) and that
-    shrinks it, and checksummed.
+    shrinks it, and checksummed (CRC-32C, format :data:`VERSION`). The parts are not copied
+    (unless compressed, or more than the kernel's 1,024 buffers of one ``writev``).
 
     Raises:
         InvalidArgumentError: a part is not C-contiguous, or the payload exceeds 4 GiB - 1.
@@ -232,7 +281,7 @@ def frame(payload_parts: Sequence[PayloadPart], lz4_min_bytes: int) -> Framed:
     stored = len(parts[0]) if flags else length
     crc = 0
     for p in parts:
-        crc = zlib.crc32(p, crc)
+        crc = _crc32c(p, crc)
     return Framed(parts, length, stored, flags, crc)
 
 
@@ -240,7 +289,7 @@ def record_header(record: Framed, seq: int) -> bytes:
     """The 21-byte header of ``record`` as record ``seq``."""
     stored, length, flags = record.stored, record.length, record.flags
     fields = FIELDS.pack(stored, seq, length, flags)
-    return RECORD_HEADER.pack(zlib.crc32(fields, record.crc), stored, seq, length, flags)
+    return RECORD_HEADER.pack(_crc32c(fields, record.crc), stored, seq, length, flags)
 
 
 def _byte_view(part: PayloadPart) -> bytes | memoryview:
@@ -304,8 +353,11 @@ def plausible(stored: int, length: int, flags: int) -> bool:
     return flags == LZ4 and length > 0
 
 
-def read_record(f: BinaryIO, offset: int, end: int) -> tuple[int, int, int, bytes] | str:
-    """Read the record at ``offset`` (``f`` is positioned there), which must end by ``end``.
+def read_record(
+    f: BinaryIO, offset: int, end: int, crc: Checksum
+) -> tuple[int, int, int, bytes] | str:
+    """Read the record at ``offset`` (``f`` is positioned there), which must end by ``end``;
+    ``crc`` is the checksum of its segment's format (:attr:`Segment.crc`).
 
     Returns:
         ``(seq, flags, length, stored bytes)``, or why the bytes there are not an intact record.
@@ -313,7 +365,7 @@ def read_record(f: BinaryIO, offset: int, end: int) -> tuple[int, int, int, byte
     head = f.read(RECORD_HEADER.size)
     if len(head) < RECORD_HEADER.size or offset + RECORD_HEADER.size > end:
         return "incomplete record header"
-    crc, stored, seq, length, flags = RECORD_HEADER.unpack(head)
+    want, stored, seq, length, flags = RECORD_HEADER.unpack(head)
     if not plausible(stored, length, flags):
         return "invalid record header"
     if offset + RECORD_HEADER.size + stored > end:
@@ -321,7 +373,7 @@ def read_record(f: BinaryIO, offset: int, end: int) -> tuple[int, int, int, byte
     data = f.read(stored)
     if len(data) < stored:
         return "incomplete record payload"
-    if zlib.crc32(memoryview(head)[4:], zlib.crc32(data)) != crc:
+    if crc(memoryview(head)[4:], crc(data, 0)) != want:
         return "checksum mismatch"
     return seq, flags, length, data
 

@@ -196,6 +196,7 @@ class LogReader:
                 raise os_error(f"cannot read update log segment {segment.path}", exc) from exc
             with f:
                 f.seek(offset)
+                crc = segment.crc
                 while True:
                     with self._lock:
                         end, sealed = segment.size, segment.sealed
@@ -204,7 +205,7 @@ class LogReader:
                             break  # on to the next segment
                         return  # caught up with the writer
                     while offset < end:
-                        record = read_record(f, offset, end)
+                        record = read_record(f, offset, end, crc)
                         if isinstance(record, str):
                             raise CorruptDataError(
                                 f"update log segment {segment.path}: {record} at offset {offset}"

@@ -59,7 +59,6 @@ import logging
 import os
 import struct
 import time
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, NamedTuple
@@ -70,6 +69,7 @@ import numpy.typing as npt
 from embeddb.config import LogRecovery
 from embeddb.durability.log_format import (
     FILE_MODE,
+    FORMATS,
     LZ4,
     RECORD_HEADER,
     SEGMENT_HEADER,
@@ -207,12 +207,15 @@ def _scan(segment: Segment, last: bool) -> tuple[int, _Tail | None]:
     try:
         with open(path, "rb") as f:
             file_size = os.fstat(f.fileno()).st_size
-            problem = check_segment_header(path, f.read(SEGMENT_HEADER.size), first_seq)
+            header = check_segment_header(path, f.read(SEGMENT_HEADER.size), first_seq)
+            problem = header if isinstance(header, str) else None
             offset, seq = 0, first_seq
             if problem is None:
+                segment.version = int(header)
+                crc = segment.crc
                 offset = SEGMENT_HEADER.size
                 while offset < file_size:
-                    record = read_record(f, offset, file_size)
+                    record = read_record(f, offset, file_size, crc)
                     if isinstance(record, str):
                         problem = record
                         break
@@ -405,7 +408,8 @@ def _find_record(buf: bytes, min_seq: int) -> int | None:
 
     Any record after a failure point has a seq in ``[min_seq, min_seq + len(buf) // 21]``, so
     candidates are the offsets where such a value sits (found with numpy, 8 alignments of u64);
-    the header fields of each are checked, vectorized, and the survivors' checksums verified.
+    the header fields of each are checked, vectorized, and the survivors' checksums verified
+    under every format version (the tail may follow a damaged segment header).
     """
     n, h = len(buf), RECORD_HEADER.size
     if n <= h:
@@ -434,7 +438,7 @@ def _find_record(buf: bytes, min_seq: int) -> int | None:
     for start in starts[plausible].tolist():
         crc, size = struct.unpack_from("<II", buf, start)
         body = view[start + h : start + h + size]
-        if zlib.crc32(view[start + 4 : start + h], zlib.crc32(body)) == crc:
+        if any(f(view[start + 4 : start + h], f(body, 0)) == crc for f in FORMATS.values()):
             return int(start)
     return None
 

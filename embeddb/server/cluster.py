@@ -123,7 +123,7 @@ class ClusterConfig:
     base_port: int = 0
     address_file: Path | None = None
     grace: float = 5.0
-    start_timeout: float = 60.0
+    start_timeout: float = 120.0
     max_restarts: int = 3
     restart_window: float = 60.0
     restart_backoff: float = 0.5

@@ -3,6 +3,7 @@
 ``embeddb serve`` parses argv and files into config objects and calls :func:`run_daemon`, which
 reads nothing else. The life of the process (its generic steps: :mod:`embeddb.rpc.lifecycle`)::
 
+    warm_up_core()                compile the numba kernels, or load them from the cache
     umask 0o077                   every file the process creates is 0600, every directory
                                   0700 (restored when run_daemon returns)
     open Shard(data_dir)          makes data_dir 0700; reopens after a clean shutdown,
@@ -53,6 +54,7 @@ from embeddb.server.app import ServerConfig, build_server
 from embeddb.server.follower import Follower, FollowerOptions
 from embeddb.server.metrics import FollowerCollector
 from embeddb.shard import Shard
+from embeddb.warmup import warm_up_core
 
 __all__ = ["DaemonOptions", "run_daemon"]
 
@@ -123,6 +125,9 @@ def run_daemon(
     if server_config.tune_allocator:
         limit_arenas(1)  # before the shard's threads start (embeddb.allocator)
     stop = stop if stop is not None else threading.Event()
+    # Before health reports SERVING, so that no call pays for compiling a kernel; before the
+    # private umask, so that the files numba adds to its cache stay readable like the rest.
+    logger.info("numba kernels compiled or loaded from cache in %.2fs", warm_up_core())
     # every file this process creates is 0600, every directory 0700; signals set `stop`
     with server_process(stop, options.handle_signals):
         if options.follow is not None:

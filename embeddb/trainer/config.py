@@ -63,6 +63,11 @@ class TrainerConfig:
             sent by every client of the context: the embedding worker's lookups and pushes and
             ``save_checkpoint``'s snapshot calls. Read the token from a file at the
             composition root (the job's ``token_file``).
+        torch_threads: torch intra-op threads of this NN worker, set by the context
+            (``torch.set_num_threads``) and restored when it closes. ``None`` (default): the
+            machine's core budget (:mod:`embeddb.trainer.cores`: 1 on 2 CPUs with a local
+            shard), unless ``OMP_NUM_THREADS`` is set (by ``embeddb train``, torchrun or the
+            user), which is then left to torch.
     """
 
     mode: Mode = Mode.HYBRID
@@ -72,6 +77,7 @@ class TrainerConfig:
     start_timeout: float = 120.0
     close_timeout: float = 120.0
     worker: EmbeddingWorkerConfig = field(default_factory=EmbeddingWorkerConfig)
+    torch_threads: int | None = None
 
     def __post_init__(self) -> None:
         try:
@@ -88,6 +94,14 @@ class TrainerConfig:
         if self.device is not None and not isinstance(self.device, str):
             raise ConfigError(
                 "device", f"must be a string such as 'cpu' or 'cuda:0', got {self.device!r}"
+            )
+        if self.torch_threads is not None and (
+            isinstance(self.torch_threads, bool)
+            or not isinstance(self.torch_threads, int)
+            or self.torch_threads < 1
+        ):
+            raise ConfigError(
+                "torch_threads", f"must be an integer >= 1 or None, got {self.torch_threads!r}"
             )
         if not isinstance(self.worker, EmbeddingWorkerConfig):
             raise ConfigError(

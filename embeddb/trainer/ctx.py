@@ -25,6 +25,11 @@ Per training batch the NN worker (this process) and its embedding worker (anothe
     backward: loss.backward() (DDP all-reduces dense gradients), send the embedding gradients
               (unscaled, non-finite rows zeroed and counted), step the dense optimizer
 
+Threads: the context sets torch's intra-op threads to ``TrainerConfig.torch_threads``, or to
+this machine's core budget (:mod:`embeddb.trainer.cores`) when unset and ``OMP_NUM_THREADS``
+is not, and restores the previous count when it closes; the embedding worker gets the budget's
+``worker_threads``.
+
 A training batch that never gets its ``backward`` (the loop moved on, or stopped) is released
 in the embedding worker at once (``discard``), so the staleness window never clogs. Errors of
 the embedding worker (a shard down, the worker process dead) are raised by the next call.
@@ -35,7 +40,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -51,9 +56,11 @@ from . import checkpointing
 from .batch import Batch
 from .checkpoint import CheckpointInfo
 from .config import Mode, TrainerConfig
+from .cores import CoreBudget, available_cpus, core_budget, local_addresses
 from .dense import DelayedDense, DenseUpdater, SyncDense
 from .dist import DistEnv, resolve_device
 from .embedding_ctx import EmbeddingCtx, PreparedBatch, embedding_gradients
+from .embedding_worker import EmbeddingWorkerConfig
 from .errors import EmbeddingWorkerError, TrainerError
 from .spawn import check_main_guard
 from .worker_process import EmbeddingWorkerProcess
@@ -107,6 +114,8 @@ class TrainCtx(EmbeddingCtx):
         addresses = _addresses(shards)
         env = dist_env if dist_env is not None else DistEnv.from_environ(os.environ)
         device = _device(cfg, env.local_rank)
+        budget = _budget(addresses)
+        self._threads_before = _apply_threads(cfg, budget)
         self.dist_env = env
         self.addresses = addresses
         self.optimizer = optimizer
@@ -133,11 +142,12 @@ class TrainCtx(EmbeddingCtx):
             worker = EmbeddingWorkerProcess(
                 embedding_config,
                 addresses,
-                cfg.embedding_worker(env.local_rank),
+                _worker_config(cfg, env.local_rank, budget),
                 start_timeout=cfg.start_timeout,
             )
         except BaseException:
             self._destroy_group()
+            self._restore_threads()
             raise
         super().__init__(embedding_config, cfg, device, worker, owns_worker=True)
         self._awaiting: _Forwarded | None = None
@@ -352,6 +362,13 @@ class TrainCtx(EmbeddingCtx):
             super().close()
         finally:
             self._destroy_group()
+            self._restore_threads()
+
+    def _restore_threads(self) -> None:
+        before = getattr(self, "_threads_before", None)
+        if before is not None:
+            torch.set_num_threads(before)
+            self._threads_before = None
 
     def _destroy_group(self) -> None:
         if getattr(self, "_owns_group", False) and dist.is_initialized():
@@ -392,7 +409,7 @@ class EvalCtx(EmbeddingCtx):
         worker = EmbeddingWorkerProcess(
             embedding_config,
             addresses,
-            cfg.embedding_worker(env.local_rank),
+            _worker_config(cfg, env.local_rank, _budget(addresses)),
             start_timeout=cfg.start_timeout,
         )
         super().__init__(embedding_config, cfg, device, worker, owns_worker=True)
@@ -462,6 +479,40 @@ def _addresses(shards: Shards) -> tuple[str, ...]:
         else check_addresses(list(shards))
     )
     return addresses
+
+
+def _budget(addresses: Sequence[str]) -> CoreBudget:
+    """This machine's core budget: torchrun's ranks on it, the shards among ``addresses`` that
+    run on it, no loader processes (a context does not start them)."""
+    ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
+    return core_budget(available_cpus(), ranks, local_addresses(addresses), loaders=False)
+
+
+def _apply_threads(config: TrainerConfig, budget: CoreBudget) -> int | None:
+    """Set torch's intra-op threads: ``config.torch_threads``, else the budget's unless
+    ``OMP_NUM_THREADS`` is set; returns the previous count to restore (``None``: unchanged).
+
+    Inter-op threads are left alone: ``torch.set_num_interop_threads`` fails once any inter-op
+    work ran in the process, and the training step uses none."""
+    wanted = config.torch_threads
+    if wanted is None:
+        if os.environ.get("OMP_NUM_THREADS"):
+            return None
+        wanted = budget.torch_threads
+    before = torch.get_num_threads()
+    if wanted == before:
+        return None
+    torch.set_num_threads(wanted)
+    return before
+
+
+def _worker_config(
+    config: TrainerConfig, local_rank: int, budget: CoreBudget
+) -> EmbeddingWorkerConfig:
+    worker = config.embedding_worker(local_rank)
+    if worker.threads is None:
+        worker = replace(worker, threads=budget.worker_threads)
+    return worker
 
 
 def _device(config: TrainerConfig, local_rank: int) -> torch.device:

@@ -60,6 +60,7 @@ import numpy as np
 from embeddb.arrays import F32, I64, U64
 from embeddb.client import AsyncClient, DeadlineExceededError, PushResult
 from embeddb.client.batching import IdBatch
+from embeddb.client.options import SimulatedNetwork
 from embeddb.config import EmbeddingConfig
 from embeddb.errors import ConfigError, UnavailableError
 
@@ -108,6 +109,11 @@ class EmbeddingWorkerConfig:
         log_level: the worker process's logging level.
         token: the bearer token its client sends to the shards (a read-write one: training
             lookups and pushes write); ``None`` when the shards require none. Never in ``repr``.
+        network: a simulated network to the shards (:class:`~embeddb.client.SimulatedNetwork`:
+            each call to a shard waits ``rtt + bytes / bandwidth``); ``None``: none.
+        threads: threads the worker process may keep busy besides its event loop and pipe
+            threads (its default executor); ``None``: 1, or what the training context's core
+            budget gives it (:mod:`embeddb.trainer.cores`).
     """
 
     max_staleness: int = 4
@@ -120,6 +126,8 @@ class EmbeddingWorkerConfig:
     metrics_port: int | None = None
     log_level: str = "WARNING"
     token: str | None = field(default=None, repr=False)
+    network: SimulatedNetwork | None = None
+    threads: int | None = None
 
     def __post_init__(self) -> None:
         if self.token is not None and (not isinstance(self.token, str) or not self.token):
@@ -143,6 +151,12 @@ class EmbeddingWorkerConfig:
             raise ConfigError("metrics_port", f"must be a TCP port, got {self.metrics_port}")
         if logging.getLevelName(str(self.log_level).upper()) not in range(0, 60):
             raise ConfigError("log_level", f"unknown logging level {self.log_level!r}")
+        if self.threads is not None and (
+            isinstance(self.threads, bool) or not isinstance(self.threads, int) or self.threads < 1
+        ):
+            raise ConfigError("threads", f"must be an integer >= 1 or None, got {self.threads!r}")
+        if self.network is not None and not isinstance(self.network, SimulatedNetwork):
+            raise ConfigError("network", f"must be a SimulatedNetwork, got {self.network!r}")
 
 
 @dataclass
@@ -409,7 +423,8 @@ class EmbeddingWorker:
         return plan_lookup(self._embedding_config, self._specs, features)
 
     async def _lookup_tables(self, batch_ref: int, plan: _Plan, train: bool) -> dict[str, F32]:
-        requests = {table: batch.unique for table, batch in plan.tables.items()}
+        # Already deduplicated (step 1): IdBatch.distinct spares the client a second hash pass.
+        requests = {t: IdBatch.distinct(batch.unique) for t, batch in plan.tables.items()}
         # Evaluation lookups are idempotent: the client retries them itself.
         retries = self.config.retries if train else 0
         try:
@@ -461,7 +476,7 @@ class EmbeddingWorker:
         try:
             summed = self._unpool(plan, grads)
             tables = list(summed)
-            updates = {table: (plan.tables[table].unique, summed[table]) for table in tables}
+            updates = {t: (IdBatch.distinct(plan.tables[t].unique), summed[t]) for t in tables}
             try:
                 results = (
                     await self._retrying(

@@ -29,7 +29,7 @@ Schema (every key optional except ``model``; relative paths are relative to the 
     eval_batch_size: 4096
     optimizer: {type: adam, lr: 0.003}   # the dense optimizer: adam | adagrad | sgd + its kwargs
     seed: 0                        # also the shuffle seed (with the epoch and rank)
-    threads: 1                     # torch threads per NN worker
+    threads: null                  # torch threads per NN worker; null: the machine's core budget
     shards: 1                      # local shard processes started by the launcher ...
     addresses: null                # ... or the shards' host:port list (then none is started)
     token_file: null               # private file with the rw bearer token the job's clients send
@@ -40,6 +40,7 @@ Schema (every key optional except ``model``; relative paths are relative to the 
     export_dir: null               # after training rank 0 exports the model here (replaced)
     metrics_file: null             # a JSON line of the final metrics is appended here
     metrics_port: null             # embedding worker of local rank r: Prometheus on port+r
+    simulated_network: null        # {rtt_ms: 20, bandwidth_gbit: 10}: shard calls wait rtt+bytes/bw
 
 Errors name the key and its line in the job file (``epochs: must be an integer >= 1, got 0
 (job.yaml:7)``; :mod:`embeddb.trainer.job_yaml`).
@@ -62,6 +63,11 @@ when the job is loaded, and every client of the job sends it: the embedding work
 and gradient pushes, the checkpoints' snapshot calls and the ``--predict`` lookups. Local shards
 (no ``addresses``) then require that token too.
 
+Simulated network (``simulated_network``, off by default): the embedding workers' clients delay
+every call to one shard by ``rtt_ms`` plus its request and response bytes over
+``bandwidth_gbit`` (default 10), as :class:`embeddb.client.SimulatedNetwork` describes: a way
+to see what a slower network between the NN side and the shards costs, on one machine.
+
 Criteo and MovieLens may not be redistributed, so no copy ships with embeddb: their examples
 read ``../shared/data`` of a development checkout, and set ``skip_missing_data`` so that a
 machine without it says so and skips rather than fails.
@@ -77,13 +83,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from embeddb.errors import ConfigError
 from embeddb.secrets import read_token_file
 
 from .data.dataset import DatasetSpec
 from .job_yaml import Where, load_with_lines, with_line
+
+if TYPE_CHECKING:
+    from embeddb.client.options import SimulatedNetwork
 
 __all__ = [
     "AUTO",
@@ -143,7 +152,7 @@ class JobConfig:
     eval_batch_size: int = 4096
     optimizer: dict[str, Any] = field(default_factory=lambda: {"type": "adam", "lr": 0.003})
     seed: int = 0
-    threads: int = 1
+    threads: int | None = None
     shards: int = 1
     addresses: tuple[str, ...] | None = None
     token_file: Path | None = None
@@ -154,6 +163,7 @@ class JobConfig:
     export_dir: Path | None = None
     metrics_file: Path | None = None
     metrics_port: int | None = None
+    simulated_network: dict[str, Any] | None = None
     base_dir: Path = Path(".")
     where: Callable[[str], str] = field(default=_no_line, repr=False, compare=False)
     dataset_spec: DatasetSpec = field(init=False, repr=False, compare=False)
@@ -174,8 +184,10 @@ class JobConfig:
         if self.mode not in _MODES:
             raise ConfigError("mode", f"must be one of {', '.join(_MODES)}, got {self.mode!r}")
         self._check_model()
-        for name in ("max_staleness", "epochs", "batch_size", "eval_batch_size", "threads"):
+        for name in ("max_staleness", "epochs", "batch_size", "eval_batch_size"):
             _positive(name, getattr(self, name))
+        if self.threads is not None:
+            _positive("threads", self.threads)
         for name in ("shards", "workers", "max_restarts"):
             _positive(name, getattr(self, name), minimum=0 if name == "max_restarts" else 1)
         _positive("checkpoint_every", self.checkpoint_every, minimum=0)
@@ -196,6 +208,7 @@ class JobConfig:
             raise ConfigError("addresses", f"must be a list of host:port, got {self.addresses!r}")
         if self.token_file is not None:
             self.read_token()  # unreadable, not private or holding no token: refused now
+        self.network()  # a bad simulated_network is refused now
         object.__setattr__(self, "dataset_spec", self._build_dataset_spec())
 
     @classmethod
@@ -277,6 +290,20 @@ class JobConfig:
             return read_token_file(Path(self.token_file))
         except ConfigError as exc:
             raise ConfigError("token_file", str(exc)) from exc
+
+    def network(self) -> SimulatedNetwork | None:
+        """The embedding workers' simulated network (``simulated_network``), or ``None``.
+
+        Raises:
+            ConfigError: naming ``simulated_network.rtt_ms`` (or the bad key): not a mapping,
+                an unknown or missing key, a negative RTT or a non-positive bandwidth.
+        """
+        if self.simulated_network is None:
+            return None
+        # Imported here: the client (grpc) is loaded only by jobs that simulate a network.
+        from embeddb.client.options import SimulatedNetwork
+
+        return SimulatedNetwork.from_mapping(self.simulated_network, "simulated_network")
 
     def _check_model(self) -> None:
         if not isinstance(self.model, str) or ":" not in self.model:

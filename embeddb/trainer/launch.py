@@ -15,6 +15,10 @@ What it starts, in order (torch is imported by the NN workers only, never here):
                   ├── its data loader  (python -m embeddb.trainer.loader: numpy only)
                   └── its embedding worker (spawned by the training context)
 
+Cores: the ranks get ``OMP_NUM_THREADS`` from the job's core budget on this machine
+(:func:`job_budget`, :mod:`embeddb.trainer.cores`) unless it is set already; the job's
+``threads`` (torch threads per rank) still wins inside each rank.
+
 Every mistake in the job (a key, a column, a value in the data, the model) is a
 :class:`~embeddb.errors.ConfigError` raised before the shards or torchrun start: the job file
 is checked here, the rest by the validation step (a process: it imports torch, this module
@@ -55,7 +59,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from types import FrameType
 from typing import IO
@@ -63,10 +67,19 @@ from typing import IO
 from embeddb.errors import ConfigError, UnavailableError
 
 from .checkpoint import latest_checkpoint, restore_local_shards
+from .cores import CoreBudget, available_cpus, core_budget, local_addresses
 from .job import CONFIG_ERROR, JobConfig
 from .run import ERRORS_DIR
 
-__all__ = ["StderrFilter", "launch", "root_cause", "run_validation", "torchrun_command"]
+__all__ = [
+    "StderrFilter",
+    "job_budget",
+    "launch",
+    "rank_environ",
+    "root_cause",
+    "run_validation",
+    "torchrun_command",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -201,8 +214,9 @@ def _run_torchrun(
     command = torchrun_command(path, job, address_file, predict, run_dir)
     echo(f"NN workers: {shlex.join(['torchrun', *command[3:]])}")
     raw = bool(os.environ.get("EMBEDDB_TRACEBACK"))
+    env = rank_environ(job, os.environ)
     child = subprocess.Popen(
-        command, start_new_session=True, stderr=None if raw else subprocess.PIPE
+        command, start_new_session=True, stderr=None if raw else subprocess.PIPE, env=env
     )
     stderr_filter = None if raw or child.stderr is None else StderrFilter(child.stderr)
     try:
@@ -220,6 +234,25 @@ def _run_torchrun(
         cause = root_cause(run_dir)
         echo(f"embeddb train: {cause or f'the NN workers failed (torchrun exit code {code})'}")
     return code
+
+
+def job_budget(job: JobConfig) -> CoreBudget:
+    """The core budget of the job on this machine: its ranks, its local shards (those it
+    starts, or those of its ``addresses`` on this host) and one data loader per rank unless
+    the data is read in memory."""
+    shards = job.shards if job.addresses is None else local_addresses(job.addresses)
+    return core_budget(available_cpus(), job.workers, shards, loaders=not job.in_memory)
+
+
+def rank_environ(job: JobConfig, environ: Mapping[str, str]) -> dict[str, str]:
+    """The environment of torchrun and its ranks: ``environ`` with ``OMP_NUM_THREADS`` set to
+    the job's ``threads``, else to the budget's torch threads unless the user set it."""
+    env = dict(environ)
+    if job.threads is not None:  # the job's own setting wins over the budget
+        env["OMP_NUM_THREADS"] = str(job.threads)
+    elif not env.get("OMP_NUM_THREADS"):
+        env["OMP_NUM_THREADS"] = str(job_budget(job).torch_threads)
+    return env
 
 
 def root_cause(run_dir: Path) -> str | None:
@@ -315,7 +348,7 @@ def _shards(
             restore_local_shards(config_path, data_dir, job.shards, last.snapshot_id)
     command = [sys.executable, "-m", "embeddb.cli", "cluster", f"--num-shards={job.shards}"]
     command += [f"--config={config_path}", "--base-port=0", f"--address-file={address_file}"]
-    command += ["--log-level=warning"]
+    command += ["--log-level=warning", f"--threads={job_budget(job).shard_threads}"]
     command += ["--ephemeral"] if data_dir is None else [f"--data-dir={data_dir}"]
     token = job.read_token()
     if token is not None:  # the local shards require the job's token too

@@ -1,7 +1,7 @@
 """Messages between the NN worker and its embedding worker process (a duplex pipe).
 
-Every message is a small frozen dataclass; numpy arrays travel pickled inside it (one copy
-each way; measured in the module docstring of :mod:`embeddb.trainer.worker_process`).
+Every message is a small frozen dataclass, pickled with protocol 5; its large numpy arrays
+travel through shared memory beside the pipe (:mod:`embeddb.trainer.shm_channel`).
 
 NN worker -> embedding worker (:data:`ToWorker`):
 

@@ -37,6 +37,7 @@ __all__ = ["load_model", "train"]
 
 EPOCHS_FILE = "epochs.json"
 _PROGRESS_S = 0.5
+_WARMUP_STEPS = 10  # left out of the steady-state rate (start-up: first lookups, row inserts)
 
 
 def _optimizer(job: JobConfig, model: nn.Module) -> torch.optim.Optimizer:
@@ -158,7 +159,6 @@ def train(
         with tempfile.TemporaryDirectory(prefix="embeddb-rank-") as own:
             validate(job, Path(own))
             return train(job, job_path, addresses, Path(own), predict)
-    torch.set_num_threads(job.threads)
     torch.manual_seed(job.seed)
     pipeline = load_pipeline(run_dir / PIPELINE_FILE)
     embedding_config = EmbeddingConfig.from_yaml(job.embedding_config_path(run_dir))
@@ -166,10 +166,12 @@ def train(
     optimizer = _optimizer(job, model)
     config = TrainerConfig(
         mode=job.mode,  # type: ignore[arg-type]
+        torch_threads=job.threads,  # None: the core budget (OMP_NUM_THREADS from the launcher)
         worker=EmbeddingWorkerConfig(
             max_staleness=job.max_staleness,
             metrics_port=job.metrics_port,
             token=job.read_token(),
+            network=job.network(),
         ),
     )
     # The data loader starts first: it warms up while the embedding worker starts.
@@ -208,6 +210,7 @@ def _train(
     predict: int,
 ) -> dict[str, Any]:
     loss_fn = nn.BCEWithLogitsLoss()
+    began = time.perf_counter()  # start-up: the embedding worker's start + the warm-up steps
     try:
         started_ctx = TrainCtx(model, optimizer, embedding_config, addresses, config)
     except UnauthenticatedError as exc:
@@ -232,11 +235,14 @@ def _train(
         truth: deque[np.ndarray] = deque(maxlen=20)
         samples = 0
         started = last_print = time.perf_counter()
+        warm: tuple[int, float] | None = None  # (samples, time) after the warm-up steps
         for prepared in ctx.prepare(epochs):
             output, labels = ctx.forward(prepared)
             loss = loss_fn(output, labels[0])
             ctx.backward(loss)
             samples += prepared.batch.batch_size
+            if warm is None and samples >= _WARMUP_STEPS * job.batch_size:
+                warm = (samples, time.perf_counter())
             epoch_end = epochs.ends.get(ctx.step)
             if epoch_end is not None:
                 _epoch_ended(job, ctx, lead, epoch_end)
@@ -252,11 +258,12 @@ def _train(
                 now = time.perf_counter()
                 if now - last_print >= _PROGRESS_S:
                     last_print = now
-                    rate = samples * env.world_size / (now - started)
+                    rate = _steady(samples, warm, now, started)[0] * env.world_size
                     done = len([s for s in epochs.ends if s <= ctx.step])
+                    shown = f"{rate:,.0f} samples/s" if warm else "warming up"
                     print(
                         f"\repoch {min(first + done + 1, job.epochs)}/{job.epochs}  "
-                        f"step {ctx.step}  {rate:,.0f} samples/s  loss {loss.item():.4f}  "
+                        f"step {ctx.step}  {shown}  loss {loss.item():.4f}  "
                         f"AUC {_window_auc(scores, truth):.4f}",
                         end="",
                         flush=True,
@@ -288,10 +295,18 @@ def _train(
                 raise ConfigError("dataset.test", "the test split holds no rows")
             test_auc = auc(np.concatenate(outputs), np.concatenate(targets))
             rate = samples * env.world_size / max(elapsed, 1e-9)
+            steady, warm_s = _steady(samples, warm, started + elapsed, started)
+            startup = started - began + warm_s
             print(
                 f"test AUC {test_auc:.4f}  |  {rate:,.0f} samples/s  "
                 f"({job.mode}, {env.world_size} NN workers, {ctx.step} steps of "
                 f"{job.batch_size} per worker)",
+                flush=True,
+            )
+            print(
+                f"steady state {steady * env.world_size:,.0f} samples/s (after the first "
+                f"{_WARMUP_STEPS} steps)  |  start-up {startup:.1f} s (embedding worker start "
+                f"and the first {_WARMUP_STEPS} steps)",
                 flush=True,
             )
             if predict:
@@ -301,6 +316,8 @@ def _train(
         "mode": job.mode,
         "test_auc": test_auc,
         "samples_per_s": rate,
+        "steady_samples_per_s": steady * env.world_size,
+        "startup_s": startup,
         "steps": ctx.step,
         "workers": env.world_size,
         "in_memory": job.in_memory,
@@ -309,6 +326,16 @@ def _train(
         with open(job.metrics_file, "a") as fh:
             fh.write(json.dumps(metrics) + "\n")
     return metrics
+
+
+def _steady(
+    samples: int, warm: tuple[int, float] | None, now: float, started: float
+) -> tuple[float, float]:
+    """``(samples/s after the warm-up steps, seconds the warm-up steps took)``; before the
+    warm-up ends (or a run shorter than it), the rate of everything so far."""
+    if warm is None or now <= warm[1] or samples <= warm[0]:
+        return samples / max(now - started, 1e-9), now - started
+    return (samples - warm[0]) / (now - warm[1]), warm[1] - started
 
 
 def _epoch_ended(job: JobConfig, ctx: TrainCtx, lead: bool, epoch: int) -> None:

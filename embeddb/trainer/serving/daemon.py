@@ -6,7 +6,12 @@ steps: :mod:`embeddb.rpc.lifecycle`)::
                                   pipeline); reach the shards and check they serve the
                                   model's tables, or (--from-checkpoint) open the shards of
                                   the job checkpoint in-process, read-only
-    build_model_server            gRPC (+ HTTP, metrics); health SERVING
+    build_model_server            warm up first (numba kernels compiled, one dummy record
+                                  scored: no call pays for a compilation), then gRPC (+ HTTP,
+                                  metrics); health SERVING
+    gc.collect(); gc.freeze()     what start-up allocated (torch, grpc, the model: ~10^6
+                                  objects) leaves the collector's generations, so a full
+                                  collection no longer walks it in the middle of a request
     write the port file           JSON {"grpc": port, "http": port|null, "metrics": port|null}
                                   (temp file + rename) so a supervisor finds port-0 servers
     ... wait for SIGTERM / SIGINT (or the ``stop`` event) ...
@@ -16,6 +21,7 @@ steps: :mod:`embeddb.rpc.lifecycle`)::
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import threading
@@ -50,6 +56,13 @@ class ModelDaemonOptions:
         checkpoint_dir: instead of shards: a job's checkpoint directory, whose latest
             checkpoint's shards are opened in-process, read-only
             (:meth:`InferCtx.from_checkpoint`).
+        threads: torch intra-op threads (``torch.set_num_threads``); ``None`` leaves torch's
+            default (``OMP_NUM_THREADS``, else one per core). Default 1: a model server's
+            calls are small (1 to ``max_batch`` samples), its concurrency comes from the gRPC
+            threads and micro-batching, and on a shared machine a second OpenMP thread makes
+            every forward wait for a descheduled thread at its barrier (measured on 2 cores:
+            the servicer's p99 was lower with 1 thread in 8 of 8 paired runs; see
+            benchmarks/README.md, ``serve.py``).
     """
 
     model_dir: Path
@@ -60,6 +73,7 @@ class ModelDaemonOptions:
     grace: float = 5.0
     handle_signals: bool = True
     checkpoint_dir: Path | None = None
+    threads: int | None = 1
 
 
 def run_model_server(
@@ -85,17 +99,23 @@ def run_model_server(
         if options.port_file is not None:  # the callbacks run last-registered first
             shutdown.callback(options.port_file.unlink, missing_ok=True)
         if options.checkpoint_dir is not None:
-            infer = InferCtx.from_checkpoint(options.model_dir, options.checkpoint_dir)
+            infer = InferCtx.from_checkpoint(
+                options.model_dir, options.checkpoint_dir, threads=options.threads
+            )
         else:
             infer = InferCtx(
                 options.model_dir,
                 options.shards,
                 token=options.shard_token,
                 tls_ca=options.shard_tls_ca,
+                threads=options.threads,
             )
         shutdown.callback(infer.close)
         served = build_model_server(infer, config)
         shutdown.callback(served.stop, options.grace)
+        gc.collect()
+        gc.freeze()  # start-up's objects are never collected: keep them out of every pass
+        shutdown.callback(gc.unfreeze)
         ports = served.ports()
         if options.port_file is not None:
             write_atomically(options.port_file, json.dumps(ports) + "\n")

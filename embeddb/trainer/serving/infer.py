@@ -64,7 +64,7 @@ from embeddb.errors import (
     NotFoundError,
 )
 
-from ..batch import Batch, IDTypeFeature
+from ..batch import Batch, IDTypeFeature, NonIDTypeFeature
 from ..embedding_worker import IdFeature, plan_lookup, pool_lookup, pooling_specs
 from .records import check_records, hashed_batch
 from .spec import DENSE_FILE, EMBEDDING_FILE, ModelSpec, check_pipeline, load_model_spec
@@ -345,6 +345,44 @@ class InferCtx:
         """
         if self._closed:
             raise InvalidArgumentError("the inference context is closed")
+        out = self._score(batch, self.on_lookup)
+        with self._lock:
+            self.predictions += batch.batch_size
+        return out
+
+    def warm_up(self) -> float:
+        """Make the first real call as fast as the next ones, before a server accepts calls:
+        compile (or load from numba's cache) the client's and the core's numba kernels
+        (:func:`~embeddb.trainer.serving.warmup.warm_up_kernels`), then score one dummy
+        record (id 0 of every ID feature, zeros for every non-ID input), untimed and
+        uncounted: the lookup path (the shards' channels connected), pooling, and the
+        TorchScript module's first runs (its profiling executor optimises the graph on its
+        second call), under :func:`torch.inference_mode`. Evaluation lookups insert nothing.
+
+        Returns:
+            Seconds spent.
+
+        Raises:
+            embeddb errors of the client: the shards cannot be reached.
+        """
+        from .warmup import warm_up_kernels
+
+        started = time.perf_counter()
+        warm_up_kernels()
+        ids = [
+            IDTypeFeature.from_csr(name, np.zeros(1, np.uint64), np.array([0, 1], np.int64))
+            for name in self.spec.id_features
+        ]
+        dense = [
+            NonIDTypeFeature(np.zeros((1, *spec.shape), np.float32), name=spec.name)
+            for spec in self.spec.non_id
+        ]
+        dummy = Batch(ids, dense, requires_grad=False)
+        for _ in range(3):  # TorchScript specialises the graph over its first calls
+            self._score(dummy, None)
+        return time.perf_counter() - started
+
+    def _score(self, batch: Batch, on_lookup: Callable[[float], None] | None) -> F32:
         n = batch.batch_size
         features = self._id_features(batch, n)
         non_id = self._non_id_tensors(batch, n)
@@ -352,8 +390,8 @@ class InferCtx:
         requests = {table: ids.unique for table, ids in plan.tables.items()}
         started = time.perf_counter()
         vectors = self._client.lookup_many(requests, train=False) if requests else {}
-        if self.on_lookup is not None:
-            self.on_lookup(time.perf_counter() - started)
+        if on_lookup is not None:
+            on_lookup(time.perf_counter() - started)
         pooled = pool_lookup(plan, dict(vectors))
         embeddings = [torch.from_numpy(np.asarray(p)).to(self.device) for p in pooled]
         with torch.inference_mode():
@@ -364,8 +402,6 @@ class InferCtx:
             raise InvalidArgumentError(
                 f"the model returned {tuple(logits.shape)} for {n} samples; expected ({n}, 1)"
             )
-        with self._lock:
-            self.predictions += n
         return out
 
     def predict_records(self, records: object) -> F32:

@@ -11,6 +11,10 @@
                                                    split back to each request
     gRPC  grpc.health.v1 + reflection; HTTP GET /healthz; metrics on their own port
 
+Before any port is bound the predictor is warmed up (``InferCtx.warm_up``: numba kernels
+compiled, one dummy record scored; see ``warmup.py``). An idle server scores a lone request
+in the gRPC (or HTTP) thread that received it (``batcher.py``): no hand-off, no batching wait.
+
 The gRPC server is assembled like the shard server (:func:`embeddb.rpc.assembly.start_server`:
 boundary with bearer tokens, where every role may call ``Predict`` → metrics → errors, with
 embeddb exceptions to gRPC statuses). HTTP applies the same
@@ -96,6 +100,9 @@ class ModelServerConfig:
         max_body_bytes: the largest HTTP request body.
         http_idle_seconds: an idle HTTP keep-alive connection is closed after this long.
         metrics_registry: where to record metrics; a fresh registry when None.
+        warm_up: before binding any port, call the predictor's ``warm_up()`` (if it has one:
+            :meth:`InferCtx.warm_up <embeddb.trainer.serving.InferCtx.warm_up>` compiles the
+            numba kernels and runs one dummy record), so no call pays for a compilation.
     """
 
     listen: ListenConfig = field(default_factory=ListenConfig)
@@ -108,6 +115,7 @@ class ModelServerConfig:
     max_body_bytes: int = 64 << 20
     http_idle_seconds: float = 30.0
     metrics_registry: CollectorRegistry | None = None
+    warm_up: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.listen, ListenConfig):
@@ -219,10 +227,18 @@ def build_model_server(
 ) -> ModelServer:
     """Serve ``predictor`` (an ``InferCtx``) over gRPC (and HTTP); returns it started.
 
+    Unless ``config.warm_up`` is false, the predictor's ``warm_up()`` (when it has one) runs
+    first: no port is bound, so no call is accepted, before the numba kernels are compiled
+    and one dummy record was scored (see ``warmup.py``).
+
     Raises:
         OSError: a port cannot be bound.
+        embeddb errors of the predictor's warm-up (the shards cannot be reached).
     """
     cfg = config or ModelServerConfig()
+    warm_up = getattr(predictor, "warm_up", None)
+    if cfg.warm_up and warm_up is not None:
+        logger.debug("model server warmed up in %.2f s", warm_up())
     metrics = ModelMetrics(cfg.metrics_registry or CollectorRegistry())
     if hasattr(predictor, "on_lookup"):  # InferCtx: time its lookups
         predictor.on_lookup = metrics.lookup_seconds.observe

@@ -1,0 +1,124 @@
+"""Phase (ii) of benchmarks/storage.py: training lookups once the LRU tier is in steady state."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from _report import fmt_rate, say, verdict
+from _storage_common import (
+    MIN_BATCHES,
+    SPILL_TIMED_BATCHES,
+    SPILL_WARMUP_MAX_BATCHES,
+    SPILL_WARMUP_TOLERANCE,
+    SPILL_WARMUP_WINDOW,
+    TABLE,
+    TARGET_SPILL_IDS_PER_S,
+    Budget,
+    IdSampler,
+    as_table_ids,
+    disk_share,
+    make_config,
+    open_shard,
+    populate,
+    rng_for,
+    table_stats,
+    time_batches,
+)
+
+from embeddb.config import (
+    OptimizerKind,
+    StoreConfig,
+)
+from embeddb.shard import Shard
+
+# ------------------------------------------------------------------------------------ (ii) spill
+
+
+@dataclass(frozen=True)
+class WarmUp:
+    """How many untimed batches the warm-up took, and its first and last disk shares."""
+
+    batches: int
+    first_share: float
+    last_share: float
+
+
+def warm_to_steady_state(shard: Shard, sampler: IdSampler, max_batches: int) -> WarmUp:
+    """Run untimed lookups until the per-window disk share stops falling (LRU steady state)."""
+    shares: list[float] = []
+    windows: list[float] = []
+    while len(shares) < max_batches:
+        ids = as_table_ids(sampler.batch())
+        before = table_stats(shard)
+        shard.lookup(TABLE, ids, train=True)
+        shares.append(disk_share(before, table_stats(shard)))
+        if len(shares) % SPILL_WARMUP_WINDOW == 0:
+            windows.append(statistics.fmean(shares[-SPILL_WARMUP_WINDOW:]))
+            if len(windows) >= 2 and windows[-1] >= windows[-2] - SPILL_WARMUP_TOLERANCE:
+                break
+    return WarmUp(len(shares), shares[0], windows[-1] if windows else shares[-1])
+
+
+def timed_zipf_lookups(
+    shard: Shard, sampler: IdSampler, budget: Budget, warm_max: int
+) -> dict[str, Any]:
+    """Warm up to steady state, then time training lookups of fresh Zipf batches."""
+    warm = warm_to_steady_state(shard, sampler, warm_max)
+    limit = MIN_BATCHES if budget.quick else SPILL_TIMED_BATCHES
+    batches = [as_table_ids(sampler.batch()) for _ in range(limit)]
+    before = table_stats(shard)
+    rate = time_batches(lambda i: shard.lookup(TABLE, batches[i], train=True), budget, limit=limit)
+    after = table_stats(shard)
+    return {
+        "lookup_ids_per_s": rate.ids_per_s,
+        "median_batch_ids_per_s": rate.median_batch_ids_per_s,
+        "batches": rate.batches,
+        "seconds": rate.seconds,
+        "disk_share": disk_share(before, after),
+        "promoted": after.promoted - before.promoted,
+        "evicted": after.evicted - before.evicted,
+        "warmup_batches": warm.batches,
+        "warmup_first_disk_share": warm.first_share,
+        "warmup_last_disk_share": warm.last_share,
+        "ram_rows": after.ram_rows,
+        "disk_rows": after.disk_rows,
+    }
+
+
+def run_spill(
+    dim: int,
+    n_ids: int,
+    capacity: int,
+    root: Path | None,
+    budget: Budget,
+    seed: int,
+    store: StoreConfig,
+) -> dict[str, Any]:
+    """Phase (ii) for one dim."""
+    config = make_config(dim, capacity, OptimizerKind.ADAGRAD, store)
+    rng = rng_for(seed, 2, dim)
+    with open_shard(config, root, f"spill-d{dim}") as shard:
+        filled = populate(shard, 0, n_ids)
+        sampler = IdSampler(n_ids, "zipf", rng)
+        result = timed_zipf_lookups(shard, sampler, budget, SPILL_WARMUP_MAX_BATCHES)
+    result.update(
+        dim=dim,
+        distinct_ids=n_ids,
+        ram_capacity=capacity,
+        populate_rows_per_s=filled.rows_per_s,
+        populate_seconds=filled.seconds,
+    )
+    met = result["lookup_ids_per_s"] >= TARGET_SPILL_IDS_PER_S
+    say(
+        f"  dim {dim:>2}: populate {fmt_rate(filled.rows_per_s)} rows/s "
+        f"({filled.seconds:.1f} s); warm-up {result['warmup_batches']} batches "
+        f"(disk share {result['warmup_first_disk_share']:.1%} -> "
+        f"{result['warmup_last_disk_share']:.1%}); lookup "
+        f"{fmt_rate(result['lookup_ids_per_s'])} ids/s over {result['batches']} batches, "
+        f"disk share {result['disk_share']:.1%} "
+        f"[target >= {fmt_rate(TARGET_SPILL_IDS_PER_S)} ids/s: {verdict(met)}]"
+    )
+    return result

@@ -1,0 +1,42 @@
+"""Warm-up of a model server before it accepts calls: no request pays for a compilation.
+
+numba compiles a kernel on its first call (or loads it from its on-disk cache, ``cache=True``):
+the client's deduplication and routing kernels on the first lookup, the core's hash-index
+kernels on the first lookup of a shard opened in this process
+(:class:`~embeddb.trainer.serving.local_shards.LocalShards`). TorchScript optimises its graph
+over its first calls. Before :func:`~embeddb.trainer.serving.server.build_model_server` binds
+its ports it calls the predictor's ``warm_up`` (:meth:`InferCtx.warm_up
+<embeddb.trainer.serving.InferCtx.warm_up>`)::
+
+    warm_up_kernels()       embeddb.client.warm_up_client() + embeddb.warmup.warm_up_core()
+    3 x one dummy record    id 0 of every ID feature, zeros for the non-ID inputs: lookup
+                            (evaluation: nothing inserted), pooling, TorchScript forward
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from embeddb.client import warm_up_client
+from embeddb.warmup import warm_up_core
+
+__all__ = ["warm_up_kernels"]
+
+logger = logging.getLogger(__name__)
+
+
+def warm_up_kernels() -> float:
+    """Compile (or load from numba's cache) every numba kernel a model server runs: the
+    client's (:func:`embeddb.client.warm_up_client`) and the core's
+    (:func:`embeddb.warmup.warm_up_core`, for shards opened in-process). Idempotent; cheap
+    once warm.
+
+    Returns:
+        Seconds spent.
+    """
+    started = time.perf_counter()
+    client = warm_up_client()
+    core = warm_up_core()
+    logger.debug("numba kernels ready: client %.3f s, core %.3f s", client, core)
+    return time.perf_counter() - started
