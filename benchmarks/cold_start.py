@@ -60,6 +60,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _figures import draw
+from _plots import add_out_dir_argument
 from _report import finish, say, verdict
 
 from embeddb.client import Client, warm_up_client
@@ -256,6 +258,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         action="store_false",
         help="skip the start with an empty numba cache (it compiles every kernel)",
     )
+    add_out_dir_argument(parser, "cold_start")
     parser.add_argument("--json-out", type=Path, help="also write the JSON line here")
     return parser.parse_args(argv)
 
@@ -278,7 +281,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"first lookup {figures['empty_cache_first_lookup_ms']:.1f} ms"
         )
     result: dict[str, object] = {"bench": "cold_start", "repeats": args.repeats, **figures}
-    return finish(result, started, summary, args.json_out)
+    return finish(draw(result, args.out_dir), started, summary, args.json_out)
 
 
 if __name__ == "__main__":

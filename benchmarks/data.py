@@ -44,6 +44,8 @@ from types import ModuleType
 from typing import Any
 
 import numpy as np
+from _figures import data_figures, draw
+from _plots import add_out_dir_argument
 from _report import finish, say, verdict
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -149,8 +151,11 @@ def _role(pid: int) -> str:
     return Path(argv[0]).name if argv and argv[0] else "?"
 
 
-def run_job(folder: Path, train: str, in_memory: bool) -> dict[str, Any]:
-    """``embeddb train`` on ``train``: its metrics, peak tree RSS and wall time."""
+def run_job(
+    folder: Path, train: str, in_memory: bool
+) -> tuple[dict[str, Any], dict[str, tuple[list[float], list[float]]]]:
+    """``embeddb train`` on ``train``: its metrics, peak tree RSS and wall time, and the
+    sampled RSS per process role over time (:func:`rss_timeline`)."""
     metrics = folder / f"metrics-{'memory' if in_memory else 'stream'}.jsonl"
     job = folder / f"job-{'memory' if in_memory else 'stream'}.yaml"
     job.write_text(JOB.format(train=train, metrics=metrics.name, in_memory=str(in_memory).lower()))
@@ -163,9 +168,10 @@ def run_job(folder: Path, train: str, in_memory: bool) -> dict[str, Any]:
             stderr=subprocess.STDOUT,
             cwd=ROOT,
         )
-        peak, at_peak = 0, {}
+        peak, at_peak, samples = 0, {}, []
         while proc.poll() is None:
             total, roles = tree_rss_bytes(proc.pid)
+            samples.append((time.perf_counter() - started, roles))
             if total > peak:
                 peak, at_peak = total, roles
             time.sleep(SAMPLE_S)  # a sampling period, not a synchronisation
@@ -174,7 +180,21 @@ def run_job(folder: Path, train: str, in_memory: bool) -> dict[str, Any]:
         raise SystemExit(f"embeddb train failed ({proc.returncode}):\n{log.read_text()[-3000:]}")
     result: dict[str, Any] = json.loads(metrics.read_text().splitlines()[-1])
     result.update(peak_rss_mb=peak / 2**20, peak_processes_mb=at_peak, wall_s=wall)
-    return result
+    return result, rss_timeline(samples)
+
+
+def rss_timeline(
+    samples: list[tuple[float, dict[str, float]]],
+) -> dict[str, tuple[list[float], list[float]]]:
+    """RSS MiB over time per role (processes of one role summed, 0 when absent) and in all."""
+    roles = sorted({key.rsplit(" (", 1)[0] for _, by_pid in samples for key in by_pid})
+    times = [t for t, _ in samples]
+    series: dict[str, tuple[list[float], list[float]]] = {}
+    for role in roles:
+        mb = [sum(v for k, v in by.items() if k.rsplit(" (", 1)[0] == role) for _, by in samples]
+        series[role] = (times, mb)
+    series["all processes"] = (times, [sum(by.values()) for _, by in samples])
+    return series
 
 
 def main() -> int:
@@ -182,6 +202,7 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="a 500 MB file (< 90 s)")
     parser.add_argument("--gb", type=float, default=None, help="file size (default 0.5 / 5)")
     parser.add_argument("--seed", type=int, default=0)
+    add_out_dir_argument(parser, "data")
     parser.add_argument("--json-out", type=Path, default=None)
     args = parser.parse_args()
     started = time.perf_counter()
@@ -200,13 +221,13 @@ def main() -> int:
         del lines, test
         say(f"  {rows:,} rows, {file_bytes / 1e6:,.0f} MB ({time.perf_counter() - started:.0f} s)")
         say("streaming one epoch ...")
-        stream = run_job(folder, "train.csv", in_memory=False)
+        stream, timeline = run_job(folder, "train.csv", in_memory=False)
         say(
             f"  {stream['samples_per_s']:,.0f} samples/s, peak RSS {stream['peak_rss_mb']:,.0f} "
             f"MB, test AUC {stream['test_auc']:.4f}, {stream['wall_s']:.0f} s"
         )
         say(f"in memory ({memory_rows:,} rows) ...")
-        memory = run_job(folder, "memory.csv", in_memory=True)
+        memory, _ = run_job(folder, "memory.csv", in_memory=True)
         say(
             f"  {memory['samples_per_s']:,.0f} samples/s, peak RSS {memory['peak_rss_mb']:,.0f} "
             f"MB, {memory['wall_s']:.0f} s"
@@ -246,6 +267,7 @@ def main() -> int:
         f"streaming {stream['samples_per_s']:,.0f} vs in-memory {memory['samples_per_s']:,.0f} "
         f"samples/s = {ratio:.2f}x (target >= {TARGET_RATIO}: {verdict(ratio >= TARGET_RATIO)})",
     ]
+    draw(result, args.out_dir, lambda r, out: data_figures(r, out, timeline))
     return finish(result, started, summary, args.json_out)
 
 

@@ -60,6 +60,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _log_breakdown as log_breakdown
+from _figures import draw
+from _plots import add_out_dir_argument
 from _report import finish, fmt_rate, say, verdict
 
 from embeddb.arrays import F32, U64
@@ -276,6 +278,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--updates-only", action="store_true", help="run (a) only; the other keys are null"
     )
+    add_out_dir_argument(parser, "durability")
     parser.add_argument("--json-out", type=Path, default=None)
     return parser.parse_args(argv)
 
@@ -386,7 +389,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"snapshot {result['snapshot_s']:.2f} s, serving pause "
             f"{result['snapshot_pause_ms']:.0f} ms; restore {result['restore_s']:.2f} s"
         )
-    return finish(result, started, summary, args.json_out)
+    return finish(draw(result, args.out_dir), started, summary, args.json_out)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,8 @@ from typing import Any
 
 import grpc
 import numpy as np
+from _figures import draw
+from _plots import add_out_dir_argument
 from _report import finish, fmt_rate, say, verdict
 
 from embeddb import wire
@@ -167,11 +169,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--quick", action="store_true", help="3 rounds of 0.4 s instead of 7 of 1 s"
     )
     parser.add_argument("--seed", type=int, default=0)
+    add_out_dir_argument(parser, "ownership")
     parser.add_argument("--json-out", type=Path)
     args = parser.parse_args(argv)
     started = time.perf_counter()
     result = {"bench": "ownership", "quick": args.quick, **run(args.quick, args.seed)}
-    return finish(result, started, summary(result), args.json_out)
+    return finish(draw(result, args.out_dir), started, summary(result), args.json_out)
 
 
 if __name__ == "__main__":

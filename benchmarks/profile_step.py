@@ -62,6 +62,8 @@ from typing import Any
 
 import numpy as np
 import torch
+from _figures import draw
+from _plots import add_out_dir_argument
 from _report import finish, say
 from _train_models import DenseNet
 from torch import nn
@@ -472,6 +474,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--torch-threads", type=int, default=0, help="0: the core budget's")
     parser.add_argument("--py-spy", action="store_true", help="also a sampled pass (py-spy)")
     parser.add_argument("--spy-dir", type=Path, default=None, help="keep py-spy's raw files")
+    add_out_dir_argument(parser, "profile_step")
     parser.add_argument("--json-out", type=Path, default=None)
     args = parser.parse_args(argv)
     started = time.perf_counter()
@@ -514,7 +517,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{r['nn_ms']['wall per batch']:.2f} ms per batch"
         for name, r in results.items()
     ]
-    return finish({"bench": "profile_step", "models": results}, started, summary, args.json_out)
+    result = draw({"bench": "profile_step", "models": results}, args.out_dir)
+    return finish(result, started, summary, args.json_out)
 
 
 if __name__ == "__main__":

@@ -89,6 +89,8 @@ import grpc
 import numpy as np
 import numpy.typing as npt
 import ownership
+from _figures import draw
+from _plots import add_out_dir_argument
 from _report import finish, fmt_rate, say, verdict
 from _rpc_cold import cold_first_lookup
 from _rpc_server import (
@@ -319,6 +321,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         f"throughput operation, {LATENCY_SECONDS_QUICK:g} s of latency requests",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of every id batch and sample")
+    add_out_dir_argument(parser, "rpc")
     parser.add_argument(
         "--json-out", type=Path, default=None, help="also write the final JSON object to this file"
     )
@@ -524,7 +527,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     phases["cold"] = cold_first_lookup(repeats, empty_cache=not args.quick)
     say(f"  {cold_line(phases['cold'])}")
     result = build_result(args, phases)
-    return finish(result, started, summary(result), args.json_out)
+    return finish(draw(result, args.out_dir), started, summary(result), args.json_out)
 
 
 if __name__ == "__main__":

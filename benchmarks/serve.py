@@ -65,6 +65,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from _figures import draw
+from _plots import add_out_dir_argument
 from _report import finish, say, verdict
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -370,6 +372,7 @@ def _slice(batch: Any, start: int, n: int) -> Any:
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="< 60 s: shorter phases")
+    add_out_dir_argument(parser, "serve")
     parser.add_argument("--json-out", type=Path, help="also write the final JSON here")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
@@ -555,7 +558,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"256 samples at 20/s: p50 {p256['p50_ms']:.2f} ms, p99 {p256['p99_ms']:.2f} ms",
         f"saturation: {result['max_samples_per_s']:,.0f} samples/s",
     ]
-    return finish(result, started, summary, args.json_out)
+    return finish(draw(result, args.out_dir), started, summary, args.json_out)
 
 
 if __name__ == "__main__":

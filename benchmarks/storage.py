@@ -77,6 +77,8 @@ from typing import Any
 
 import numpy as np
 import ownership
+from _figures import draw
+from _plots import add_out_dir_argument
 from _report import finish, fmt_rate, say, verdict
 from _storage_common import (
     BATCH,
@@ -361,6 +363,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="threads that may serve the stripes of one call (store.parallel.threads; default 0: "
         "every CPU; 1: the calling thread only, as the numpy baselines run)",
     )
+    add_out_dir_argument(parser, "storage")
     parser.add_argument(
         "--json-out", type=Path, default=None, help="also write the final JSON object to this file"
     )
@@ -528,7 +531,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     say("\n(ownership) the cost of the shard-ownership check (benchmarks/ownership.py)")
     phases["ownership"] = ownership.run(args.quick, args.seed)
     result = build_result(args, phases)
-    return finish(result, started, summary(result), args.json_out)
+    return finish(draw(result, args.out_dir), started, summary(result), args.json_out)
 
 
 if __name__ == "__main__":

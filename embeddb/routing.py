@@ -11,7 +11,8 @@ All functions work on whole ``numpy.uint64`` arrays and are exact (integer arith
   shard routing independent of the in-shard hashing (stripes and hash buckets use other salts,
   see ``embeddb.storage.hash_index``), so the ids of one shard still spread evenly over that
   shard's stripes. The algorithm (:data:`ROUTING_ALGORITHM`) is specified language-neutrally in
-  ``proto/embeddb/v1/embeddb.proto``, with test vectors in ``routing_test_vectors.json`` there.
+  ``embeddb/proto/embeddb/v1/embeddb.proto``, with test vectors in
+  ``routing_test_vectors.json`` there.
 * :class:`Topology` is one shard's place in its cluster; :meth:`Topology.check_owned` refuses a
   batch holding an id of another shard (one compiled pass, no temporaries).
 * :func:`with_group_prefix` puts a feature group's index in the top ``prefix_bits`` bits of its

@@ -263,6 +263,12 @@ class Shard:
         return self._log.last_seq if self._log is not None else 0
 
     @property
+    def read_only(self) -> bool:
+        """Whether the shard refuses mutations because its update log failed (a full disk, an
+        I/O error: :mod:`embeddb.shard_journal`); reads go on."""
+        return self._journal.failed is not None
+
+    @property
     def durable_seq(self) -> int:
         """The last seq known fsynced (equal to :attr:`seq` without an update log)."""
         return self._log.durable_seq if self._log is not None else self.seq

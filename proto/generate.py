@@ -1,4 +1,5 @@
-"""Generate the Python gRPC stubs from proto/ into embeddb/v1/.
+"""Generate the Python gRPC stubs from embeddb/proto/ (the .proto files, shipped in the package)
+into embeddb/v1/.
 
 Run from anywhere: ``python proto/generate.py``. With ``--check DIR`` it generates into DIR
 instead and exits 1 if the result differs from the committed stubs (tests/test_proto.py does
@@ -16,7 +17,7 @@ from pathlib import Path
 from grpc_tools import protoc
 
 ROOT = Path(__file__).resolve().parents[1]
-PROTO_DIR = ROOT / "proto"
+PROTO_DIR = ROOT / "embeddb" / "proto"
 SOURCES = ["embeddb/v1/embeddb.proto", "embeddb/v1/model.proto"]
 GENERATED = [
     f"{Path(source).stem}{suffix}"

@@ -112,7 +112,8 @@ def test_a_bad_option_in_a_command_would_fail(tmp_path: Path) -> None:
     shard = compose_services()["shard-0"]
     with pytest.raises(click.UsageError):
         parse_embeddb([*shard.command, "--no-such-option"], shard.mounts(tmp_path))
-    with pytest.raises(click.BadParameter):  # a config the deployment does not mount
+    # a config the deployment does not mount (a missing file: exit 1, not a usage error)
+    with pytest.raises(click.ClickException, match="does not exist"):
         parse_embeddb(
             [a for a in shard.command if not a.startswith("--config")] + ["--config=/nope.yaml"],
             shard.mounts(tmp_path),

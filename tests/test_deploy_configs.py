@@ -67,12 +67,12 @@ def test_grafana_provisioning_finds_the_dashboard_and_datasource() -> None:
     path = provider["providers"][0]["options"]["path"]
     assert binds[path] == DASHBOARD.parent
     datasource = yaml.safe_load((provisioning / "datasources" / "prometheus.yaml").read_text())
-    uid = datasource["datasources"][0]["uid"]
+    assert datasource["datasources"][0]["type"] == "prometheus"  # what $datasource lists
     dashboard = json.loads(DASHBOARD.read_text())
     panels = [p for p in dashboard["panels"] if p["type"] != "row"]
     assert len(panels) >= 10
     for panel in panels:
-        assert panel["datasource"]["uid"] == uid, panel["title"]
+        assert panel["datasource"]["uid"] == "${datasource}", panel["title"]
         assert panel["targets"], panel["title"]
     home = grafana.spec["environment"]["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]
     assert Path(map_path(home, binds)) == DASHBOARD
@@ -137,8 +137,13 @@ def exported_metrics(tmp_path: Path) -> Iterator[set[str]]:
 def test_every_dashboard_metric_is_exported(exported_metrics: set[str]) -> None:
     assert "embeddb_follower_lag_seq" in exported_metrics  # the follower was scraped
     assert "embeddb_tier_hits_total" in exported_metrics
-    used = {m for expr in dashboard_exprs() for m in re.findall(r"\bembeddb_[a-z0-9_]+", expr)}
+    used = {
+        m
+        for expr in dashboard_exprs()
+        for m in re.findall(r"\b(?:embeddb|process|python)_[a-z0-9_]+", expr)
+    }
     assert used - exported_metrics == set()
+    assert "process_resident_memory_bytes" in used  # the process collectors' panels
     # The panels the deployment needs are there.
     for needed in (
         "embeddb_requests_total",
@@ -152,6 +157,56 @@ def test_every_dashboard_metric_is_exported(exported_metrics: set[str]) -> None:
         "embeddb_model_request_seconds_bucket",
     ):
         assert needed in used, needed
+
+
+def datasource_refs(node: Any) -> Iterator[dict[str, Any]]:
+    """Every ``datasource`` object in the dashboard's JSON, at any depth."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "datasource" and isinstance(value, dict):
+                yield value
+            yield from datasource_refs(value)
+    elif isinstance(node, list):
+        for item in node:
+            yield from datasource_refs(item)
+
+
+def test_the_dashboard_hard_codes_no_datasource_uid() -> None:
+    dashboard = json.loads(DASHBOARD.read_text())
+    refs = list(datasource_refs(dashboard))
+    assert len(refs) > 20  # panels, targets and the query variables
+    assert {r.get("uid") for r in refs} == {"${datasource}"}
+    provisioned = DOCKER / "config" / "grafana" / "datasources" / "prometheus.yaml"
+    uid = yaml.safe_load(provisioned.read_text())["datasources"][0]["uid"]
+    assert uid not in DASHBOARD.read_text()
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource"
+    assert variables["datasource"]["query"] == "prometheus"
+
+
+GRAFANA_BUILTINS = {"__rate_interval", "__interval", "__range", "__all", "__dashboard"}
+
+
+def test_every_dashboard_variable_used_is_defined_and_the_filters_are_used() -> None:
+    text = DASHBOARD.read_text()
+    dashboard = json.loads(text)
+    defined = {v["name"]: v for v in dashboard["templating"]["list"]}
+    # $name, ${name}, ${name:format} and [[name]], minus Grafana's own
+    used = set(re.findall(r"\$\{?(\w+)", text)) | set(re.findall(r"\[\[(\w+)", text))
+    assert used - GRAFANA_BUILTINS - set(defined) == set()
+    assert {"datasource", "job", "shard"} <= set(defined)
+    queries = "\n".join([*dashboard_exprs(), *(v.get("definition", "") for v in defined.values())])
+    for name in ("job", "shard"):
+        variable = defined[name]
+        assert variable["multi"] and variable["includeAll"], name
+        assert variable["allValue"] == ".*", name  # "All" must match every series' label
+        assert variable["datasource"]["uid"] == "${datasource}", name
+        # multi-select values are a regex alternation: only =~ matches them
+        assert f'=~"${name}"' in queries, name
+        assert f'="${name}"' not in queries, name
+    exprs = dashboard_exprs()
+    assert all('job=~"$job"' in expr for expr in exprs)
+    assert sum('instance=~"$shard"' in expr for expr in exprs) >= 10
 
 
 def test_a_misspelt_dashboard_metric_would_be_caught(exported_metrics: set[str]) -> None:

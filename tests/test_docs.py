@@ -259,6 +259,7 @@ def _exported_metric_names() -> frozenset[str]:
     server export, read from real registries built as the servers build them."""
     from embeddb import EmbeddingConfig, Shard
     from embeddb.server.metrics import (
+        DurabilityCollector,
         FollowerCollector,
         LogCutsCollector,
         ShardMetrics,
@@ -281,6 +282,7 @@ def _exported_metric_names() -> frozenset[str]:
     with Shard(EmbeddingConfig.single_table("t", 4, capacity=64)) as shard:
         shard_registry.register(ShardStatsCollector(shard))
         shard_registry.register(LogCutsCollector(shard))
+        shard_registry.register(DurabilityCollector(shard))
         return frozenset().union(*map(_names, registries))
 
 

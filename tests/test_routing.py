@@ -488,7 +488,12 @@ def test_as_ids_default_name_is_ids() -> None:
 
 # ---------------------------------------------------------------- the language-neutral contract
 VECTORS = (
-    Path(__file__).resolve().parents[1] / "proto" / "embeddb" / "v1" / "routing_test_vectors.json"
+    Path(__file__).resolve().parents[1]
+    / "embeddb"
+    / "proto"
+    / "embeddb"
+    / "v1"
+    / "routing_test_vectors.json"
 )
 PROTO = VECTORS.with_name("embeddb.proto")
 

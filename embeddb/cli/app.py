@@ -6,12 +6,13 @@ supervisor stay small (``benchmarks/data.py`` sums every process of a job)."""
 from __future__ import annotations
 
 import importlib
-import logging
 
 import click
 
 from embeddb import __version__
-from embeddb.cli.options import LOG_LEVELS
+from embeddb.cli.envvars import from_environment
+from embeddb.cli.logs import configure_logging
+from embeddb.cli.options import LOG_FORMAT_CHOICE, LOG_LEVELS
 
 __all__ = ["COMMANDS", "main"]
 
@@ -19,6 +20,7 @@ __all__ = ["COMMANDS", "main"]
 COMMANDS = {
     "cluster": "embeddb.cli.cluster:cluster",
     "demo": "embeddb.cli.train:demo",
+    "proto-path": "embeddb.cli.proto:proto_path",
     "reshard": "embeddb.cli.durability:reshard",
     "restore": "embeddb.cli.durability:restore",
     "serve": "embeddb.cli.serve:serve",
@@ -44,6 +46,7 @@ class _LazyGroup(click.Group):
         return command
 
 
+@from_environment("")
 @click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="embeddb")
 @click.option(
@@ -52,8 +55,19 @@ class _LazyGroup(click.Group):
     default="warning",
     show_default=True,
 )
-def main(log_level: str) -> None:
-    """embeddb: an embedding database and hybrid training system for recommender models."""
-    logging.basicConfig(
-        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+@click.option(
+    "--log-format",
+    type=LOG_FORMAT_CHOICE,
+    default="text",
+    show_default=True,
+    help="json: one JSON object per line (time, level, logger, message, exception).",
+)
+@click.option("--quiet", "-q", is_flag=True, help="Log only warnings and errors.")
+def main(log_level: str, log_format: str, quiet: bool) -> None:
+    """embeddb: an embedding database and hybrid training system for recommender models.
+
+    The options of serve, serve-model and cluster can also be set by environment variables
+    named EMBEDDB_<COMMAND>_<OPTION> (EMBEDDB_SERVE_PORT, EMBEDDB_SERVE_MODEL_HTTP_PORT); the
+    options above drop the command (EMBEDDB_LOG_FORMAT). The command line wins.
+    """
+    configure_logging("warning" if quiet and log_level != "error" else log_level, log_format)

@@ -8,7 +8,9 @@ from pathlib import Path
 
 import click
 
-from embeddb.cli.common import load_config, set_log_level
+from embeddb.cli.common import check_bindable, load_config, reported_errors, setup_logging
+from embeddb.cli.envvars import from_environment
+from embeddb.cli.logs import json_shard_line
 from embeddb.cli.options import (
     DEFAULT_PORT,
     NEW_FILE,
@@ -16,15 +18,21 @@ from embeddb.cli.options import (
     config_option,
     data_dir_option,
     listen_options,
-    log_level_option,
+    log_options,
     metrics_host_option,
     options,
 )
-from embeddb.errors import EmbeddbError
 
 __all__ = ["cluster"]
 
+logger = logging.getLogger(__name__)
 
+
+def _write_stderr(text: str) -> None:
+    click.echo(text, err=True, nl=False)
+
+
+@from_environment("cluster")
 @click.command()
 @click.option("--num-shards", type=click.IntRange(min=1), required=True)
 @config_option(
@@ -95,7 +103,7 @@ __all__ = ["cluster"]
     help="Seconds over which restarts count against --max-restarts (a crash loop is given up).",
 )
 @click.option("--fail-fast", is_flag=True, help="Stop the cluster when a shard is given up.")
-@log_level_option()
+@log_options()
 @click.option("--workers", type=click.IntRange(min=1), help="Passed to every shard.")
 @click.option("--threads", type=click.IntRange(min=1, max=256), help="Passed to every shard.")
 @click.option("--max-message-mb", type=click.IntRange(min=1), help="Passed to every shard.")
@@ -118,16 +126,24 @@ def cluster(
     restart_window: float,
     fail_fast: bool,
     log_level: str | None,
+    log_format: str | None,
+    quiet: bool,
     workers: int | None,
     threads: int | None,
     max_message_mb: int | None,
     tls_server_name: str | None,
 ) -> None:
-    """Run NUM_SHARDS ``embeddb serve`` processes; restart any that die; stop all on Ctrl-C."""
+    """Run NUM_SHARDS ``embeddb serve`` processes; restart any that die; stop all on Ctrl-C.
+
+    With --log-format json the shards log JSON too, and each line they print is relayed as one
+    JSON object with its "shard" index.
+    """
     from embeddb.server.cluster import Cluster, ClusterConfig
 
-    set_log_level(ctx, log_level)
-    serve_args: list[str] = []
+    level = setup_logging(ctx, log_level, log_format, quiet)
+    json_logs = (log_format or ctx.find_root().params.get("log_format")) == "json"
+    quiet = quiet or bool(ctx.find_root().params.get("quiet"))
+    serve_args: list[str] = ["--log-format", "json"] if json_logs else []
     if workers is not None:
         serve_args += ["--workers", str(workers)]
     if threads is not None:
@@ -138,13 +154,18 @@ def cluster(
         serve_args += ["--tokens-file", str(listen.tokens_file.resolve())]
     if listen.tokens_from_env:
         serve_args.append("--tokens-from-env")  # the shards inherit the environment
-    try:
+    with reported_errors():
         load_config(config_path)  # fail here, once, rather than in every shard
         base_port = listen.port or 0
         if base_port and base_port + num_shards > 65536:
             raise click.BadParameter(
                 f"{base_port} + {num_shards} shards exceeds 65535", param_hint="--base-port"
             )
+        if base_port:
+            check_bindable(listen.host, *(base_port + i for i in range(num_shards)))
+        if listen.metrics_port:
+            metrics_ports = (listen.metrics_port + i for i in range(num_shards))
+            check_bindable(listen.metrics_host or listen.host, *metrics_ports)
         cfg = ClusterConfig(
             num_shards=num_shards,
             config_path=config_path,
@@ -165,12 +186,13 @@ def cluster(
             tls_server_name=tls_server_name,
             metrics_base_port=listen.metrics_port or 0,
             metrics_host=listen.metrics_host,
-            log_level=log_level or logging.getLevelName(logging.getLogger().level).lower(),
+            log_level=level,
             serve_args=tuple(serve_args),
         )
-        runner = Cluster(cfg)
-    except EmbeddbError as exc:
-        raise click.ClickException(str(exc)) from exc
+        runner = Cluster(
+            cfg,
+            output=(lambda line: _write_stderr(json_shard_line(line))) if json_logs else None,
+        )
 
     def on_signal(signum: int, frame: object) -> None:
         runner.request_stop()
@@ -178,17 +200,17 @@ def cluster(
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     code = 1
     try:
-        runner.start()
-        addresses = runner.wait_healthy()
-        for index, address in enumerate(addresses):
-            click.echo(f"shard {index}: {address}")
-        if cfg.address_file is not None:
-            click.echo(f"addresses written to {cfg.address_file}")
-        code = runner.supervise()
-    except (EmbeddbError, OSError) as exc:
-        raise click.ClickException(str(exc)) from exc
+        with reported_errors():
+            runner.start()
+            addresses = runner.wait_healthy()
+            if not quiet:
+                for index, address in enumerate(addresses):
+                    click.echo(f"shard {index}: {address}")
+                if cfg.address_file is not None:
+                    click.echo(f"addresses written to {cfg.address_file}")
+            code = runner.supervise()
     finally:
-        click.echo("stopping shards ...", err=True)
+        logger.info("stopping shards ...")
         runner.stop()
         for sig, old in previous.items():
             signal.signal(sig, old)

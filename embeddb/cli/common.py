@@ -1,17 +1,24 @@
 """What every command does with the values of its options: read the files they name (embedding
-config, PEM, token files), build credentials, set the log level. Errors become
-``click.ClickException`` here, the boundary where a user's input is checked."""
+config, PEM, token files), build credentials, set up logging. Errors become
+``click.ClickException`` here, the boundary where a user's input is checked
+(:func:`reported_errors`: one ``Error:`` line on stderr, exit code 1, no traceback)."""
 
 from __future__ import annotations
 
 import dataclasses
+import errno
 import logging
+import re
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import click
 
+from embeddb.cli.logs import configure_logging
 from embeddb.config import EmbeddingConfig
 from embeddb.errors import EmbeddbError
 from embeddb.rpc.auth import Tokens
@@ -19,13 +26,20 @@ from embeddb.secrets import read_token_file
 
 __all__ = [
     "channel_credentials",
+    "check_bindable",
     "load_config",
     "packaged_config",
     "read_bytes",
     "read_token",
+    "reported_errors",
     "server_tokens",
     "set_log_level",
+    "setup_logging",
 ]
+
+_EXPLICIT = (click.core.ParameterSource.COMMANDLINE, click.core.ParameterSource.ENVIRONMENT)
+# grpc raises RuntimeError (not OSError) when a server port cannot be bound
+_GRPC_BIND_FAILED = re.compile(r"Failed to bind to address (\S+?);")
 
 
 def packaged_config(name: str) -> EmbeddingConfig:
@@ -88,12 +102,88 @@ def server_tokens(tokens_file: Path | None, tokens_from_env: bool) -> Tokens | N
     return Tokens.from_env() if tokens_from_env else None
 
 
+def _group_value(ctx: click.Context, name: str, *, explicit_only: bool) -> Any:
+    """The ``embeddb`` group's value of option ``name`` (None: no group, or, with
+    ``explicit_only``, not given on its command line or in the environment)."""
+    parent = ctx.parent
+    if parent is None or name not in parent.params:
+        return None
+    if explicit_only and parent.get_parameter_source(name) not in _EXPLICIT:
+        return None
+    return parent.params[name]
+
+
 def set_log_level(ctx: click.Context, level: str | None) -> None:
-    """The command's ``--log-level``, else the group's if given explicitly, else ``info``."""
-    if level is None:
-        parent = ctx.parent
-        explicit = parent is not None and (
-            parent.get_parameter_source("log_level") is click.core.ParameterSource.COMMANDLINE
-        )
-        level = parent.params["log_level"] if parent is not None and explicit else "info"
+    """The command's ``--log-level``, else the group's if given explicitly (command line or
+    ``EMBEDDB_LOG_LEVEL``), else ``info``."""
+    level = level or _group_value(ctx, "log_level", explicit_only=True) or "info"
     logging.getLogger().setLevel(level.upper())
+
+
+def setup_logging(
+    ctx: click.Context, level: str | None, log_format: str | None, quiet: bool
+) -> str:
+    """Apply a command's ``options.log_options``: each falls back to the group's (the level only
+    when the group's was given explicitly), then to ``info`` / ``text``; ``quiet`` (the
+    command's or the group's) raises the level to at least ``warning``.
+
+    Returns:
+        the level in effect (``embeddb cluster`` passes it to its shards).
+    """
+    level = level or _group_value(ctx, "log_level", explicit_only=True) or "info"
+    if quiet or _group_value(ctx, "quiet", explicit_only=False):
+        level = level if level == "error" else "warning"
+    log_format = log_format or _group_value(ctx, "log_format", explicit_only=False) or "text"
+    configure_logging(level, log_format)
+    return level
+
+
+def check_bindable(host: str, *ports: int | None) -> None:
+    """Check, before a server starts, that each of ``ports`` on ``host`` can be bound (None
+    and 0 are skipped), so a busy port is one clear line rather than gRPC's or http.server's
+    error after the store has been opened. The server's own bind still decides (a race).
+
+    Raises:
+        click.ClickException: a port is in use, or ``host`` is not an address of this machine.
+    """
+    for port in ports:
+        if not port:
+            continue
+        address = f"{host}:{port}"
+        try:
+            infos = socket.getaddrinfo(host.strip("[]"), port, type=socket.SOCK_STREAM)
+        except OSError as exc:
+            raise click.ClickException(f"cannot bind {address}: {exc}") from exc
+        failures: list[OSError] = []
+        for family, kind, proto, _, sockaddr in infos:
+            try:
+                with socket.socket(family, kind, proto) as probe:
+                    probe.bind(sockaddr)
+                break
+            except OSError as exc:
+                failures.append(exc)
+        else:
+            in_use = any(exc.errno == errno.EADDRINUSE for exc in failures)
+            why = "the port is in use" if in_use else str(failures[0])
+            raise click.ClickException(f"cannot bind {address}: {why}")
+
+
+@contextmanager
+def reported_errors() -> Iterator[None]:
+    """Turns what a running command may meet in its environment (an ``EmbeddbError``, an
+    ``OSError``, a port gRPC cannot bind) into a ``click.ClickException``: one line, exit 1.
+
+    Raises:
+        click.ClickException: in place of those errors.
+    """
+    try:
+        yield
+    except (EmbeddbError, OSError) as exc:
+        raise click.ClickException(str(exc) or type(exc).__name__) from exc
+    except RuntimeError as exc:
+        bind = _GRPC_BIND_FAILED.match(str(exc))
+        if bind is None:
+            raise
+        raise click.ClickException(
+            f"cannot bind {bind.group(1)}: the port is in use or the address is not this machine's"
+        ) from exc

@@ -9,6 +9,8 @@ Groups (the parameter names the command function receives):
     data_dir_option      --data-dir (data_dir)
     host_option          --host (host)
     log_level_option     --log-level (log_level): the command's own, over the group's
+    log_options          --log-level, --log-format, --quiet (log_level, log_format, quiet):
+                         how a long-running command logs (``common.setup_logging``)
     metrics_options      --metrics-port, --metrics-host (metrics_port, metrics_host)
     server_tls_options   --tls-cert, --tls-key: the certificate a server presents
     tokens_options       --tokens-file, --tokens-from-env: the bearer tokens a server accepts
@@ -30,14 +32,18 @@ from typing import Any
 import click
 
 from embeddb.cli.common import read_bytes, server_tokens
+from embeddb.cli.logs import LOG_FORMATS
 from embeddb.rpc.listen import ListenConfig
 
 __all__ = [
     "DEFAULT_PORT",
     "DIRECTORY",
+    "EXISTING_DIR",
     "EXISTING_FILE",
+    "LOG_FORMAT_CHOICE",
     "LOG_LEVELS",
     "NEW_FILE",
+    "ExistingPath",
     "ListenArgs",
     "check_metrics_options",
     "check_tokens_options",
@@ -47,6 +53,7 @@ __all__ = [
     "host_option",
     "listen_options",
     "log_level_option",
+    "log_options",
     "metrics_host_option",
     "metrics_options",
     "options",
@@ -57,9 +64,31 @@ __all__ = [
 Command = Callable[..., Any]  # a command function, before `click.command` makes it a Command
 Decorator = Callable[[Command], Command]
 
+
+class ExistingPath(click.Path):
+    """A ``click.Path`` that must exist: a missing or unreadable path is an error of the
+    environment, not of the command line: one ``Error:`` line and exit code 1 (a usage
+    error prints the usage and exits 2)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        """The path, checked as ``click.Path`` does.
+
+        Raises:
+            click.ClickException: the path is missing, unreadable or of the wrong kind.
+        """
+        try:
+            return super().convert(value, param, ctx)
+        except click.BadParameter as exc:
+            hint = exc.param_hint or (param.get_error_hint(ctx) if param and ctx else None)
+            where = f" for {hint}" if hint else ""
+            raise click.ClickException(f"Invalid value{where}: {exc.message}") from exc
+
+
 LOG_LEVELS = click.Choice(["debug", "info", "warning", "error"])
+LOG_FORMAT_CHOICE = click.Choice(list(LOG_FORMATS))
 DEFAULT_PORT = 7070  # shard i of `embeddb serve` / `embeddb cluster` binds DEFAULT_PORT + i
-EXISTING_FILE = click.Path(exists=True, dir_okay=False, path_type=Path)
+EXISTING_FILE = ExistingPath(exists=True, dir_okay=False, path_type=Path)
+EXISTING_DIR = ExistingPath(exists=True, file_okay=False, path_type=Path)
 NEW_FILE = click.Path(dir_okay=False, path_type=Path)
 DIRECTORY = click.Path(file_okay=False, path_type=Path)
 
@@ -99,6 +128,23 @@ def host_option(help: str | None = "Address to bind.") -> Decorator:
 def log_level_option() -> Decorator:
     """A command's ``--log-level``; ``common.set_log_level`` applies it."""
     return click.option("--log-level", type=LOG_LEVELS, help="Log level (default: info).")
+
+
+def log_options() -> Decorator:
+    """``--log-level``, ``--log-format`` and ``--quiet`` of a long-running command; each, when
+    not given, falls back to the ``embeddb`` group's (``common.setup_logging`` applies them)."""
+    return options(
+        log_level_option(),
+        click.option(
+            "--log-format",
+            type=LOG_FORMAT_CHOICE,
+            help="text, or json: one JSON object per line (time, level, logger, message, "
+            "exception) (default: text).",
+        ),
+        click.option(
+            "--quiet", "-q", is_flag=True, help="Log only warnings and errors (over --log-level)."
+        ),
+    )
 
 
 def metrics_host_option(help: str) -> Decorator:

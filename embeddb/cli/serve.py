@@ -9,13 +9,17 @@ import click
 
 from embeddb.cli.common import (
     channel_credentials,
+    check_bindable,
     load_config,
     read_token,
-    set_log_level,
+    reported_errors,
+    setup_logging,
     with_threads,
 )
+from embeddb.cli.envvars import from_environment
 from embeddb.cli.options import (
     DEFAULT_PORT,
+    EXISTING_DIR,
     EXISTING_FILE,
     NEW_FILE,
     ListenArgs,
@@ -23,15 +27,15 @@ from embeddb.cli.options import (
     config_option,
     data_dir_option,
     listen_options,
-    log_level_option,
+    log_options,
 )
-from embeddb.errors import EmbeddbError
 from embeddb.server.app import ServerConfig
 
 __all__ = ["serve", "serve_model"]
 
 
 # --------------------------------------------------------------------------------------- serve
+@from_environment("serve")
 @click.command()
 @config_option("Embedding config YAML (default: the packaged presets/default.yaml).")
 @data_dir_option(
@@ -52,8 +56,8 @@ __all__ = ["serve", "serve_model"]
     show_default=True,
     envvar="EMBEDDB_SHARD_INDEX",
     show_envvar=True,
-    help="This shard's index; the option wins over the variable (a Kubernetes StatefulSet sets "
-    "the variable from the pod ordinal).",
+    help="This shard's index; the option wins over the variables (a Kubernetes StatefulSet "
+    "sets EMBEDDB_SHARD_INDEX from the pod ordinal).",
 )
 @click.option("--num-shards", type=click.IntRange(min=1), default=1, show_default=True)
 @listen_options(
@@ -71,7 +75,7 @@ __all__ = ["serve", "serve_model"]
     type=NEW_FILE,
     help="Write the bound port here once serving (removed at shutdown).",
 )
-@log_level_option()
+@log_options()
 @click.option(
     "--max-message-mb",
     type=click.IntRange(min=1),
@@ -175,6 +179,8 @@ def serve(
     listen: ListenArgs,
     port_file: Path | None,
     log_level: str | None,
+    log_format: str | None,
+    quiet: bool,
     max_message_mb: int,
     max_response_mb: int,
     max_streams: int,
@@ -204,7 +210,7 @@ def serve(
     from embeddb.server.daemon import DaemonOptions, run_daemon
     from embeddb.server.follower import FollowerOptions
 
-    set_log_level(ctx, log_level)
+    setup_logging(ctx, log_level, log_format, quiet)
     if shard_index >= num_shards:
         raise click.BadParameter(
             f"must be less than --num-shards ({num_shards}), got {shard_index}",
@@ -220,11 +226,15 @@ def serve(
         raise click.UsageError("the --primary-* options need --follow")
     if ephemeral and restore is not None:
         raise click.UsageError("--restore needs a data directory, not --ephemeral")
-    if follow is not None and ctx.get_parameter_source("data_dir") is not (
-        click.core.ParameterSource.COMMANDLINE
+    if follow is not None and ctx.get_parameter_source("data_dir") not in (
+        click.core.ParameterSource.COMMANDLINE,
+        click.core.ParameterSource.ENVIRONMENT,
     ):
         data_dir = "embeddb-data/follower-{index}"
-    try:
+    port = DEFAULT_PORT + shard_index if listen.port is None else listen.port
+    check_bindable(listen.host, port)
+    check_bindable(listen.metrics_host or listen.host, listen.metrics_port)
+    with reported_errors():
         config = load_config(config_path)
         if threads is not None:
             config = with_threads(config, threads)
@@ -262,18 +272,17 @@ def serve(
             follow=following,
         )
         code = run_daemon(config, server_config, options)
-    except (EmbeddbError, OSError) as exc:
-        raise click.ClickException(str(exc)) from exc
     ctx.exit(code)
 
 
 # --------------------------------------------------------------------------------- serve-model
+@from_environment("serve-model")
 @click.command("serve-model")
 @click.option(
     "--model",
     "model_dir",
     required=True,
-    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    type=EXISTING_DIR,
     help="The exported model directory (model.json, dense.pt, embedding.yaml).",
 )
 @click.option(
@@ -292,7 +301,7 @@ def serve(
 @click.option(
     "--from-checkpoint",
     "checkpoint_dir",
-    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    type=EXISTING_DIR,
     help="A job's checkpoint_dir: serve with the shards of its latest checkpoint opened in "
     "this process, read-only (no shard servers; a local demo). Instead of --shard/--addresses.",
 )
@@ -352,7 +361,7 @@ def serve(
     show_default=True,
     help="gRPC threads (also the most gRPC requests one micro-batch merges).",
 )
-@log_level_option()
+@log_options()
 @click.pass_context
 def serve_model(
     ctx: click.Context,
@@ -371,6 +380,8 @@ def serve_model(
     workers: int,
     threads: int,
     log_level: str | None,
+    log_format: str | None,
+    quiet: bool,
 ) -> None:
     """Serve an exported model over gRPC and HTTP/JSON until SIGTERM or SIGINT.
 
@@ -381,7 +392,7 @@ def serve_model(
     Shutdown: health NOT_SERVING, stop accepting calls, let in-flight ones finish, exit 0.
     Needs the trainer extra (torch).
     """
-    set_log_level(ctx, log_level)
+    setup_logging(ctx, log_level, log_format, quiet)
     given = [address_file is not None, bool(shards), checkpoint_dir is not None]
     if sum(given) != 1:
         raise click.UsageError(
@@ -395,7 +406,11 @@ def serve_model(
         from embeddb.trainer.serving.server import ModelServerConfig
     except ImportError as exc:
         raise click.ClickException(f"embeddb serve-model needs the trainer extra: {exc}") from exc
-    try:
+    check_bindable(listen.host, listen.port)
+    if not no_http:
+        check_bindable(listen.host, http_port)
+    check_bindable(listen.metrics_host or listen.host, listen.metrics_port)
+    with reported_errors():
         config = ModelServerConfig(
             listen=listen.config(),
             http_port=None if no_http else http_port,
@@ -417,6 +432,4 @@ def serve_model(
             threads=threads,
         )
         code = run_model_server(config, options)
-    except (EmbeddbError, OSError) as exc:
-        raise click.ClickException(str(exc)) from exc
     ctx.exit(code)

@@ -10,28 +10,75 @@ serve the metrics at any path. The path is compared exactly, ``..`` never resolv
 
 The endpoint is plain HTTP without authentication: bind it to loopback or a private network
 (``ListenConfig.metrics_host``, ``embeddb serve --metrics-host``).
+
+Every registry the project exports (shard and follower, model server, embedding worker) also
+holds the standard process and Python collectors, added by :func:`add_runtime_collectors`:
+``process_*`` (resident memory, CPU seconds, open fds, start time; Linux only),
+``python_info`` and ``python_gc_*``, the series that dashboards and alert rules written for any
+Python service expect.
 """
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import socketserver
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from socketserver import ThreadingMixIn
 from typing import TYPE_CHECKING, Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
-from prometheus_client import CollectorRegistry, make_wsgi_app
+from prometheus_client import (
+    CollectorRegistry,
+    GCCollector,
+    PlatformCollector,
+    ProcessCollector,
+    make_wsgi_app,
+)
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment
 
-__all__ = ["METRICS_PATH", "MetricsEndpoint", "metrics_app", "serve_metrics"]
+__all__ = [
+    "METRICS_PATH",
+    "MetricsEndpoint",
+    "RuntimeCollector",
+    "add_runtime_collectors",
+    "metrics_app",
+    "serve_metrics",
+]
 
 METRICS_PATH = "/metrics"
 _NOT_FOUND = b"404 not found: this endpoint serves /metrics only\n"
+
+
+class RuntimeCollector(Collector):
+    """The standard process (``process_*``), platform (``python_info``) and garbage collector
+    (``python_gc_*``) collectors as one, which describes its series so that a registry refuses
+    it twice (the standard ones describe nothing, so a registry would take them twice)."""
+
+    def __init__(self) -> None:
+        self._parts = CollectorRegistry()
+        ProcessCollector(registry=self._parts)
+        PlatformCollector(registry=self._parts)
+        GCCollector(registry=self._parts)
+
+    def describe(self) -> list[Metric]:
+        return list(self._parts.collect())
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self._parts.collect()
+
+
+def add_runtime_collectors(registry: CollectorRegistry) -> None:
+    """Register a :class:`RuntimeCollector` in ``registry`` unless it holds one already (a
+    registry shared by two metric sets)."""
+    with contextlib.suppress(ValueError):  # "Duplicated timeseries": already there
+        registry.register(RuntimeCollector())
 
 
 def metrics_app(registry: CollectorRegistry) -> WSGIApplication:

@@ -54,6 +54,19 @@ Update log metrics (read from ``Shard.recovery.log_cuts`` at scrape time by
                                                 corrupt (acknowledged updates may be lost;
                                                 DATA_DIR/log-cuts.jsonl) or torn
 
+Durability metrics (read from the shard at scrape time by :class:`DurabilityCollector`)::
+
+    embeddb_log_seq              gauge  seq of the last mutation logged (followers: applied)
+    embeddb_log_durable_seq      gauge  the last seq known fsynced
+    embeddb_log_unsynced_seconds{fsync}  gauge  age of the oldest logged record not yet
+                                        fsynced (0 when every one is): grows when fsyncs are
+                                        slow or stuck; ``fsync`` is the policy (always,
+                                        interval: stays near fsync_interval_ms; never: grows
+                                        until the kernel writes back, do not alert on it)
+    embeddb_read_only            gauge  1 once an update log append failed (full or unwritable
+                                        disk): mutations answer FAILED_PRECONDITION until a
+                                        restart; a follower, read-only by design, reads 0
+
 Follower metrics (read from a :class:`~embeddb.server.follower.Follower` at scrape time by
 :class:`FollowerCollector`; only on a server started with ``embeddb serve --follow``)::
 
@@ -87,6 +100,9 @@ counters):
 * ``embedding_staleness`` / ``staleness`` and ``batch_unique_indices_rate`` are trainer-side
   (embedding worker) quantities; a shard cannot observe them.
 
+The registry also holds the process and Python collectors (``process_*``, ``python_info``,
+``python_gc_*``: :func:`embeddb.rpc.metrics_http.add_runtime_collectors`).
+
 The HTTP endpoint (:func:`embeddb.rpc.metrics_http.serve_metrics`) serves
 ``/metrics`` only, as plain HTTP without authentication; bind it to loopback or a private
 network.
@@ -94,6 +110,7 @@ network.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any, Protocol
 
@@ -104,6 +121,7 @@ from prometheus_client.registry import Collector
 from embeddb.errors import UnavailableError
 from embeddb.rpc.boundary import RefusedCall
 from embeddb.rpc.metrics import LATENCY_BUCKETS
+from embeddb.rpc.metrics_http import add_runtime_collectors
 from embeddb.server.served_shard import ServedShard
 from embeddb.server.streams import StreamSlots
 from embeddb.shard import Shard
@@ -111,6 +129,7 @@ from embeddb.wire import SERVICE_NAME
 
 __all__ = [
     "SERVICE_NAME",
+    "DurabilityCollector",
     "FollowerCollector",
     "LogCutsCollector",
     "ShardMetrics",
@@ -221,6 +240,45 @@ class LogCutsCollector(Collector):
         yield family
 
 
+class DurabilityCollector(Collector):
+    """The update log's position, how far fsyncs lag behind it, and read-only mode."""
+
+    def __init__(self, shard: Shard | ServedShard, prefix: str = "embeddb") -> None:
+        self._served = shard if isinstance(shard, ServedShard) else ServedShard(shard)
+        self._prefix = prefix
+
+    def describe(self) -> list[Any]:
+        return []
+
+    def collect(self) -> Iterator[Any]:
+        try:
+            with self._served.use() as shard:
+                seq, durable = shard.seq, shard.durable_seq
+                oldest = shard.append_time(durable + 1) if durable < seq else None
+                read_only = shard.read_only
+                policy = shard.config.store.log.fsync.value
+        except UnavailableError:
+            return
+        p = self._prefix
+        unsynced = max(0.0, time.time() - oldest) if oldest is not None else 0.0
+        gauges = (
+            ("log_seq", "Seq of the last mutation logged (followers: the last applied).", seq),
+            ("log_durable_seq", "The last seq known fsynced.", durable),
+            ("read_only", "1 once an update log append failed: mutations are refused until a "
+             "restart.", int(read_only)),
+        )  # fmt: skip
+        for name, text, value in gauges:
+            yield GaugeMetricFamily(f"{p}_{name}", text, value=value)
+        age = GaugeMetricFamily(
+            f"{p}_log_unsynced_seconds",
+            "Age of the oldest logged record not yet fsynced (0 when every record is), by fsync "
+            "policy (under never it grows until the kernel's writeback; alert on the others).",
+            labels=["fsync"],
+        )
+        age.add_metric([policy], unsynced)
+        yield age
+
+
 class ShardMetrics:
     """The request metrics of one server, registered in ``registry``.
 
@@ -232,6 +290,7 @@ class ShardMetrics:
     def __init__(self, registry: CollectorRegistry, prefix: str = "embeddb") -> None:
         self.registry = registry
         self.prefix = prefix
+        add_runtime_collectors(registry)  # process_*, python_info, python_gc_*
         self.requests = Counter(
             f"{prefix}_requests",
             "EmbeddingStore calls by method and gRPC status.",
@@ -285,9 +344,11 @@ class ShardMetrics:
         self.registry.register(_StreamCollector(slots, self.prefix))
 
     def watch(self, shard: Shard | ServedShard) -> None:
-        """Export ``shard``'s table statistics and update log cuts, read at scrape time."""
+        """Export ``shard``'s table statistics, update log cuts and durability (log position,
+        unsynced age, read-only mode), read at scrape time."""
         self.registry.register(ShardStatsCollector(shard, self.prefix))
         self.registry.register(LogCutsCollector(shard, self.prefix))
+        self.registry.register(DurabilityCollector(shard, self.prefix))
 
     def observe(
         self, method: str, status: str, seconds: float, request: Any, response: Any | None

@@ -26,12 +26,16 @@ name                                               type    meaning
 ``embeddb_trainer_gradient_push_seconds``          hist.   a batch's un-pooling + push, per batch
 =================================================  ======  =====================================
 
-``operation`` is ``lookup`` or ``gradient_push``; ``train`` is ``true`` or ``false``.
+``operation`` is ``lookup`` or ``gradient_push``; ``train`` is ``true`` or ``false``. The registry
+also holds the process and Python collectors (``process_*``, ``python_info``, ``python_gc_*``:
+:func:`embeddb.rpc.metrics_http.add_runtime_collectors`).
 """
 
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from embeddb.rpc.metrics_http import add_runtime_collectors
 
 __all__ = ["WorkerMetrics"]
 
@@ -45,6 +49,7 @@ class WorkerMetrics:
     def __init__(self, max_staleness: int, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
+        add_runtime_collectors(r)  # process_*, python_info, python_gc_*
         self.staleness = Gauge(
             "embeddb_trainer_staleness",
             "Training batches looked up whose gradients are not yet applied",

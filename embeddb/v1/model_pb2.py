@@ -24,13 +24,14 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x65mbeddb/v1/model.proto\x12\nembeddb.v1\"7\n\tIdFeature\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0b\n\x03ids\x18\x02 \x01(\x0c\x12\x0f\n\x07offsets\x18\x03 \x01(\x0c\";\n\x0cNonIdFeature\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06values\x18\x02 \x01(\x0c\x12\r\n\x05shape\x18\x03 \x03(\x03\"\x9a\x01\n\x0ePredictRequest\x12\x13\n\x0bnum_records\x18\x01 \x01(\r\x12*\n\x0bid_features\x18\x02 \x03(\x0b\x32\x15.embeddb.v1.IdFeature\x12\x31\n\x0fnon_id_features\x18\x03 \x03(\x0b\x32\x18.embeddb.v1.NonIdFeature\x12\x14\n\x0crecords_json\x18\x04 \x01(\x0c\"!\n\x0fPredictResponse\x12\x0e\n\x06scores\x18\x01 \x01(\x0c\x32R\n\x0cModelService\x12\x42\n\x07Predict\x12\x1a.embeddb.v1.PredictRequest\x1a\x1b.embeddb.v1.PredictResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x65mbeddb/v1/model.proto\x12\nembeddb.v1\"7\n\tIdFeature\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0b\n\x03ids\x18\x02 \x01(\x0c\x12\x0f\n\x07offsets\x18\x03 \x01(\x0c\";\n\x0cNonIdFeature\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06values\x18\x02 \x01(\x0c\x12\r\n\x05shape\x18\x03 \x03(\x03\"\x9a\x01\n\x0ePredictRequest\x12\x13\n\x0bnum_records\x18\x01 \x01(\r\x12*\n\x0bid_features\x18\x02 \x03(\x0b\x32\x15.embeddb.v1.IdFeature\x12\x31\n\x0fnon_id_features\x18\x03 \x03(\x0b\x32\x18.embeddb.v1.NonIdFeature\x12\x14\n\x0crecords_json\x18\x04 \x01(\x0c\"!\n\x0fPredictResponse\x12\x0e\n\x06scores\x18\x01 \x01(\x0c\x32R\n\x0cModelService\x12\x42\n\x07Predict\x12\x1a.embeddb.v1.PredictRequest\x1a\x1b.embeddb.v1.PredictResponseBU\n\rio.embeddb.v1B\nModelProtoP\x01Z6github.com/embeddb/embeddb/gen/go/embeddb/v1;embeddbv1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'embeddb.v1.model_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
-  DESCRIPTOR._loaded_options = None
+  _globals['DESCRIPTOR']._loaded_options = None
+  _globals['DESCRIPTOR']._serialized_options = b'\n\rio.embeddb.v1B\nModelProtoP\001Z6github.com/embeddb/embeddb/gen/go/embeddb/v1;embeddbv1'
   _globals['_IDFEATURE']._serialized_start=38
   _globals['_IDFEATURE']._serialized_end=93
   _globals['_NONIDFEATURE']._serialized_start=95

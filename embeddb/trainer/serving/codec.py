@@ -1,7 +1,7 @@
 """``PredictRequest`` ⇄ :class:`~embeddb.trainer.batch.Batch`, and merging batches for the
 micro-batcher. Pure numpy (no torch, no grpc): the server, the client and the tests share it.
 
-A request of 3 records (``proto/embeddb/v1/model.proto``) and the batch it decodes to::
+A request of 3 records (``embeddb/proto/embeddb/v1/model.proto``) and the batch it decodes to::
 
     num_records = 3
     IdFeature "user"  ids = u64[7, 9, 9, 4]  offsets = u64[0, 2, 2, 4]

@@ -19,6 +19,9 @@
 Not exported: a count of unknown ids. The shards' lookup answer does not say which ids they
 store (an unknown id reads as zeros, see ``infer.py``), so the server cannot count them; a
 metric that always reads 0 would mislead.
+
+The registry also holds the process and Python collectors (``process_*``, ``python_info``,
+``python_gc_*``: :func:`embeddb.rpc.metrics_http.add_runtime_collectors`).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from embeddb.rpc.boundary import RefusedCall
 from embeddb.rpc.metrics import LATENCY_BUCKETS
+from embeddb.rpc.metrics_http import add_runtime_collectors
 from embeddb.v1 import model_pb2 as mpb
 
 __all__ = ["BATCH_BUCKETS", "ModelMetrics"]
@@ -41,6 +45,7 @@ class ModelMetrics:
 
     def __init__(self, registry: CollectorRegistry, prefix: str = "embeddb_model") -> None:
         self.registry = registry
+        add_runtime_collectors(registry)  # process_*, python_info, python_gc_*
         self.requests = Counter(
             f"{prefix}_requests",
             "Predict calls by method (Predict: gRPC, http_predict: HTTP) and gRPC status name.",
