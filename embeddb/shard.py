@@ -70,6 +70,7 @@ from embeddb.shard_recovery import (
 from embeddb.shard_snapshot import ShardSnapshots, SnapshotResult
 from embeddb.storage import DiskTier, TableStats, TieredTable, UpdateResult
 from embeddb.storage.parallel import StripePool, default_threads
+from embeddb.storage.scan import ScanPage, scan_table
 
 __all__ = ["Recovery", "Shard", "ShardStats", "SnapshotInfo", "SnapshotResult", "UpdateResult"]
 
@@ -584,6 +585,13 @@ class Shard:
         """
         t = self._table(table)
         return t.peek(as_ids(ids))
+
+    def scan(self, table: str, after: int | None, limit: int) -> ScanPage:
+        """Up to ``limit`` rows with ids above ``after`` (None: from the smallest), ascending,
+        changing nothing (:mod:`embeddb.storage.scan`; the caller bounds ``limit >= 1``)."""
+        t = self._table(table)
+        assert self._disk is not None  # an open shard has its disk tier
+        return scan_table(t, self._disk, after, limit)
 
     def stats(self) -> ShardStats:
         """Sizes and counters of every table."""

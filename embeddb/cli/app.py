@@ -20,12 +20,17 @@ __all__ = ["COMMANDS", "main"]
 COMMANDS = {
     "cluster": "embeddb.cli.cluster:cluster",
     "demo": "embeddb.cli.train:demo",
+    "peek": "embeddb.cli.inspect:peek",
     "proto-path": "embeddb.cli.proto:proto_path",
     "reshard": "embeddb.cli.durability:reshard",
     "restore": "embeddb.cli.durability:restore",
+    "scan": "embeddb.cli.inspect:scan",
     "serve": "embeddb.cli.serve:serve",
     "serve-model": "embeddb.cli.serve:serve_model",
     "snapshot": "embeddb.cli.durability:snapshot_command",
+    "stats": "embeddb.cli.inspect:stats",
+    "tables": "embeddb.cli.inspect:tables",
+    "torchserve-archive": "embeddb.cli.torchserve:torchserve_archive",
     "train": "embeddb.cli.train:train",
 }
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import wait as wait_all
 from pathlib import Path
@@ -21,7 +21,9 @@ import grpc
 import numpy as np
 import numpy.typing as npt
 
-from embeddb.errors import UnavailableError
+import embeddb.wire as wire
+from embeddb.errors import InvalidArgumentError, UnavailableError
+from embeddb.v1 import embeddb_pb2 as pb
 
 from . import netsim, plans, topology
 from .base import ClientBase
@@ -38,10 +40,11 @@ from .plans import (
 )
 from .stubs import store_stub
 
-__all__ = ["SNAPSHOT_TIMEOUT", "Client"]
+__all__ = ["SCAN_PAGE_ROWS", "SNAPSHOT_TIMEOUT", "Client"]
 
 T = TypeVar("T")
 
+SCAN_PAGE_ROWS = 4096  # rows per Scan page, by default
 SNAPSHOT_TIMEOUT = 600.0  # seconds a shard may take to write a snapshot, by default
 
 
@@ -242,6 +245,45 @@ class Client(ClientBase):
     def stats(self) -> list[ShardStatsDict]:
         """Every shard's statistics, in shard order."""
         return self._run(plans.stats(self.addresses))
+
+    def scan(
+        self, table: str, limit: int = SCAN_PAGE_ROWS, after: int | None = None
+    ) -> Iterator[tuple[npt.NDArray[np.uint64], npt.NDArray[np.float32]]]:
+        """Every row of ``table``, read-only, as pages ``(ids, vectors)``: shard 0's rows in
+        ascending id order, then shard 1's, and so on (the ``Scan`` RPC; nothing is inserted
+        or refreshed). Vectors are exact float32 whatever ``options.fp16`` says.
+
+        A row that exists, unchanged, for the whole scan comes exactly once; rows written or
+        deleted meanwhile may or may not. Each page is one call, retried like a lookup.
+
+        Args:
+            table: table name.
+            limit: rows per page (each shard caps it: see its ``DescribeShard`` limits).
+            after: on every shard, start above this id (a cursor: the last id of a shard's
+                previous page); None: from the smallest id.
+
+        Raises:
+            InvalidArgumentError: ``limit`` below 1 or above a shard's limits.
+            TableNotFoundError and the rest of :mod:`embeddb.errors`, naming the shard.
+        """
+        if not 1 <= limit <= 0xFFFFFFFF:
+            raise InvalidArgumentError(f"limit must be a row count of at least 1, got {limit}")
+        self._shard_budgets()
+        encoding = pb.Encoding(lz4_min_bytes=self.options.lz4_min_bytes)
+        for shard in range(self.num_shards):
+            request = pb.ScanRequest(table=table, limit=limit, encoding=encoding)
+            if after is not None:
+                request.after_id = after
+            while True:
+                if self._closed:
+                    raise UnavailableError("the client is closed")
+                r = self._call(ShardCall(shard, "Scan", request, idempotent=True))
+                ids = wire.decode_ids(r.ids, "ids")
+                if ids.size:
+                    yield ids, wire.decode_matrix(r.vectors, "vectors", ids.size)
+                if r.done:
+                    break
+                request.after_id = r.last_id
 
     def check_topology(self) -> None:
         """Ask every shard now (``DescribeShard``, in parallel) which shard of how many it is and

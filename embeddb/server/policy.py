@@ -10,7 +10,8 @@ role                       may call (``EmbeddingStore``)
                            follower's token
 ``Role.READ_ONLY`` (ro)    ``Lookup`` with ``train=false``, ``LookupMany`` whose every part
                            has ``train=false``, ``ListTables``, ``DescribeTable``,
-                           ``DescribeShard``, ``Stats``, ``ListSnapshots``
+                           ``DescribeShard``, ``Stats``, ``Scan`` (pages of vectors, like evaluation
+                           lookups), ``ListSnapshots``
 =========================  ==============================================================
 
 A training lookup is a write: it creates admitted rows, promotes disk rows and refreshes
@@ -44,6 +45,7 @@ _READS = frozenset(
         "DescribeTable",
         "DescribeShard",
         "Stats",
+        "Scan",
         "ListSnapshots",
     }
 )

@@ -28,7 +28,7 @@ import numpy.typing as npt
 from embeddb import wire
 from embeddb.allocator import Trimmer
 from embeddb.durability.log import LogRecord
-from embeddb.errors import ResourceExhaustedError, UnavailableError
+from embeddb.errors import InvalidArgumentError, ResourceExhaustedError, UnavailableError
 from embeddb.routing import ROUTING_ALGORITHM, SHARD_SALT, Topology
 from embeddb.server.served_shard import ServedShard
 from embeddb.server.streams import StreamSlots
@@ -270,6 +270,38 @@ class StoreServicer(pb_grpc.EmbeddingStoreServicer):
         return pb.StatsResponse(
             shard_index=topology.shard_index, num_shards=topology.num_shards, tables=tables
         )
+
+    def Scan(self, request: pb.ScanRequest, context: grpc.ServicerContext) -> pb.ScanResponse:
+        """One page of a table's rows above ``after_id``, ascending (``Shard.scan``)."""
+        fp16, lz4 = request.encoding.fp16, request.encoding.lz4_min_bytes
+        after = request.after_id if request.HasField("after_id") else None
+        with self._served.use() as shard:
+            limit = self._scan_limit(
+                request.limit, wire.row_bytes(self._dim(shard, request.table), fp16)
+            )
+            page = shard.scan(request.table, after, limit)
+        answer = pb.ScanResponse(
+            ids=wire.encode_ids(page.ids, lz4),
+            vectors=wire.encode_matrix(page.vectors, fp16, lz4),
+            last_id=int(page.ids[-1]) if page.ids.size else (after or 0),
+            done=page.done,
+        )
+        self._note(answer.ByteSize())
+        return answer
+
+    def _scan_limit(self, limit: int, row_bytes: int) -> int:
+        """``limit``, or the largest page the limits allow when 0 (INVALID_ARGUMENT beyond)."""
+        ids_cap = self._limits.max_ids_per_request
+        bytes_cap = max(self._limits.max_response_bytes // (row_bytes + 8), 1)
+        if limit == 0:
+            return min(ids_cap, bytes_cap)
+        if limit > ids_cap or limit > bytes_cap:
+            raise InvalidArgumentError(
+                f"limit {limit} is too large: a page may hold at most {min(ids_cap, bytes_cap)} "
+                f"rows here (max_ids_per_request {ids_cap}, max_response_bytes "
+                f"{self._limits.max_response_bytes}; DescribeShard reports both)"
+            )
+        return limit
 
     def DescribeShard(
         self, request: pb.DescribeShardRequest, context: grpc.ServicerContext

@@ -295,6 +295,22 @@ class DiskTier:
         if keys:
             yield _decode(keys, values, width)
 
+    def ids_after(self, table: str, after: int | None, limit: int) -> npt.NDArray[np.uint64]:
+        """The first ``limit`` stored ids of ``table`` above ``after`` (all ids when None), in
+        ascending order, read from the keys alone (``embeddb.storage.scan``)."""
+        if after is not None and after >= (1 << 64) - 1:
+            return np.empty(0, dtype=np.uint64)
+        it = self._views[table].iter()
+        if after is None:
+            it.seek_to_first()
+        else:
+            it.seek(_keys(np.array([after + 1], dtype=np.uint64))[0])
+        keys: list[bytes] = []
+        while it.valid() and len(keys) < limit:
+            keys.append(it.key())
+            it.next()
+        return np.frombuffer(b"".join(keys), dtype=">u8").astype(np.uint64)
+
     def count(self, table: str) -> int:
         """Rows stored for ``table`` (a full key scan: used only by crash recovery)."""
         it = self._views[table].iter()

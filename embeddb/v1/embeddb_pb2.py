@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x65mbeddb/v1/embeddb.proto\x12\nembeddb.v1\"\x89\x01\n\x06Tensor\x12 \n\x05\x64type\x18\x01 \x01(\x0e\x32\x11.embeddb.v1.DType\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12,\n\x0b\x63ompression\x18\x04 \x01(\x0e\x32\x17.embeddb.v1.Compression\x12\x12\n\nrow_scales\x18\x05 \x01(\x0c\"/\n\x08\x45ncoding\x12\x0c\n\x04\x66p16\x18\x01 \x01(\x08\x12\x15\n\rlz4_min_bytes\x18\x02 \x01(\x04\"v\n\rLookupRequest\x12\r\n\x05table\x18\x01 \x01(\t\x12\x1f\n\x03ids\x18\x02 \x01(\x0b\x32\x12.embeddb.v1.Tensor\x12\r\n\x05train\x18\x03 \x01(\x08\x12&\n\x08\x65ncoding\x18\x04 \x01(\x0b\x32\x14.embeddb.v1.Encoding\"5\n\x0eLookupResponse\x12#\n\x07vectors\x18\x01 \x01(\x0b\x32\x12.embeddb.v1.Tensor\"j\n\x15\x41pplyGradientsRequest\x12\r\n\x05table\x18\x01 \x01(\t\x12\x1f\n\x03ids\x18\x02 \x01(\x0b\x32\x12.embeddb.v1.Tensor\x12!\n\x05grads\x18\x03 \x01(\x0b\x32\x12.embeddb.v1.Tensor\"O\n\x16\x41pplyGradientsResponse\x12\x0f\n\x07\x61pplied\x18\x01 \x01(\x04\x12\x13\n\x0bnan_skipped\x18\x02 \x01(\x04\x12\x0f\n\x07missing\x18\x03 \x01(\x04\"?\n\x11LookupManyRequest\x12*\n\x07lookups\x18\x01 \x03(\x0b\x32\x19.embeddb.v1.LookupRequest\"A\n\x12LookupManyResponse\x12+\n\x07results\x18\x01 \x03(\x0b\x32\x1a.embeddb.v1.LookupResponse\"O\n\x19\x41pplyGradientsManyRequest\x12\x32\n\x07updates\x18\x01 \x03(\x0b\x32!.embeddb.v1.ApplyGradientsRequest\"Q\n\x1a\x41pplyGradientsManyResponse\x12\x33\n\x07results\x18\x01 \x03(\x0b\x32\".embeddb.v1.ApplyGradientsResponse\"d\n\rAssignRequest\x12\r\n\x05table\x18\x01 \x01(\t\x12\x1f\n\x03ids\x18\x02 \x01(\x0b\x32\x12.embeddb.v1.Tensor\x12#\n\x07vectors\x18\x03 \x01(\x0b\x32\x12.embeddb.v1.Tensor\"!\n\x0e\x41ssignResponse\x12\x0f\n\x07written\x18\x01 \x01(\x04\"?\n\rDeleteRequest\x12\r\n\x05table\x18\x01 \x01(\t\x12\x1f\n\x03ids\x18\x02 \x01(\x0b\x32\x12.embeddb.v1.Tensor\"!\n\x0e\x44\x65leteResponse\x12\x0f\n\x07\x64\x65leted\x18\x01 \x01(\x04\"^\n\tTableInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0b\n\x03\x64im\x18\x02 \x01(\r\x12\x11\n\toptimizer\x18\x03 \x01(\t\x12\x11\n\tstate_dim\x18\x04 \x01(\r\x12\x10\n\x08\x63\x61pacity\x18\x05 \x01(\x04\"\x13\n\x11ListTablesRequest\";\n\x12ListTablesResponse\x12%\n\x06tables\x18\x01 \x03(\x0b\x32\x15.embeddb.v1.TableInfo\"%\n\x14\x44\x65scribeTableRequest\x12\r\n\x05table\x18\x01 \x01(\t\"\x0e\n\x0cStatsRequest\"\x84\x01\n\nTableStats\x12\r\n\x05table\x18\x01 \x01(\t\x12\x36\n\x08\x63ounters\x18\x02 \x03(\x0b\x32$.embeddb.v1.TableStats.CountersEntry\x1a/\n\rCountersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"`\n\rStatsResponse\x12\x13\n\x0bshard_index\x18\x01 \x01(\r\x12\x12\n\nnum_shards\x18\x02 \x01(\r\x12&\n\x06tables\x18\x03 \x03(\x0b\x32\x16.embeddb.v1.TableStats\"\x16\n\x14\x44\x65scribeShardRequest\"*\n\x07Routing\x12\x11\n\talgorithm\x18\x01 \x01(\t\x12\x0c\n\x04salt\x18\x02 \x01(\x06\"b\n\x0cServerLimits\x12\x19\n\x11max_message_bytes\x18\x01 \x01(\x04\x12\x1b\n\x13max_ids_per_request\x18\x02 \x01(\x04\x12\x1a\n\x12max_response_bytes\x18\x03 \x01(\x04\"\xa2\x01\n\x15\x44\x65scribeShardResponse\x12\x13\n\x0bshard_index\x18\x01 \x01(\r\x12\x12\n\nnum_shards\x18\x02 \x01(\r\x12$\n\x07routing\x18\x03 \x01(\x0b\x32\x13.embeddb.v1.Routing\x12(\n\x06limits\x18\x04 \x01(\x0b\x32\x18.embeddb.v1.ServerLimits\x12\x10\n\x08\x66ollower\x18\x05 \x01(\x08\"&\n\x0fSnapshotRequest\x12\x13\n\x0bsnapshot_id\x18\x01 \x01(\t\"{\n\x10SnapshotResponse\x12\x13\n\x0bsnapshot_id\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x04\x12\r\n\x05\x62ytes\x18\x03 \x01(\x04\x12\x10\n\x08pause_ms\x18\x04 \x01(\x01\x12\x0f\n\x07seconds\x18\x05 \x01(\x01\x12\x13\n\x0bshard_index\x18\x06 \x01(\r\"\x16\n\x14ListSnapshotsRequest\"P\n\x0cSnapshotInfo\x12\x13\n\x0bsnapshot_id\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x04\x12\r\n\x05\x62ytes\x18\x03 \x01(\x04\x12\x0f\n\x07\x63reated\x18\x04 \x01(\x01\"D\n\x15ListSnapshotsResponse\x12+\n\tsnapshots\x18\x01 \x03(\x0b\x32\x18.embeddb.v1.SnapshotInfo\"$\n\x10SubscribeRequest\x12\x10\n\x08\x66rom_seq\x18\x01 \x01(\x04\"Z\n\x10LogRecordMessage\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x0f\n\x07payload\x18\x02 \x01(\x0c\x12\x13\n\x0bprimary_seq\x18\x03 \x01(\x04\x12\x13\n\x0b\x61ppended_at\x18\x04 \x01(\x01\"=\n\x14\x46\x65tchSnapshotRequest\x12\x13\n\x0bsnapshot_id\x18\x01 \x01(\t\x12\x10\n\x08take_new\x18\x02 \x01(\x08\"]\n\rSnapshotChunk\x12\x13\n\x0bsnapshot_id\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x04\x12\x0c\n\x04path\x18\x03 \x01(\t\x12\x0e\n\x06offset\x18\x04 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x05 \x01(\x0c*D\n\x05\x44Type\x12\x15\n\x11\x44TYPE_UNSPECIFIED\x10\x00\x12\n\n\x06UINT64\x10\x01\x12\x0b\n\x07\x46LOAT32\x10\x02\x12\x0b\n\x07\x46LOAT16\x10\x03*,\n\x0b\x43ompression\x12\x14\n\x10\x43OMPRESSION_NONE\x10\x00\x12\x07\n\x03LZ4\x10\x01\x32\xc1\x08\n\x0e\x45mbeddingStore\x12?\n\x06Lookup\x12\x19.embeddb.v1.LookupRequest\x1a\x1a.embeddb.v1.LookupResponse\x12W\n\x0e\x41pplyGradients\x12!.embeddb.v1.ApplyGradientsRequest\x1a\".embeddb.v1.ApplyGradientsResponse\x12K\n\nLookupMany\x12\x1d.embeddb.v1.LookupManyRequest\x1a\x1e.embeddb.v1.LookupManyResponse\x12\x63\n\x12\x41pplyGradientsMany\x12%.embeddb.v1.ApplyGradientsManyRequest\x1a&.embeddb.v1.ApplyGradientsManyResponse\x12?\n\x06\x41ssign\x12\x19.embeddb.v1.AssignRequest\x1a\x1a.embeddb.v1.AssignResponse\x12?\n\x06\x44\x65lete\x12\x19.embeddb.v1.DeleteRequest\x1a\x1a.embeddb.v1.DeleteResponse\x12K\n\nListTables\x12\x1d.embeddb.v1.ListTablesRequest\x1a\x1e.embeddb.v1.ListTablesResponse\x12H\n\rDescribeTable\x12 .embeddb.v1.DescribeTableRequest\x1a\x15.embeddb.v1.TableInfo\x12<\n\x05Stats\x12\x18.embeddb.v1.StatsRequest\x1a\x19.embeddb.v1.StatsResponse\x12T\n\rDescribeShard\x12 .embeddb.v1.DescribeShardRequest\x1a!.embeddb.v1.DescribeShardResponse\x12\x45\n\x08Snapshot\x12\x1b.embeddb.v1.SnapshotRequest\x1a\x1c.embeddb.v1.SnapshotResponse\x12T\n\rListSnapshots\x12 .embeddb.v1.ListSnapshotsRequest\x1a!.embeddb.v1.ListSnapshotsResponse\x12I\n\tSubscribe\x12\x1c.embeddb.v1.SubscribeRequest\x1a\x1c.embeddb.v1.LogRecordMessage0\x01\x12N\n\rFetchSnapshot\x12 .embeddb.v1.FetchSnapshotRequest\x1a\x19.embeddb.v1.SnapshotChunk0\x01\x42W\n\rio.embeddb.v1B\x0c\x45mbeddbProtoP\x01Z6github.com/embeddb/embeddb/gen/go/embeddb/v1;embeddbv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x65mbeddb/v1/embeddb.proto\x12\nembeddb.v1\"\x89\x01\n\x06Tensor\x12 \n\x05\x64type\x18\x01 \x01(\x0e\x32\x11.embeddb.v1.DType\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12,\n\x0b\x63ompression\x18\x04 \x01(\x0e\x32\x17.embeddb.v1.Compression\x12\x12\n\nrow_scales\x18\x05 \x01(\x0c\"/\n\x08\x45ncoding\x12\x0c\n\x04\x66p16\x18\x01 \x01(\x08\x12\x15\n\rlz4_min_bytes\x18\x02 \x01(\x04\"v\n\rLookupRequest\x12\r\n\x05table\x18\x01 \x01(\t\x12\x1f\n\x03ids\x18\x02 \x01(\x0b\x32\x12.embeddb.v1.Tensor\x12\r\n\x05train\x18\x03 \x01(\x08\x12&\n\x08\x65ncoding\x18\x04 \x01(\x0b\x32\x14.embeddb.v1.Encoding\"5\n\x0eLookupResponse\x12#\n\x07vectors\x18\x01 \x01(\x0b\x32\x12.embeddb.v1.Tensor\"j\n\x15\x41pplyGradientsRequest\x12\r\n\x05table\x18\x01 \x01(\t\x12\x1f\n\x03ids\x18\x02 \x01(\x0b\x32\x12.embeddb.v1.Tensor\x12!\n\x05grads\x18\x03 \x01(\x0b\x32\x12.embeddb.v1.Tensor\"O\n\x16\x41pplyGradientsResponse\x12\x0f\n\x07\x61pplied\x18\x01 \x01(\x04\x12\x13\n\x0bnan_skipped\x18\x02 \x01(\x04\x12\x0f\n\x07missing\x18\x03 \x01(\x04\"?\n\x11LookupManyRequest\x12*\n\x07lookups\x18\x01 \x03(\x0b\x32\x19.embeddb.v1.LookupRequest\"A\n\x12LookupManyResponse\x12+\n\x07results\x18\x01 \x03(\x0b\x32\x1a.embeddb.v1.LookupResponse\"O\n\x19\x41pplyGradientsManyRequest\x12\x32\n\x07updates\x18\x01 \x03(\x0b\x32!.embeddb.v1.ApplyGradientsRequest\"Q\n\x1a\x41pplyGradientsManyResponse\x12\x33\n\x07results\x18\x01 \x03(\x0b\x32\".embeddb.v1.ApplyGradientsResponse\"d\n\rAssignRequest\x12\r\n\x05table\x18\x01 \x01(\t\x12\x1f\n\x03ids\x18\x02 \x01(\x0b\x32\x12.embeddb.v1.Tensor\x12#\n\x07vectors\x18\x03 \x01(\x0b\x32\x12.embeddb.v1.Tensor\"!\n\x0e\x41ssignResponse\x12\x0f\n\x07written\x18\x01 \x01(\x04\"?\n\rDeleteRequest\x12\r\n\x05table\x18\x01 \x01(\t\x12\x1f\n\x03ids\x18\x02 \x01(\x0b\x32\x12.embeddb.v1.Tensor\"!\n\x0e\x44\x65leteResponse\x12\x0f\n\x07\x64\x65leted\x18\x01 \x01(\x04\"^\n\tTableInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0b\n\x03\x64im\x18\x02 \x01(\r\x12\x11\n\toptimizer\x18\x03 \x01(\t\x12\x11\n\tstate_dim\x18\x04 \x01(\r\x12\x10\n\x08\x63\x61pacity\x18\x05 \x01(\x04\"\x13\n\x11ListTablesRequest\";\n\x12ListTablesResponse\x12%\n\x06tables\x18\x01 \x03(\x0b\x32\x15.embeddb.v1.TableInfo\"%\n\x14\x44\x65scribeTableRequest\x12\r\n\x05table\x18\x01 \x01(\t\"\x0e\n\x0cStatsRequest\"\x84\x01\n\nTableStats\x12\r\n\x05table\x18\x01 \x01(\t\x12\x36\n\x08\x63ounters\x18\x02 \x03(\x0b\x32$.embeddb.v1.TableStats.CountersEntry\x1a/\n\rCountersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"`\n\rStatsResponse\x12\x13\n\x0bshard_index\x18\x01 \x01(\r\x12\x12\n\nnum_shards\x18\x02 \x01(\r\x12&\n\x06tables\x18\x03 \x03(\x0b\x32\x16.embeddb.v1.TableStats\"w\n\x0bScanRequest\x12\r\n\x05table\x18\x01 \x01(\t\x12\x15\n\x08\x61\x66ter_id\x18\x02 \x01(\x04H\x00\x88\x01\x01\x12\r\n\x05limit\x18\x03 \x01(\r\x12&\n\x08\x65ncoding\x18\x04 \x01(\x0b\x32\x14.embeddb.v1.EncodingB\x0b\n\t_after_id\"s\n\x0cScanResponse\x12\x1f\n\x03ids\x18\x01 \x01(\x0b\x32\x12.embeddb.v1.Tensor\x12#\n\x07vectors\x18\x02 \x01(\x0b\x32\x12.embeddb.v1.Tensor\x12\x0f\n\x07last_id\x18\x03 \x01(\x04\x12\x0c\n\x04\x64one\x18\x04 \x01(\x08\"\x16\n\x14\x44\x65scribeShardRequest\"*\n\x07Routing\x12\x11\n\talgorithm\x18\x01 \x01(\t\x12\x0c\n\x04salt\x18\x02 \x01(\x06\"b\n\x0cServerLimits\x12\x19\n\x11max_message_bytes\x18\x01 \x01(\x04\x12\x1b\n\x13max_ids_per_request\x18\x02 \x01(\x04\x12\x1a\n\x12max_response_bytes\x18\x03 \x01(\x04\"\xa2\x01\n\x15\x44\x65scribeShardResponse\x12\x13\n\x0bshard_index\x18\x01 \x01(\r\x12\x12\n\nnum_shards\x18\x02 \x01(\r\x12$\n\x07routing\x18\x03 \x01(\x0b\x32\x13.embeddb.v1.Routing\x12(\n\x06limits\x18\x04 \x01(\x0b\x32\x18.embeddb.v1.ServerLimits\x12\x10\n\x08\x66ollower\x18\x05 \x01(\x08\"&\n\x0fSnapshotRequest\x12\x13\n\x0bsnapshot_id\x18\x01 \x01(\t\"{\n\x10SnapshotResponse\x12\x13\n\x0bsnapshot_id\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x04\x12\r\n\x05\x62ytes\x18\x03 \x01(\x04\x12\x10\n\x08pause_ms\x18\x04 \x01(\x01\x12\x0f\n\x07seconds\x18\x05 \x01(\x01\x12\x13\n\x0bshard_index\x18\x06 \x01(\r\"\x16\n\x14ListSnapshotsRequest\"P\n\x0cSnapshotInfo\x12\x13\n\x0bsnapshot_id\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x04\x12\r\n\x05\x62ytes\x18\x03 \x01(\x04\x12\x0f\n\x07\x63reated\x18\x04 \x01(\x01\"D\n\x15ListSnapshotsResponse\x12+\n\tsnapshots\x18\x01 \x03(\x0b\x32\x18.embeddb.v1.SnapshotInfo\"$\n\x10SubscribeRequest\x12\x10\n\x08\x66rom_seq\x18\x01 \x01(\x04\"Z\n\x10LogRecordMessage\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x0f\n\x07payload\x18\x02 \x01(\x0c\x12\x13\n\x0bprimary_seq\x18\x03 \x01(\x04\x12\x13\n\x0b\x61ppended_at\x18\x04 \x01(\x01\"=\n\x14\x46\x65tchSnapshotRequest\x12\x13\n\x0bsnapshot_id\x18\x01 \x01(\t\x12\x10\n\x08take_new\x18\x02 \x01(\x08\"]\n\rSnapshotChunk\x12\x13\n\x0bsnapshot_id\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x04\x12\x0c\n\x04path\x18\x03 \x01(\t\x12\x0e\n\x06offset\x18\x04 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x05 \x01(\x0c*D\n\x05\x44Type\x12\x15\n\x11\x44TYPE_UNSPECIFIED\x10\x00\x12\n\n\x06UINT64\x10\x01\x12\x0b\n\x07\x46LOAT32\x10\x02\x12\x0b\n\x07\x46LOAT16\x10\x03*,\n\x0b\x43ompression\x12\x14\n\x10\x43OMPRESSION_NONE\x10\x00\x12\x07\n\x03LZ4\x10\x01\x32\xfc\x08\n\x0e\x45mbeddingStore\x12?\n\x06Lookup\x12\x19.embeddb.v1.LookupRequest\x1a\x1a.embeddb.v1.LookupResponse\x12W\n\x0e\x41pplyGradients\x12!.embeddb.v1.ApplyGradientsRequest\x1a\".embeddb.v1.ApplyGradientsResponse\x12K\n\nLookupMany\x12\x1d.embeddb.v1.LookupManyRequest\x1a\x1e.embeddb.v1.LookupManyResponse\x12\x63\n\x12\x41pplyGradientsMany\x12%.embeddb.v1.ApplyGradientsManyRequest\x1a&.embeddb.v1.ApplyGradientsManyResponse\x12?\n\x06\x41ssign\x12\x19.embeddb.v1.AssignRequest\x1a\x1a.embeddb.v1.AssignResponse\x12?\n\x06\x44\x65lete\x12\x19.embeddb.v1.DeleteRequest\x1a\x1a.embeddb.v1.DeleteResponse\x12K\n\nListTables\x12\x1d.embeddb.v1.ListTablesRequest\x1a\x1e.embeddb.v1.ListTablesResponse\x12H\n\rDescribeTable\x12 .embeddb.v1.DescribeTableRequest\x1a\x15.embeddb.v1.TableInfo\x12<\n\x05Stats\x12\x18.embeddb.v1.StatsRequest\x1a\x19.embeddb.v1.StatsResponse\x12\x39\n\x04Scan\x12\x17.embeddb.v1.ScanRequest\x1a\x18.embeddb.v1.ScanResponse\x12T\n\rDescribeShard\x12 .embeddb.v1.DescribeShardRequest\x1a!.embeddb.v1.DescribeShardResponse\x12\x45\n\x08Snapshot\x12\x1b.embeddb.v1.SnapshotRequest\x1a\x1c.embeddb.v1.SnapshotResponse\x12T\n\rListSnapshots\x12 .embeddb.v1.ListSnapshotsRequest\x1a!.embeddb.v1.ListSnapshotsResponse\x12I\n\tSubscribe\x12\x1c.embeddb.v1.SubscribeRequest\x1a\x1c.embeddb.v1.LogRecordMessage0\x01\x12N\n\rFetchSnapshot\x12 .embeddb.v1.FetchSnapshotRequest\x1a\x19.embeddb.v1.SnapshotChunk0\x01\x42W\n\rio.embeddb.v1B\x0c\x45mbeddbProtoP\x01Z6github.com/embeddb/embeddb/gen/go/embeddb/v1;embeddbv1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,10 +34,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._serialized_options = b'\n\rio.embeddb.v1B\014EmbeddbProtoP\001Z6github.com/embeddb/embeddb/gen/go/embeddb/v1;embeddbv1'
   _globals['_TABLESTATS_COUNTERSENTRY']._loaded_options = None
   _globals['_TABLESTATS_COUNTERSENTRY']._serialized_options = b'8\001'
-  _globals['_DTYPE']._serialized_start=2554
-  _globals['_DTYPE']._serialized_end=2622
-  _globals['_COMPRESSION']._serialized_start=2624
-  _globals['_COMPRESSION']._serialized_end=2668
+  _globals['_DTYPE']._serialized_start=2792
+  _globals['_DTYPE']._serialized_end=2860
+  _globals['_COMPRESSION']._serialized_start=2862
+  _globals['_COMPRESSION']._serialized_end=2906
   _globals['_TENSOR']._serialized_start=41
   _globals['_TENSOR']._serialized_end=178
   _globals['_ENCODING']._serialized_start=180
@@ -82,32 +82,36 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TABLESTATS_COUNTERSENTRY']._serialized_end=1492
   _globals['_STATSRESPONSE']._serialized_start=1494
   _globals['_STATSRESPONSE']._serialized_end=1590
-  _globals['_DESCRIBESHARDREQUEST']._serialized_start=1592
-  _globals['_DESCRIBESHARDREQUEST']._serialized_end=1614
-  _globals['_ROUTING']._serialized_start=1616
-  _globals['_ROUTING']._serialized_end=1658
-  _globals['_SERVERLIMITS']._serialized_start=1660
-  _globals['_SERVERLIMITS']._serialized_end=1758
-  _globals['_DESCRIBESHARDRESPONSE']._serialized_start=1761
-  _globals['_DESCRIBESHARDRESPONSE']._serialized_end=1923
-  _globals['_SNAPSHOTREQUEST']._serialized_start=1925
-  _globals['_SNAPSHOTREQUEST']._serialized_end=1963
-  _globals['_SNAPSHOTRESPONSE']._serialized_start=1965
-  _globals['_SNAPSHOTRESPONSE']._serialized_end=2088
-  _globals['_LISTSNAPSHOTSREQUEST']._serialized_start=2090
-  _globals['_LISTSNAPSHOTSREQUEST']._serialized_end=2112
-  _globals['_SNAPSHOTINFO']._serialized_start=2114
-  _globals['_SNAPSHOTINFO']._serialized_end=2194
-  _globals['_LISTSNAPSHOTSRESPONSE']._serialized_start=2196
-  _globals['_LISTSNAPSHOTSRESPONSE']._serialized_end=2264
-  _globals['_SUBSCRIBEREQUEST']._serialized_start=2266
-  _globals['_SUBSCRIBEREQUEST']._serialized_end=2302
-  _globals['_LOGRECORDMESSAGE']._serialized_start=2304
-  _globals['_LOGRECORDMESSAGE']._serialized_end=2394
-  _globals['_FETCHSNAPSHOTREQUEST']._serialized_start=2396
-  _globals['_FETCHSNAPSHOTREQUEST']._serialized_end=2457
-  _globals['_SNAPSHOTCHUNK']._serialized_start=2459
-  _globals['_SNAPSHOTCHUNK']._serialized_end=2552
-  _globals['_EMBEDDINGSTORE']._serialized_start=2671
-  _globals['_EMBEDDINGSTORE']._serialized_end=3760
+  _globals['_SCANREQUEST']._serialized_start=1592
+  _globals['_SCANREQUEST']._serialized_end=1711
+  _globals['_SCANRESPONSE']._serialized_start=1713
+  _globals['_SCANRESPONSE']._serialized_end=1828
+  _globals['_DESCRIBESHARDREQUEST']._serialized_start=1830
+  _globals['_DESCRIBESHARDREQUEST']._serialized_end=1852
+  _globals['_ROUTING']._serialized_start=1854
+  _globals['_ROUTING']._serialized_end=1896
+  _globals['_SERVERLIMITS']._serialized_start=1898
+  _globals['_SERVERLIMITS']._serialized_end=1996
+  _globals['_DESCRIBESHARDRESPONSE']._serialized_start=1999
+  _globals['_DESCRIBESHARDRESPONSE']._serialized_end=2161
+  _globals['_SNAPSHOTREQUEST']._serialized_start=2163
+  _globals['_SNAPSHOTREQUEST']._serialized_end=2201
+  _globals['_SNAPSHOTRESPONSE']._serialized_start=2203
+  _globals['_SNAPSHOTRESPONSE']._serialized_end=2326
+  _globals['_LISTSNAPSHOTSREQUEST']._serialized_start=2328
+  _globals['_LISTSNAPSHOTSREQUEST']._serialized_end=2350
+  _globals['_SNAPSHOTINFO']._serialized_start=2352
+  _globals['_SNAPSHOTINFO']._serialized_end=2432
+  _globals['_LISTSNAPSHOTSRESPONSE']._serialized_start=2434
+  _globals['_LISTSNAPSHOTSRESPONSE']._serialized_end=2502
+  _globals['_SUBSCRIBEREQUEST']._serialized_start=2504
+  _globals['_SUBSCRIBEREQUEST']._serialized_end=2540
+  _globals['_LOGRECORDMESSAGE']._serialized_start=2542
+  _globals['_LOGRECORDMESSAGE']._serialized_end=2632
+  _globals['_FETCHSNAPSHOTREQUEST']._serialized_start=2634
+  _globals['_FETCHSNAPSHOTREQUEST']._serialized_end=2695
+  _globals['_SNAPSHOTCHUNK']._serialized_start=2697
+  _globals['_SNAPSHOTCHUNK']._serialized_end=2790
+  _globals['_EMBEDDINGSTORE']._serialized_start=2909
+  _globals['_EMBEDDINGSTORE']._serialized_end=4057
 # @@protoc_insertion_point(module_scope)

@@ -198,6 +198,30 @@ class StatsResponse(_message.Message):
     tables: _containers.RepeatedCompositeFieldContainer[TableStats]
     def __init__(self, shard_index: _Optional[int] = ..., num_shards: _Optional[int] = ..., tables: _Optional[_Iterable[_Union[TableStats, _Mapping]]] = ...) -> None: ...
 
+class ScanRequest(_message.Message):
+    __slots__ = ("table", "after_id", "limit", "encoding")
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    AFTER_ID_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    ENCODING_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    after_id: int
+    limit: int
+    encoding: Encoding
+    def __init__(self, table: _Optional[str] = ..., after_id: _Optional[int] = ..., limit: _Optional[int] = ..., encoding: _Optional[_Union[Encoding, _Mapping]] = ...) -> None: ...
+
+class ScanResponse(_message.Message):
+    __slots__ = ("ids", "vectors", "last_id", "done")
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    VECTORS_FIELD_NUMBER: _ClassVar[int]
+    LAST_ID_FIELD_NUMBER: _ClassVar[int]
+    DONE_FIELD_NUMBER: _ClassVar[int]
+    ids: Tensor
+    vectors: Tensor
+    last_id: int
+    done: bool
+    def __init__(self, ids: _Optional[_Union[Tensor, _Mapping]] = ..., vectors: _Optional[_Union[Tensor, _Mapping]] = ..., last_id: _Optional[int] = ..., done: _Optional[bool] = ...) -> None: ...
+
 class DescribeShardRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

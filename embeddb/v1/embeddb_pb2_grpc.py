@@ -79,6 +79,11 @@ class EmbeddingStoreStub:
                 request_serializer=embeddb_dot_v1_dot_embeddb__pb2.StatsRequest.SerializeToString,
                 response_deserializer=embeddb_dot_v1_dot_embeddb__pb2.StatsResponse.FromString,
                 _registered_method=True)
+        self.Scan = channel.unary_unary(
+                '/embeddb.v1.EmbeddingStore/Scan',
+                request_serializer=embeddb_dot_v1_dot_embeddb__pb2.ScanRequest.SerializeToString,
+                response_deserializer=embeddb_dot_v1_dot_embeddb__pb2.ScanResponse.FromString,
+                _registered_method=True)
         self.DescribeShard = channel.unary_unary(
                 '/embeddb.v1.EmbeddingStore/DescribeShard',
                 request_serializer=embeddb_dot_v1_dot_embeddb__pb2.DescribeShardRequest.SerializeToString,
@@ -163,6 +168,12 @@ class EmbeddingStoreServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Scan(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def DescribeShard(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -240,6 +251,11 @@ def add_EmbeddingStoreServicer_to_server(servicer, server):
                     servicer.Stats,
                     request_deserializer=embeddb_dot_v1_dot_embeddb__pb2.StatsRequest.FromString,
                     response_serializer=embeddb_dot_v1_dot_embeddb__pb2.StatsResponse.SerializeToString,
+            ),
+            'Scan': grpc.unary_unary_rpc_method_handler(
+                    servicer.Scan,
+                    request_deserializer=embeddb_dot_v1_dot_embeddb__pb2.ScanRequest.FromString,
+                    response_serializer=embeddb_dot_v1_dot_embeddb__pb2.ScanResponse.SerializeToString,
             ),
             'DescribeShard': grpc.unary_unary_rpc_method_handler(
                     servicer.DescribeShard,
@@ -510,6 +526,33 @@ class EmbeddingStore:
             '/embeddb.v1.EmbeddingStore/Stats',
             embeddb_dot_v1_dot_embeddb__pb2.StatsRequest.SerializeToString,
             embeddb_dot_v1_dot_embeddb__pb2.StatsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Scan(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/embeddb.v1.EmbeddingStore/Scan',
+            embeddb_dot_v1_dot_embeddb__pb2.ScanRequest.SerializeToString,
+            embeddb_dot_v1_dot_embeddb__pb2.ScanResponse.FromString,
             options,
             channel_credentials,
             insecure,

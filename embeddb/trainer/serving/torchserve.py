@@ -1,56 +1,195 @@
-"""A TorchServe handler for an exported model: ``torch-model-archiver --handler
-embeddb/trainer/serving/torchserve.py --extra-files MODEL_DIR/...`` (or ``--handler
-embeddb.trainer.serving.torchserve:EmbeddbHandler`` with embeddb installed).
+"""A TorchServe handler for an exported model. Build the archive with
+``embeddb torchserve-archive MODEL_DIR --out NAME.mar --shard HOST:PORT ...``
+(:mod:`embeddb.cli.torchserve`): it packs the model directory, a generated entry file
+(``embeddb_handler.py``: ``handle = EmbeddbHandler().handle``, a function entry point, so
+TorchServe neither imports this file by path nor takes ``:EmbeddbHandler`` for a function),
+``model-config.yaml`` and ``serving.json``. embeddb must be installed in TorchServe's Python.
 
 The model directory is TorchServe's (``context.system_properties["model_dir"]``): the archive
-holds ``model.json``, ``dense.pt`` and ``embedding.yaml``. The shards to read come from
-``serving.json`` in that directory::
+holds ``model.json``, ``dense.pt`` and ``embedding.yaml``. Where the embeddings come from is
+``serving.json`` in that directory, either shards::
 
-    {"addresses": ["10.0.0.5:7000", "10.0.0.6:7000"], "tls_ca": null}
+    {"addresses": ["10.0.0.5:7000", "10.0.0.6:7000"], "tls_ca": null,
+     "token_file": "/etc/embeddb/ro.token"}
 
-or, without it, from the environment: ``EMBEDDB_ADDRESSES`` (comma-separated ``host:port`` in
-shard order), and ``EMBEDDB_TLS_CA`` (a PEM file). ``EMBEDDB_TOKEN`` is the shards' bearer
-token (never in the archive).
+or a job checkpoint opened read-only in the worker (no shard servers)::
+
+    {"checkpoint_dir": "/data/job/checkpoints", "checkpoint_id": null}
+
+Without ``serving.json`` the shards come from the environment: ``EMBEDDB_ADDRESSES``
+(comma-separated ``host:port`` in shard order) and ``EMBEDDB_TLS_CA`` (a PEM file).
+``EMBEDDB_TOKEN`` (or ``token_file``, read when the worker starts) is the shards' bearer token;
+the token itself is never in the archive. Relative paths in ``serving.json`` are relative to
+the model directory.
 
 Each request's body is JSON: ``{"records": [record, ...]}``, a list of records, or one record:
 raw records (column values as in the training data, ``{"user": "u17", "price": 12.5}``) when
 the model was exported with its feature pipeline, else pre-hashed ones; or
 ``{"hashed_records": [record, ...]}``, always pre-hashed records (records as in
 :mod:`embeddb.trainer.serving.infer`). TorchServe's batch of requests is scored in one
-:meth:`InferCtx.predict`; each request gets the list of its records' scores.
+:meth:`InferCtx.predict`; each request gets the list of its records' scores. A bad request
+(not JSON, an unknown feature, a value of the wrong type) raises :class:`BadRequestError`, an
+:class:`InvalidArgumentError` that is also TorchServe's ``PredictionException`` with code 400:
+TorchServe answers every request of that batch with 400 and the precise message.
 
 TorchServe's ``ts`` package is optional: when it imports, the handler subclasses its
-``BaseHandler``; otherwise it is a plain class with the same interface.
+``BaseHandler`` (``EmbeddbHandler()`` then ``initialize(context)`` then
+``handle(data, context)``, as TorchServe's class entry points are called); otherwise it is a
+plain class with the same interface.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
+import warnings
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from embeddb.errors import ConfigError, InvalidArgumentError
+from embeddb.secrets import read_token_file
+from embeddb.trainer.batch import Batch
+from embeddb.trainer.serving.codec import merge_batches
+from embeddb.trainer.serving.infer import InferCtx
 
-from ..batch import Batch
-from .codec import merge_batches
-from .infer import InferCtx
+__all__ = ["SERVING_FILE", "BadRequestError", "EmbeddbHandler", "ServingSettings"]
 
-__all__ = ["SERVING_FILE", "EmbeddbHandler"]
+logger = logging.getLogger(__name__)
 
 SERVING_FILE = "serving.json"
+BAD_REQUEST = 400
 
 try:  # pragma: no cover - depends on whether TorchServe is installed
-    from ts.torch_handler.base_handler import BaseHandler as _Base
+    with warnings.catch_warnings():  # ts 0.12's __init__ reads version.txt without closing it
+        warnings.simplefilter("ignore", ResourceWarning)
+        from ts.torch_handler.base_handler import BaseHandler as _Base
+        from ts.utils.util import PredictionException as _Prediction
 except ImportError:  # the plain interface
 
     class _Base:  # type: ignore[no-redef]
         def __init__(self) -> None:
             self.initialized = False
             self.context: Any = None
+
+    class _Prediction(Exception):  # type: ignore[no-redef]
+        def __init__(self, message: str, error_code: int = 500) -> None:
+            super().__init__(message)
+            self.message = message
+            self.error_code = error_code
+
+
+class BadRequestError(InvalidArgumentError, _Prediction):  # type: ignore[misc]
+    """A bad request: an :class:`InvalidArgumentError` that is also TorchServe's
+    ``PredictionException`` with code 400 (TorchServe answers it with that code and the
+    message)."""
+
+    def __init__(self, message: str) -> None:
+        InvalidArgumentError.__init__(self, message)
+        self.message = message
+        self.error_code = BAD_REQUEST
+
+    def __str__(self) -> str:
+        return self.message
+
+
+@dataclass(frozen=True)
+class ServingSettings:
+    """Where a served model reads its embeddings (``serving.json``, see the module docstring).
+
+    Attributes:
+        addresses: the shards' ``host:port`` in shard order (empty with ``checkpoint_dir``).
+        tls_ca: PEM file of the shards' CA; ``None``: plaintext.
+        token_file: file holding the shards' bearer token; ``None``: ``EMBEDDB_TOKEN``.
+        checkpoint_dir: a job's ``checkpoint_dir`` opened read-only instead of shards.
+        checkpoint_id: the checkpoint of ``checkpoint_dir``; ``None``: the latest.
+    """
+
+    addresses: tuple[str, ...] = ()
+    tls_ca: str | None = None
+    token_file: str | None = None
+    checkpoint_dir: str | None = None
+    checkpoint_id: str | None = None
+
+    def to_json(self) -> str:
+        """The ``serving.json`` text (``None`` and empty fields left out)."""
+        doc: dict[str, Any] = {"addresses": list(self.addresses)} if self.addresses else {}
+        for key in ("tls_ca", "token_file", "checkpoint_dir", "checkpoint_id"):
+            value = getattr(self, key)
+            if value is not None:
+                doc[key] = value
+        return json.dumps(doc, indent=2) + "\n"
+
+    @classmethod
+    def read(cls, model_dir: Path, environ: Mapping[str, str]) -> ServingSettings:
+        """The settings of ``model_dir/serving.json``, else of the environment.
+
+        Raises:
+            ConfigError: an unreadable or malformed ``serving.json``; neither shards nor a
+                checkpoint.
+        """
+        path = model_dir / SERVING_FILE
+        if not path.is_file():
+            raw = environ.get("EMBEDDB_ADDRESSES", "")
+            addresses = tuple(a.strip() for a in raw.split(",") if a.strip())
+            if not addresses:
+                raise ConfigError(
+                    "EMBEDDB_ADDRESSES",
+                    f"no shard addresses: put {SERVING_FILE} in the model directory or set "
+                    "EMBEDDB_ADDRESSES=host:port,host:port",
+                )
+            return cls(addresses, tls_ca=environ.get("EMBEDDB_TLS_CA") or None)
+        try:
+            doc = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ConfigError(str(path), f"unreadable: {exc}") from exc
+        if not isinstance(doc, dict):
+            raise ConfigError(str(path), "must be a JSON object")
+        strings = {}
+        for key in ("tls_ca", "token_file", "checkpoint_dir", "checkpoint_id"):
+            value = doc.get(key)
+            if value is not None and not isinstance(value, str):
+                raise ConfigError(f"{path}: {key}", f"must be a string, got {value!r}")
+            strings[key] = value or None
+        checkpoint_dir = strings["checkpoint_dir"]
+        listed = doc.get("addresses")
+        if checkpoint_dir is not None:
+            if listed:
+                raise ConfigError(
+                    f"{path}: addresses", "give addresses or checkpoint_dir, not both"
+                )
+            return cls(
+                checkpoint_dir=_under(model_dir, checkpoint_dir),
+                checkpoint_id=strings["checkpoint_id"],
+            )
+        if not (isinstance(listed, list) and listed):
+            raise ConfigError(f"{path}: addresses", "must be a non-empty list of host:port")
+        tls_ca = strings["tls_ca"] or environ.get("EMBEDDB_TLS_CA") or None
+        token_file = strings["token_file"]
+        return cls(
+            tuple(str(a) for a in listed),
+            tls_ca=None if tls_ca is None else _under(model_dir, tls_ca),
+            token_file=None if token_file is None else _under(model_dir, token_file),
+        )
+
+    def open(self, model_dir: Path, environ: Mapping[str, str]) -> InferCtx:
+        """The :class:`InferCtx` of ``model_dir`` over these settings.
+
+        Raises:
+            ConfigError: an unreadable token file. The errors of :class:`InferCtx`.
+        """
+        if self.checkpoint_dir is not None:
+            return InferCtx.from_checkpoint(
+                model_dir, self.checkpoint_dir, checkpoint_id=self.checkpoint_id
+            )
+        token = environ.get("EMBEDDB_TOKEN") or None
+        if self.token_file is not None:
+            token = read_token_file(Path(self.token_file))
+        return InferCtx(model_dir, list(self.addresses), token=token, tls_ca=self.tls_ca)
 
 
 class EmbeddbHandler(_Base):  # type: ignore[misc]
@@ -62,20 +201,18 @@ class EmbeddbHandler(_Base):  # type: ignore[misc]
         self.initialized = False
 
     def initialize(self, context: Any) -> None:
-        """Load the model directory and connect to the shards.
+        """Load the model directory and connect to the shards (or open the checkpoint).
 
         Raises:
             ConfigError: no shard addresses (neither ``serving.json`` nor
-                ``EMBEDDB_ADDRESSES``), or an unreadable ``serving.json``.
+                ``EMBEDDB_ADDRESSES``), or an unreadable ``serving.json`` or token file.
             The errors of :class:`InferCtx`.
         """
         self.context = context
         model_dir = Path(context.system_properties["model_dir"])
-        addresses, tls_ca = _shards(model_dir, os.environ)
-        self.infer = InferCtx(
-            model_dir, addresses, token=os.environ.get("EMBEDDB_TOKEN") or None, tls_ca=tls_ca
-        )
+        self.infer = ServingSettings.read(model_dir, os.environ).open(model_dir, os.environ)
         self.initialized = True
+        logger.info("embeddb model %s ready: %r", model_dir, self.infer)
 
     def preprocess(self, data: Sequence[Any]) -> tuple[Batch, list[int]]:
         """TorchServe's request list → one batch of every request's records, and the number
@@ -116,13 +253,27 @@ class EmbeddbHandler(_Base):  # type: ignore[misc]
         bounds = np.cumsum([0, *counts])
         return [[float(s) for s in scores[bounds[k] : bounds[k + 1]]] for k in range(len(counts))]
 
-    def handle(self, data: Any, context: Any) -> list[list[float]]:
-        """preprocess → inference → postprocess (initializing first if TorchServe did not)."""
+    def handle(self, data: Any, context: Any) -> list[list[float]] | None:
+        """preprocess → inference → postprocess (initializing first if TorchServe did not).
+
+        ``data=None`` only initializes: TorchServe calls a function entry point (the archive's
+        ``handle = EmbeddbHandler().handle``) that way once when the worker starts.
+
+        Raises:
+            BadRequestError: a bad request (an :class:`InvalidArgumentError` and TorchServe's
+                ``PredictionException`` with code 400).
+        """
         if not self.initialized:
             self.initialize(context)
-        return self.postprocess(self.inference(self.preprocess(data)))
+        if data is None:
+            return None
+        try:
+            return self.postprocess(self.inference(self.preprocess(data)))
+        except InvalidArgumentError as exc:
+            raise BadRequestError(str(exc)) from exc
 
     def close(self) -> None:
+        """Close the shards' client (or the checkpoint)."""
         if self.infer is not None:
             self.infer.close()
             self.infer = None
@@ -134,29 +285,9 @@ class EmbeddbHandler(_Base):  # type: ignore[misc]
         return self.infer
 
 
-def _shards(model_dir: Path, environ: Mapping[str, str]) -> tuple[list[str], str | None]:
-    path = model_dir / SERVING_FILE
-    if path.is_file():
-        try:
-            doc = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ConfigError(str(path), f"unreadable: {exc}") from exc
-        addresses = doc.get("addresses") if isinstance(doc, dict) else None
-        if not (isinstance(addresses, list) and addresses):
-            raise ConfigError(f"{path}: addresses", "must be a non-empty list of host:port")
-        tls_ca = doc.get("tls_ca") or environ.get("EMBEDDB_TLS_CA") or None
-        if tls_ca is not None and not Path(tls_ca).is_absolute():
-            tls_ca = str(model_dir / tls_ca)
-        return [str(a) for a in addresses], tls_ca
-    raw = environ.get("EMBEDDB_ADDRESSES", "")
-    addresses = [a.strip() for a in raw.split(",") if a.strip()]
-    if not addresses:
-        raise ConfigError(
-            "EMBEDDB_ADDRESSES",
-            f"no shard addresses: put {SERVING_FILE} in the model directory or set "
-            "EMBEDDB_ADDRESSES=host:port,host:port",
-        )
-    return addresses, environ.get("EMBEDDB_TLS_CA") or None
+def _under(model_dir: Path, path: str) -> str:
+    """``path``, relative ones taken relative to the model directory."""
+    return path if Path(path).is_absolute() else str(model_dir / path)
 
 
 def _records(item: object, index: int) -> tuple[bool, list[Any]]:
