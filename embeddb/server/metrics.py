@@ -213,8 +213,8 @@ class ShardStatsCollector(Collector):
         yield from (rows, tier_rows, capacity, hits, ratio, *counters.values())
 
 
-class LogCutsCollector(Collector):
-    """Counts the update log tails the shard cut when it opened, by kind (corrupt, torn)."""
+class _ShardCollector(Collector):
+    """A collector reading a shard at scrape time (nothing while it is unavailable)."""
 
     def __init__(self, shard: Shard | ServedShard, prefix: str = "embeddb") -> None:
         self._served = shard if isinstance(shard, ServedShard) else ServedShard(shard)
@@ -222,6 +222,10 @@ class LogCutsCollector(Collector):
 
     def describe(self) -> list[Any]:
         return []
+
+
+class LogCutsCollector(_ShardCollector):
+    """Counts the update log tails the shard cut when it opened, by kind (corrupt, torn)."""
 
     def collect(self) -> Iterator[Any]:
         try:
@@ -240,15 +244,8 @@ class LogCutsCollector(Collector):
         yield family
 
 
-class DurabilityCollector(Collector):
+class DurabilityCollector(_ShardCollector):
     """The update log's position, how far fsyncs lag behind it, and read-only mode."""
-
-    def __init__(self, shard: Shard | ServedShard, prefix: str = "embeddb") -> None:
-        self._served = shard if isinstance(shard, ServedShard) else ServedShard(shard)
-        self._prefix = prefix
-
-    def describe(self) -> list[Any]:
-        return []
 
     def collect(self) -> Iterator[Any]:
         try:
