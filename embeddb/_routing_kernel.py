@@ -11,12 +11,13 @@ import numpy as np
 
 from embeddb.splitmix import GAMMA, MULTIPLIER_1, MULTIPLIER_2, SHIFT_1, SHIFT_2, SHIFT_3
 
-__all__ = ["first_foreign_kernel"]
+__all__ = ["first_foreign_kernel", "mix"]
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
-def _mix(z):
-    """:func:`embeddb.routing.mix64` of one id."""
+def mix(z):
+    """:func:`embeddb.routing.mix64` of one uint64, compiled: the one copy every kernel inlines
+    (``storage.hash_index``, ``initializers``, ``client._kernels``, the ownership check)."""
     z = z + GAMMA
     z = (z ^ (z >> SHIFT_1)) * MULTIPLIER_1
     z = (z ^ (z >> SHIFT_2)) * MULTIPLIER_2
@@ -30,7 +31,8 @@ def first_foreign_kernel(ids, salt, num_shards, shard_index):
     count = np.uint64(num_shards)
     want = np.uint64(shard_index)
     for i in range(ids.size):
-        z = _mix(ids[i] ^ salt)
+        z = mix(ids[i] ^ salt)
         if ((z >> np.uint64(32)) * count) >> np.uint64(32) != want:
             return i
     return -1
+

@@ -18,8 +18,8 @@ import numba
 import numpy as np
 import numpy.typing as npt
 
+from embeddb._routing_kernel import mix as _mix
 from embeddb.config import InitializerConfig, InitializerKind
-from embeddb.splitmix import GAMMA, MULTIPLIER_1, MULTIPLIER_2, SHIFT_1, SHIFT_2, SHIFT_3
 
 __all__ = ["initial_vectors", "table_key"]
 
@@ -35,15 +35,6 @@ def table_key(name: str, seed: int) -> np.uint64:
     """The 64-bit key mixed into every draw of one table (stable across processes)."""
     key: np.uint64 = np.uint64(((seed & 0xFFFFFFFF) << 32) | zlib.crc32(name.encode()))
     return key
-
-
-@numba.njit(nogil=True, cache=True, inline="always")
-def _mix(z):  # type: ignore[no-untyped-def]
-    """:func:`embeddb.routing.mix64` of one counter."""
-    z = z + GAMMA
-    z = (z ^ (z >> SHIFT_1)) * MULTIPLIER_1
-    z = (z ^ (z >> SHIFT_2)) * MULTIPLIER_2
-    return z ^ (z >> SHIFT_3)
 
 
 @numba.njit(nogil=True, cache=True)

@@ -29,7 +29,7 @@ EDGE_IDS = np.array(
 )
 
 COMPILED_MIXES: dict[str, Callable[[np.uint64], np.uint64]] = {
-    "embeddb._routing_kernel": _routing_kernel._mix,
+    "embeddb._routing_kernel": _routing_kernel.mix,
     "embeddb.initializers": initializers._mix,
     "embeddb.storage.hash_index": hash_index._mix,
     "embeddb.client._kernels": client_kernels._mix,

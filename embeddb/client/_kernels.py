@@ -12,18 +12,9 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from embeddb.splitmix import GAMMA, MULTIPLIER_1, MULTIPLIER_2, SHIFT_1, SHIFT_2, SHIFT_3
+from embeddb._routing_kernel import mix as _mix
 
 __all__ = ["dedup", "last_rows", "sum_rows"]
-
-
-@numba.njit(nogil=True, cache=True, inline="always")
-def _mix(z):
-    """:func:`embeddb.routing.mix64` of one id."""
-    z = z + GAMMA
-    z = (z ^ (z >> SHIFT_1)) * MULTIPLIER_1
-    z = (z ^ (z >> SHIFT_2)) * MULTIPLIER_2
-    return z ^ (z >> SHIFT_3)
 
 
 @numba.njit(nogil=True, cache=True)

@@ -19,8 +19,8 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from embeddb._routing_kernel import mix as _mix
 from embeddb.routing import STRIPE_SALT
-from embeddb.splitmix import GAMMA, MULTIPLIER_1, MULTIPLIER_2, SHIFT_1, SHIFT_2, SHIFT_3
 
 __all__ = [
     "collect_victims",
@@ -43,15 +43,6 @@ def new_index(capacity: int) -> np.ndarray:
     """An empty index for ``capacity`` slots (buckets: next power of two ≥ 2 * capacity)."""
     buckets = 1 << max(4, int(2 * max(capacity, 1) - 1).bit_length())
     return np.zeros((buckets, 2), dtype=np.uint64)
-
-
-@numba.njit(nogil=True, cache=True, inline="always")
-def _mix(z):
-    """:func:`embeddb.routing.mix64` of one id."""
-    z = z + GAMMA
-    z = (z ^ (z >> SHIFT_1)) * MULTIPLIER_1
-    z = (z ^ (z >> SHIFT_2)) * MULTIPLIER_2
-    return z ^ (z >> SHIFT_3)
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
