@@ -35,4 +35,3 @@ def first_foreign_kernel(ids, salt, num_shards, shard_index):
         if ((z >> np.uint64(32)) * count) >> np.uint64(32) != want:
             return i
     return -1
-

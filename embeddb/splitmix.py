@@ -8,12 +8,12 @@ numba. For a uint64 ``z`` the finaliser is::
     z = (z ^ (z >> SHIFT_2)) * MULTIPLIER_2
     z = z ^ (z >> SHIFT_3)
 
-:func:`embeddb.routing.mix64` is the reference (whole arrays, numpy). The compiled copy on one id is
-``embeddb._routing_kernel.mix``, which the kernels of ``initializers``,
-``storage.hash_index`` and ``client._kernels`` inline; it reads these names as module globals,
-and numba freezes them into the machine code when it compiles (and caches) a kernel. They are part of the
-routing algorithm (``ROUTING_ALGORITHM``), so they never change; ``tests/test_splitmix.py``
-checks every compiled copy against :func:`~embeddb.routing.mix64`.
+:func:`embeddb.routing.mix64` is the reference (whole arrays, numpy). The compiled copy on
+one id is ``embeddb._routing_kernel.mix``, which the kernels of ``initializers``,
+``storage.hash_index`` and ``client._kernels`` inline. It reads these names as module globals:
+numba freezes them into the machine code when it compiles (and caches) a kernel. They are part
+of the routing algorithm (``ROUTING_ALGORITHM``), so they never change;
+``tests/test_splitmix.py`` checks every compiled copy against :func:`~embeddb.routing.mix64`.
 
 All are ``numpy.uint64`` scalars, so compiled arithmetic stays in unsigned 64-bit integers.
 """

@@ -10,6 +10,11 @@ client-side classes here::
     ├── DeadlineExceededError    (TimeoutError)    DEADLINE_EXCEEDED: the call ran past ``timeout``
     └── RemoteError                                any other status (UNKNOWN, UNIMPLEMENTED, ...)
 
+``CANCELLED`` is an :class:`~embeddb.errors.UnavailableError`: the client never cancels a call
+through gRPC (an abandoned asyncio call ends in :class:`asyncio.CancelledError`), so the status
+means the other side ended it, a shard shutting down with the call in flight (its grace period
+over) or a connection dropped: the same event as the ``UNAVAILABLE`` of the next call.
+
 Every translated error names the shard index, its address and the method, carries the server's
 details, and is raised ``from`` the :class:`grpc.RpcError` so the status stays visible.
 """
@@ -18,9 +23,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from embeddb.errors import ERROR_BY_STATUS, EmbeddbError
+from embeddb.errors import ERROR_BY_STATUS, EmbeddbError, UnavailableError
 
-__all__ = ["DeadlineExceededError", "RemoteError", "translate_rpc_error"]
+__all__ = [
+    "UNAVAILABLE_STATUSES",
+    "DeadlineExceededError",
+    "RemoteError",
+    "translate_rpc_error",
+]
+
+#: Statuses meaning the shard is (for now) gone: an UnavailableError, retried when idempotent.
+UNAVAILABLE_STATUSES = frozenset({"UNAVAILABLE", "CANCELLED"})
 
 
 class DeadlineExceededError(EmbeddbError, TimeoutError):
@@ -49,5 +62,7 @@ def translate_rpc_error(
     message = f"shard {shard} ({address}) {method} failed{tries}: {status}: {details}"
     if status == "DEADLINE_EXCEEDED":
         return DeadlineExceededError(message)
+    if status in UNAVAILABLE_STATUSES:
+        return UnavailableError(message)
     cls = ERROR_BY_STATUS.get(status, RemoteError)
     return cls(message)

@@ -18,6 +18,8 @@ import grpc
 
 from embeddb.errors import ConfigError
 
+from .errors import UNAVAILABLE_STATUSES
+
 __all__ = [
     "ClientOptions",
     "SimulatedNetwork",
@@ -116,9 +118,9 @@ class ClientOptions:
     Attributes:
         timeout: seconds one logical call to one shard may take, retries and backoff included
             (the gRPC deadline of each attempt is what is left of it).
-        retries: extra attempts after an ``UNAVAILABLE`` answer, for idempotent calls only
-            (evaluation lookups, assign, delete, metadata). Training lookups and gradient pushes
-            change the shard's state and are never retried.
+        retries: extra attempts after an ``UNAVAILABLE`` (or server-side ``CANCELLED``) answer,
+            for idempotent calls only (evaluation lookups, assign, delete, metadata). Training
+            lookups and gradient pushes change the shard's state and are never retried.
         backoff: the first retry waits about this many seconds; each further one twice as long
             (up to ``max_backoff``), each delay jittered to between half and all of its value.
         max_backoff: cap of one retry delay, in seconds.
@@ -214,7 +216,7 @@ class ClientOptions:
             remaining: seconds left of the call's ``timeout``.
             rng: the client's jitter source.
         """
-        if not idempotent or status != "UNAVAILABLE" or attempt > self.retries:
+        if not idempotent or status not in UNAVAILABLE_STATUSES or attempt > self.retries:
             return None
         full = min(self.max_backoff, self.backoff * 2.0 ** (attempt - 1))
         delay = full * (0.5 + 0.5 * rng.random())
