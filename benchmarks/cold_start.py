@@ -70,7 +70,7 @@ TARGET_MS = 100.0
 IDS_PER_BATCH = 512 * 26
 STEADY_CALLS = 5
 START_TIMEOUT_S = 300.0  # an empty numba cache on a busy 2-core machine compiles for ~30 s
-SERVICE = "embeddb.v1.EmbeddingStore"
+SERVICE = "embeddb.v1.EmbeddingStoreService"
 CONFIG = """\
 slots_config:
   t: {dim: 16}

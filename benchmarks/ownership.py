@@ -135,7 +135,7 @@ def _rpc(
     options = [("grpc.max_receive_message_length", 64 << 20)]
     channels = [grpc.insecure_channel(f"127.0.0.1:{s.port}", options=options) for s in servers]
     try:
-        stubs = [pb_grpc.EmbeddingStoreStub(c) for c in channels]
+        stubs = [pb_grpc.EmbeddingStoreServiceStub(c) for c in channels]
         requests = [
             pb.LookupRequest(table="t", ids=wire.encode_ids(b), train=True) for b in batches
         ]

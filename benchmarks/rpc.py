@@ -179,7 +179,7 @@ def wire_sizes(address: str, ids: U64) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     reference: npt.NDArray[np.float32] | None = None
     with grpc.insecure_channel(address, options=channel_options()) as channel:
-        stub = pb_grpc.EmbeddingStoreStub(channel)  # type: ignore[no-untyped-call]
+        stub = pb_grpc.EmbeddingStoreServiceStub(channel)  # type: ignore[no-untyped-call]
         for name, enc in ENCODINGS.items():
             request = pb.LookupRequest(
                 table=TABLE,

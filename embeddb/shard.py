@@ -62,6 +62,7 @@ from embeddb.shard_recovery import (
     BASE,
     CLEAN_MARKER,
     Recovery,
+    Restore,
     ShardOpener,
     read_record,
     shutdown_record,
@@ -107,8 +108,8 @@ class Shard:
             :func:`~embeddb.routing.shard_of` gives ``shard_index`` and refuses every other id
             (``FailedPreconditionError``). Recorded in the directory at its first start (a later
             start as another shard raises ``ConfigError``) and in snapshots.
-        restore: restore this snapshot id (discarding the state and the log after it; the old
-            log is kept aside in ``log.before-restore-<time>``) instead of the current state.
+        restore: restore this snapshot id or :class:`~embeddb.shard_recovery.Restore` (discarding
+            the state and log after it; the old log is kept in ``log.before-restore-<time>``).
         fallback: during recovery, if the newest snapshot fails verification, use the next
             older one (logged) instead of refusing to start.
         follower: a read-only replica: client mutations raise
@@ -130,7 +131,7 @@ class Shard:
         *,
         shard_index: int = 0,
         num_shards: int = 1,
-        restore: str | None = None,
+        restore: str | Restore | None = None,
         fallback: bool = False,
         follower: bool = False,
         cut_corrupt_log_tail: bool = False,

@@ -34,7 +34,7 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,6 +52,7 @@ __all__ = [
     "BASE",
     "CLEAN_MARKER",
     "Recovery",
+    "Restore",
     "ShardOpener",
     "read_record",
     "replay",
@@ -64,6 +65,20 @@ logger = logging.getLogger("embeddb.shard")  # the shard's own logger: one place
 CLEAN_MARKER = "clean-shutdown.json"
 BASE = "base.json"
 _FORMAT_VERSION = 2
+
+
+@dataclass(frozen=True)
+class Restore:
+    """A snapshot to restore, with a progress callback (``Shard(restore=Restore(...))``).
+
+    Attributes:
+        snapshot_id: the snapshot.
+        progress: called with ``(bytes verified, bytes of the snapshot)`` while its files are
+            checked against the manifest.
+    """
+
+    snapshot_id: str
+    progress: Callable[[int, int], None] | None = None
 
 
 @dataclass(frozen=True)
@@ -198,7 +213,7 @@ class ShardOpener:
             return self.applied_seq
         return self.log.last_seq if self.log is not None else 0
 
-    def open(self, restore: str | None, fallback: bool) -> Recovery:
+    def open(self, restore: str | Restore | None, fallback: bool) -> Recovery:
         """Open the directory; ``restore`` and ``fallback`` as for :class:`~embeddb.shard.Shard`.
 
         Returns:
@@ -213,7 +228,9 @@ class ShardOpener:
         if not (self._ephemeral or self._follower):
             topology.check_directory(self._data_dir, self._topology)
         if restore is not None:
-            return self._restore_explicitly(restore)
+            return self._restore_explicitly(
+                restore if isinstance(restore, Restore) else Restore(restore)
+            )
         marker = read_record(self._data_dir, CLEAN_MARKER)
         if marker is not None:
             return self._open_clean(marker)
@@ -307,11 +324,12 @@ class ShardOpener:
         )
         return Recovery(source, None, start, replayed, self.seq, 0.0)
 
-    def _restore_explicitly(self, snapshot_id: str) -> Recovery:
+    def _restore_explicitly(self, restore: Restore) -> Recovery:
+        snapshot_id = restore.snapshot_id
         path = self._data_dir / "snapshots" / snapshot.check_id(snapshot_id)
         if not (path / snapshot.MANIFEST).exists():
             raise InvalidArgumentError(f"no complete snapshot {snapshot_id!r} in {path.parent}")
-        manifest = snapshot.verify(path)
+        manifest = snapshot.verify(path, progress=restore.progress)
         self._check_manifest(manifest, path)
         log_dir = self._data_dir / "log"
         if log_dir.exists():

@@ -31,6 +31,7 @@ from embeddb.v1 import embeddb_pb2 as pb
 
 __all__ = [
     "KAPPA",
+    "LEGACY_SERVICE_NAME",
     "SERVICE_NAME",
     "decode_ids",
     "decode_matrix",
@@ -43,16 +44,25 @@ __all__ = [
     "row_bytes",
 ]
 
-SERVICE_NAME = pb.DESCRIPTOR.services_by_name["EmbeddingStore"].full_name
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["EmbeddingStoreService"].full_name
 """The shard's gRPC service (health checks, metrics, reflection name it)."""
+
+LEGACY_SERVICE_NAME = "embeddb.v1.EmbeddingStore"
+"""The service's name before buf's STANDARD lint renames: still served (same methods, same
+handlers, same checks) so that clients and followers of the previous release keep working
+during a rolling upgrade. Deprecated; not reflected."""
 
 KAPPA = 16384.0  # rows are scaled so that max|row| == KAPPA (float16 max is 65504)
 
-_ITEMSIZE: dict[int, int] = {pb.UINT64: 8, pb.FLOAT32: 4, pb.FLOAT16: 2}
+_ITEMSIZE: dict[int, int] = {
+    pb.D_TYPE_UINT64: 8,
+    pb.D_TYPE_FLOAT32: 4,
+    pb.D_TYPE_FLOAT16: 2,
+}
 _NUMPY: dict[int, np.dtype[np.generic]] = {
-    pb.UINT64: np.dtype("<u8"),
-    pb.FLOAT32: np.dtype("<f4"),
-    pb.FLOAT16: np.dtype("<f2"),
+    pb.D_TYPE_UINT64: np.dtype("<u8"),
+    pb.D_TYPE_FLOAT32: np.dtype("<f4"),
+    pb.D_TYPE_FLOAT16: np.dtype("<f2"),
 }
 
 
@@ -66,7 +76,7 @@ def row_bytes(dim: int, fp16: bool) -> int:
 def encode_ids(ids: npt.NDArray[np.uint64], lz4_min_bytes: int = 0) -> pb.Tensor:
     """A ``UINT64`` tensor of shape ``[n]``."""
     data = _byte_view(np.ascontiguousarray(ids, dtype="<u8"))
-    f = _maybe_lz4(pb.UINT64, [ids.size], data, lz4_min_bytes)
+    f = _maybe_lz4(pb.D_TYPE_UINT64, [ids.size], data, lz4_min_bytes)
     return pb.Tensor(dtype=f.dtype, shape=f.shape, data=bytes(f.data), compression=f.compression)
 
 
@@ -123,7 +133,7 @@ def decode_ids(
             items, or a corrupt LZ4 frame.
         ResourceExhaustedError: an LZ4 payload that would decompress beyond ``max_lz4_bytes``.
     """
-    if tensor.dtype != pb.UINT64:
+    if tensor.dtype != pb.D_TYPE_UINT64:
         raise InvalidArgumentError(f"{field} must be UINT64, got {_dtype_name(tensor, field)}")
     if len(tensor.shape) != 1:
         raise InvalidArgumentError(f"{field} must have rank 1, got shape {list(tensor.shape)}")
@@ -152,7 +162,7 @@ def decode_matrix(
             missing or malformed row scales, or a corrupt LZ4 frame.
         ResourceExhaustedError: an LZ4 payload that would decompress beyond ``max_lz4_bytes``.
     """
-    if tensor.dtype not in (pb.FLOAT32, pb.FLOAT16):
+    if tensor.dtype not in (pb.D_TYPE_FLOAT32, pb.D_TYPE_FLOAT16):
         raise InvalidArgumentError(
             f"{field} must be FLOAT32 or FLOAT16, got {_dtype_name(tensor, field)}"
         )
@@ -166,7 +176,7 @@ def decode_matrix(
         )
     data = _payload(tensor, field, None, max_lz4_bytes)
     values = np.frombuffer(data, dtype=_NUMPY[tensor.dtype]).reshape(shape)
-    if tensor.dtype == pb.FLOAT32:
+    if tensor.dtype == pb.D_TYPE_FLOAT32:
         exact: npt.NDArray[np.float32] = values.astype(np.float32, copy=False)
         return exact
     if len(tensor.row_scales) != 4 * shape[0]:
@@ -185,7 +195,7 @@ class _Fields:
     dtype: pb.DType
     shape: list[int]
     data: bytes | memoryview
-    compression: pb.Compression = pb.COMPRESSION_NONE
+    compression: pb.Compression = pb.COMPRESSION_UNSPECIFIED
     row_scales: bytes = b""
 
 
@@ -193,7 +203,7 @@ def _matrix_fields(values: npt.NDArray[np.float32], fp16: bool, lz4_min_bytes: i
     values = np.ascontiguousarray(values, dtype="<f4")
     shape = list(values.shape)
     if not fp16:
-        return _maybe_lz4(pb.FLOAT32, shape, _byte_view(values), lz4_min_bytes)
+        return _maybe_lz4(pb.D_TYPE_FLOAT32, shape, _byte_view(values), lz4_min_bytes)
     with np.errstate(invalid="ignore", over="ignore"):
         peak = np.max(np.abs(values), axis=1) if values.size else np.zeros(values.shape[0])
     scales = np.ones(values.shape[0], dtype=np.float32)
@@ -201,7 +211,7 @@ def _matrix_fields(values: npt.NDArray[np.float32], fp16: bool, lz4_min_bytes: i
     scales[usable] = (KAPPA / peak[usable]).astype(np.float32)
     with np.errstate(over="ignore", invalid="ignore"):
         half = (values * scales[:, None]).astype("<f2")
-    fields = _maybe_lz4(pb.FLOAT16, shape, _byte_view(half), lz4_min_bytes)
+    fields = _maybe_lz4(pb.D_TYPE_FLOAT16, shape, _byte_view(half), lz4_min_bytes)
     return replace(fields, row_scales=scales.astype("<f4").tobytes())
 
 
@@ -212,7 +222,7 @@ def _byte_view(arr: npt.NDArray[np.generic]) -> memoryview:
 
 def _maybe_lz4(dtype: pb.DType, shape: list[int], data: memoryview, lz4_min_bytes: int) -> _Fields:
     if lz4_min_bytes and len(data) >= lz4_min_bytes:
-        return _Fields(dtype, shape, lz4.frame.compress(data), pb.LZ4)
+        return _Fields(dtype, shape, lz4.frame.compress(data), pb.COMPRESSION_LZ4)
     return _Fields(dtype, shape, data)
 
 
@@ -244,7 +254,7 @@ def _payload(
         raise InvalidArgumentError(f"{field} has {items} items, more than the limit {max_items}")
     expected = items * _ITEMSIZE[tensor.dtype]
     data = tensor.data
-    if tensor.compression == pb.LZ4:
+    if tensor.compression == pb.COMPRESSION_LZ4:
         if max_lz4_bytes is not None and expected > max_lz4_bytes:
             raise ResourceExhaustedError(
                 f"{field}: an LZ4 payload of shape {list(tensor.shape)} decompresses to {expected} "
@@ -261,7 +271,7 @@ def _payload(
             raise InvalidArgumentError(
                 f"{field}: the LZ4 frame does not decompress to the {expected} bytes of its shape"
             )
-    elif tensor.compression != pb.COMPRESSION_NONE:
+    elif tensor.compression != pb.COMPRESSION_UNSPECIFIED:
         raise InvalidArgumentError(
             f"{field}.compression: {tensor.compression} is not a Compression "
             f"(COMPRESSION_NONE = 0, LZ4 = 1)"

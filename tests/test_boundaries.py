@@ -82,7 +82,7 @@ def error_of(call: Callable[[], object]) -> grpc.RpcError:
     return info.value
 
 
-def rows(stub: pb_grpc.EmbeddingStoreStub, token: str | None = None) -> int:
+def rows(stub: pb_grpc.EmbeddingStoreServiceStub, token: str | None = None) -> int:
     stats = stub.Stats(pb.StatsRequest(), metadata=bearer(token))
     return int(stats.tables[0].counters["rows"])
 
@@ -96,7 +96,7 @@ def test_a_shard_refuses_every_data_call_for_ids_it_does_not_own(serve, tmp_path
     mixed = np.concatenate([mine[:5], foreign[:1], mine[5:10]])
     vectors = wire.encode_matrix(np.ones((mixed.size, DIM), np.float32))
     part = pb.LookupRequest(table="t", ids=ids_of(mixed), train=True)
-    calls: dict[str, Callable[[pb_grpc.EmbeddingStoreStub], object]] = {
+    calls: dict[str, Callable[[pb_grpc.EmbeddingStoreServiceStub], object]] = {
         "training lookup": lambda s: s.Lookup(part),
         "evaluation lookup": lambda s: s.Lookup(pb.LookupRequest(table="t", ids=ids_of(mixed))),
         "LookupMany": lambda s: s.LookupMany(pb.LookupManyRequest(lookups=[part])),
@@ -114,7 +114,7 @@ def test_a_shard_refuses_every_data_call_for_ids_it_does_not_own(serve, tmp_path
         "Delete": lambda s: s.Delete(pb.DeleteRequest(table="t", ids=ids_of(mixed))),
     }
     with served.channel() as channel:
-        stub = pb_grpc.EmbeddingStoreStub(channel)
+        stub = pb_grpc.EmbeddingStoreServiceStub(channel)
         ones = wire.encode_matrix(np.ones((mine.size, DIM), np.float32))
         stub.Assign(pb.AssignRequest(table="t", ids=ids_of(mine), vectors=ones))
         before = stub.Lookup(pb.LookupRequest(table="t", ids=ids_of(mine))).SerializeToString()
@@ -142,7 +142,7 @@ def test_a_data_directory_refuses_to_start_as_another_shard(serve, tmp_path) -> 
     universe = np.arange(1, 200, dtype=np.uint64)
     owned = universe[shard_of(universe, 4) == 2]
     with first.channel() as channel:
-        stub = pb_grpc.EmbeddingStoreStub(channel)
+        stub = pb_grpc.EmbeddingStoreServiceStub(channel)
         stub.Assign(
             pb.AssignRequest(
                 table="t",
@@ -159,7 +159,7 @@ def test_a_data_directory_refuses_to_start_as_another_shard(serve, tmp_path) -> 
         assert "--shard-index 2 --num-shards 4" in out and "embeddb reshard" in out
     again = serve("--data-dir", str(data), "--shard-index", "2", "--num-shards", "4")
     with again.channel() as channel:
-        assert rows(pb_grpc.EmbeddingStoreStub(channel)) == owned.size
+        assert rows(pb_grpc.EmbeddingStoreServiceStub(channel)) == owned.size
     assert again.stop() == 0
 
 
@@ -173,7 +173,7 @@ def test_malformed_requests_get_precise_statuses_and_no_tracebacks(
     garbage = b"\xff\x00\x13 not a protobuf \x80\x80\x80\x80\x80\x80\x80\x80\x80\x80\x80"
     with served.channel() as channel:
         raw = channel.unary_unary(f"{STORE}/Lookup")  # no serializers: bytes as they are
-        stub = pb_grpc.EmbeddingStoreStub(channel)
+        stub = pb_grpc.EmbeddingStoreServiceStub(channel)
         stub.Assign(
             pb.AssignRequest(
                 table="t", ids=ids_of([1]), vectors=wire.encode_matrix(np.ones((1, DIM), "f4"))
@@ -227,9 +227,11 @@ def test_an_amplifying_lookup_is_refused_before_any_work(serve, tmp_path) -> Non
     ids = np.full(1 << 22, 7, dtype=np.uint64)
     packed = lz4.frame.compress(ids.tobytes())
     assert len(packed) < 200_000
-    tensor = pb.Tensor(dtype=pb.UINT64, shape=[ids.size], data=packed, compression=pb.LZ4)
+    tensor = pb.Tensor(
+        dtype=pb.D_TYPE_UINT64, shape=[ids.size], data=packed, compression=pb.COMPRESSION_LZ4
+    )
     with served.channel() as channel:
-        stub = pb_grpc.EmbeddingStoreStub(channel)
+        stub = pb_grpc.EmbeddingStoreServiceStub(channel)
         stub.Lookup(pb.LookupRequest(table="t", ids=ids_of([1, 2, 3]), train=True))  # warm up
         rss = served.rss_bytes()
         for train in (False, True):
@@ -243,10 +245,10 @@ def test_an_amplifying_lookup_is_refused_before_any_work(serve, tmp_path) -> Non
         assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         # Gradients: a compressed tensor is not decompressed beyond the bound either.
         grads = pb.Tensor(
-            dtype=pb.FLOAT32,
+            dtype=pb.D_TYPE_FLOAT32,
             shape=[1 << 22, DIM],
             data=lz4.frame.compress(bytes(1 << 20)),
-            compression=pb.LZ4,
+            compression=pb.COMPRESSION_LZ4,
         )
         push = pb.ApplyGradientsRequest(table="t", ids=tensor, grads=grads)
         error = error_of(lambda: stub.ApplyGradients(push))
@@ -265,7 +267,7 @@ def test_resident_memory_returns_after_a_burst_of_large_lookups(serve, tmp_path)
     request = pb.LookupRequest(table="t", ids=ids_of(ids))  # evaluation: reads zeros
     options = [("grpc.max_receive_message_length", 256 << 20)]
     with grpc.insecure_channel(served.address, options=options) as channel:
-        stub = pb_grpc.EmbeddingStoreStub(channel)
+        stub = pb_grpc.EmbeddingStoreServiceStub(channel)
         stub.Lookup(pb.LookupRequest(table="t", ids=ids_of(ids[:1000])))  # warm up
         before = served.rss_bytes()
         with ThreadPoolExecutor(8) as pool:
@@ -284,7 +286,7 @@ def test_resident_memory_returns_after_a_burst_of_large_lookups(serve, tmp_path)
 
 # ---------------------------------------------------------------------- roles and streams
 def subscribe(channel: grpc.Channel, token: str | None, from_seq: int = 0) -> grpc.Future:
-    stub = pb_grpc.EmbeddingStoreStub(channel)
+    stub = pb_grpc.EmbeddingStoreServiceStub(channel)
     return stub.Subscribe(pb.SubscribeRequest(from_seq=from_seq), metadata=bearer(token))
 
 
@@ -296,7 +298,7 @@ def test_read_only_callers_never_stream_and_each_role_has_its_own_stream_slots(
         "--max-streams", "2", metrics=True,
     )  # fmt: skip
     with served.channel() as channel:
-        stub = pb_grpc.EmbeddingStoreStub(channel)
+        stub = pb_grpc.EmbeddingStoreServiceStub(channel)
         stub.Assign(
             pb.AssignRequest(
                 table="t", ids=ids_of([1]), vectors=wire.encode_matrix(np.ones((1, DIM), "f4"))
@@ -336,7 +338,7 @@ def test_a_subscriber_that_stops_reading_is_dropped(serve, tmp_path, tokens_file
     )  # fmt: skip
     vectors = wire.encode_matrix(np.ones((1000, 1024), np.float32))  # 4 MiB per log record
     with served.channel() as channel:
-        stub = pb_grpc.EmbeddingStoreStub(channel)
+        stub = pb_grpc.EmbeddingStoreServiceStub(channel)
         for k in range(16):
             ids = ids_of(np.arange(k * 1000, (k + 1) * 1000))
             stub.Assign(pb.AssignRequest(table="t", ids=ids, vectors=vectors), metadata=bearer(RW))
@@ -373,7 +375,7 @@ def test_health_is_answered_while_every_worker_is_busy(tmp_path) -> None:
     served = build_server(shard, ServerConfig(workers=2))
     try:
         with grpc.insecure_channel(f"127.0.0.1:{served.port}") as channel:
-            stub = pb_grpc.EmbeddingStoreStub(channel)
+            stub = pb_grpc.EmbeddingStoreServiceStub(channel)
             health = health_pb2_grpc.HealthStub(channel)
             health.Check(health_pb2.HealthCheckRequest())  # connected
             request = pb.LookupRequest(table="t", ids=ids_of([1, 2, 3]), train=True)
@@ -413,7 +415,7 @@ def test_an_idle_connection_is_closed_by_the_server(serve) -> None:
     served = serve("--ephemeral", "--max-idle", "1")
     states: list[grpc.ChannelConnectivity] = []
     with served.channel() as channel:
-        stub = pb_grpc.EmbeddingStoreStub(channel)
+        stub = pb_grpc.EmbeddingStoreServiceStub(channel)
         stub.DescribeShard(pb.DescribeShardRequest(), timeout=10)
         channel.subscribe(states.append, try_to_connect=False)
         eventually(

@@ -194,6 +194,37 @@ def test_a_shard_configured_only_by_the_environment_serves_and_logs_json(
     assert all(str(r["time"]).endswith("Z") for r in records)
 
 
+def test_the_limits_set_on_the_command_line_are_the_ones_describe_shard_reports(
+    processes: Processes, tmp_path: Path
+) -> None:
+    import grpc
+
+    from embeddb.v1 import embeddb_pb2 as pb
+    from embeddb.v1 import embeddb_pb2_grpc as pb_grpc
+
+    port_file = tmp_path / "port"
+    process, stderr = processes.start(
+        "serve",
+        "--ephemeral",
+        "--port",
+        "0",
+        "--port-file",
+        str(port_file),
+        "--max-message-mb",
+        "3",
+        "--max-response-mb",
+        "2",
+        EMBEDDB_SERVE_MAX_IDS_PER_REQUEST="1234",
+    )
+    port = int(processes.wait_for(process, stderr, port_file))
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub = pb_grpc.EmbeddingStoreServiceStub(channel)  # type: ignore[no-untyped-call]
+        limits = stub.DescribeShard(pb.DescribeShardRequest(), timeout=30).limits
+    assert (limits.max_message_bytes, limits.max_response_bytes) == (3 << 20, 2 << 20)
+    assert limits.max_ids_per_request == 1234
+    assert processes.stop(process) == 0, stderr.read_text()
+
+
 def test_tokens_from_env_still_reads_the_token_variables(
     processes: Processes, tmp_path: Path
 ) -> None:

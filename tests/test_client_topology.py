@@ -234,7 +234,7 @@ def test_requests_fit_the_servers_response_limit(tmp_path: Path, fp16: bool) -> 
         # One shard's ids in one request are refused, before anything is done.
         mine = cluster.owned(ids, 0)
         with grpc.insecure_channel(cluster.addresses[0]) as channel:
-            stub = pb_grpc.EmbeddingStoreStub(channel)
+            stub = pb_grpc.EmbeddingStoreServiceStub(channel)
             encoding = pb.Encoding(fp16=fp16)
             refused = {
                 "Lookup": lambda: stub.Lookup(

@@ -39,7 +39,7 @@ def serve(tmp_path: Path) -> Iterator[StartServe]:
 
 
 def lookup(channel: grpc.Channel, ids: np.ndarray, train: bool, timeout: float = 10.0):
-    stub = pb_grpc.EmbeddingStoreStub(channel)
+    stub = pb_grpc.EmbeddingStoreServiceStub(channel)
     reply = stub.Lookup(
         pb.LookupRequest(table=TABLE, ids=wire.encode_ids(ids), train=train), timeout=timeout
     )

@@ -41,14 +41,14 @@ def serve(tmp_path: Path) -> Iterator[StartServe]:
     yield from serve_processes(tmp_path)
 
 
-def lookup(stub: pb_grpc.EmbeddingStoreStub, ids: np.ndarray, train: bool) -> np.ndarray:
+def lookup(stub: pb_grpc.EmbeddingStoreServiceStub, ids: np.ndarray, train: bool) -> np.ndarray:
     reply = stub.Lookup(
         pb.LookupRequest(table=TABLE, ids=wire.encode_ids(ids), train=train), timeout=30
     )
     return wire.decode_matrix(reply.vectors, "vectors")
 
 
-def data_loss_counter(stub: pb_grpc.EmbeddingStoreStub) -> int:
+def data_loss_counter(stub: pb_grpc.EmbeddingStoreServiceStub) -> int:
     (table,) = [t for t in stub.Stats(pb.StatsRequest(), timeout=10).tables if t.table == TABLE]
     return int(table.counters["data_loss"])
 
@@ -88,7 +88,7 @@ def test_a_damaged_sst_block_is_answered_data_loss_logged_counted_and_others_kee
 
     first = serve(*args)
     with grpc.insecure_channel(first.address) as channel:
-        stub = pb_grpc.EmbeddingStoreStub(channel)
+        stub = pb_grpc.EmbeddingStoreServiceStub(channel)
         vectors = np.concatenate(
             [lookup(stub, ids[i : i + CHUNK], train=True) for i in range(0, ROWS, CHUNK)]
         )  # creates every row; the RAM tier evicts all but the newest to disk
@@ -100,7 +100,7 @@ def test_a_damaged_sst_block_is_answered_data_loss_logged_counted_and_others_kee
 
     second = serve(*args)
     with grpc.insecure_channel(second.address) as channel:
-        stub = pb_grpc.EmbeddingStoreStub(channel)
+        stub = pb_grpc.EmbeddingStoreServiceStub(channel)
         with pytest.raises(grpc.RpcError) as lost:
             lookup(stub, ids, train=False)
         assert lost.value.code() == grpc.StatusCode.DATA_LOSS, lost.value.details()

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +16,7 @@ from click.testing import CliRunner, Result
 
 from embeddb import wire
 from embeddb.cli.app import main
-from embeddb.client import Client, ClientOptions
+from embeddb.client import AsyncClient, Client, ClientOptions
 from embeddb.errors import InvalidArgumentError, NotFoundError
 from embeddb.rpc.auth import Tokens
 from embeddb.rpc.listen import ListenConfig
@@ -118,9 +119,29 @@ def test_scan_limit_beyond_the_server_limits_is_refused(tmp_path: Path) -> None:
             list(client.scan("t", limit=0))
         assert [p.tolist() for p, _ in client.scan("t", limit=100)] == [[1, 2]]
         with grpc.insecure_channel(c.addresses[0]) as channel:  # 0: the largest page allowed
-            stub = pb_grpc.EmbeddingStoreStub(channel)  # type: ignore[no-untyped-call]
+            stub = pb_grpc.EmbeddingStoreServiceStub(channel)  # type: ignore[no-untyped-call]
             r = stub.Scan(pb.ScanRequest(table="t"))
         assert wire.decode_ids(r.ids, "ids").tolist() == [1, 2] and r.done and r.last_id == 2
+
+
+def test_async_scan_pages_equal_the_blocking_scan(cluster: Cluster) -> None:
+    with Client(cluster.addresses) as client:
+        expected = [(p.tolist(), v.tobytes()) for p, v in client.scan("t", limit=41)]
+
+    async def pages() -> list[tuple[list[int], bytes]]:
+        async with AsyncClient(cluster.addresses) as client:
+            got = [(p.tolist(), v.tobytes()) async for p, v in client.scan("t", limit=41)]
+            with pytest.raises(NotFoundError, match="unknown table"):
+                _ = [page async for page in client.scan("nope")]
+            with pytest.raises(InvalidArgumentError, match="limit must be a row count"):
+                _ = [page async for page in client.scan("t", limit=0)]
+            after = int(expected[0][0][-1])  # a cursor: above it on every shard
+            resumed = [p.tolist() async for p, _ in client.scan("t", limit=1000, after=after)]
+        assert all(i > after for page in resumed for i in page)
+        return got
+
+    got = asyncio.run(pages())
+    assert got == expected and sum(len(p) for p, _ in got) == rows()[0].size
 
 
 def test_scan_of_an_unknown_table_is_not_found(cluster: Cluster) -> None:

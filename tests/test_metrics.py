@@ -64,7 +64,7 @@ class Served:
     def __init__(self, shard: Shard, server: RpcServer, channel: grpc.Channel) -> None:
         self.shard = shard
         self.server = server
-        self.stub = pb_grpc.EmbeddingStoreStub(channel)
+        self.stub = pb_grpc.EmbeddingStoreServiceStub(channel)
 
     def scrape(self) -> Samples:
         assert self.server.metrics_port is not None
@@ -223,7 +223,7 @@ def test_a_registry_can_be_passed_in_without_an_endpoint(tmp_path: Path) -> None
     try:
         assert server.metrics_port is None and server.metrics_registry is registry
         with grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel:
-            pb_grpc.EmbeddingStoreStub(channel).Stats(pb.StatsRequest())
+            pb_grpc.EmbeddingStoreServiceStub(channel).Stats(pb.StatsRequest())
         labels = {"method": "Stats", "status": "OK"}
         assert registry.get_sample_value("embeddb_requests_total", labels) == 1
         assert registry.get_sample_value("embeddb_rows", {"table": "t"}) == 0

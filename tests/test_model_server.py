@@ -285,6 +285,37 @@ def test_tokens_are_required_and_a_read_only_one_may_predict(start: Any) -> None
     )
 
 
+def test_describe_model_tells_a_client_how_to_build_a_request(served: Served, start: Any) -> None:
+    """A request built from DescribeModel alone (as a client in another language would) is
+    scored, and the limits it reports are the ones enforced."""
+    server = start(tokens=TOKENS, max_records=8, max_message_bytes=2 << 20)
+    address = f"127.0.0.1:{server.port}"
+    with ModelClient(address) as anonymous, pytest.raises(UnauthenticatedError):
+        anonymous.describe()
+    with ModelClient(address, token=RO) as client:
+        described = client.describe()
+        assert list(described.id_features) == list(served.infer.spec.id_features)
+        shapes = {i.name: tuple(i.shape) for i in described.non_id_inputs}
+        assert shapes == {i.name: tuple(i.shape) for i in served.infer.spec.non_id}
+        assert (described.limits.max_records, described.limits.max_message_bytes) == (8, 2 << 20)
+        assert described.raw_records is (served.infer.pipeline is not None)
+        n = int(described.limits.max_records)
+        request = mpb.PredictRequest(num_records=n)
+        for name in described.id_features:
+            ids = np.arange(n, dtype="<u8")
+            request.id_features.add(name=name, ids=ids.tobytes())
+        for spec in described.non_id_inputs:
+            shape = [n, *spec.shape]
+            values = np.zeros(shape, "<f4")
+            request.non_id_features.add(name=spec.name, values=values.tobytes(), shape=shape)
+        scores = client.predict_request(request)
+        assert scores.shape == (n,) and np.all((scores > 0) & (scores < 1))
+        request.num_records = n + 1  # one over the described limit
+        with pytest.raises(ResourceExhaustedError):
+            client.predict_request(request)
+    assert sample(server, "embeddb_model_requests_total", method="DescribeModel", status="OK") == 1
+
+
 # ---------------------------------------------------------------------------- bad input
 def _request(batch: Batch, **change: Any) -> mpb.PredictRequest:
     request = encode_request(batch)

@@ -371,11 +371,11 @@ def test_training_calls_are_not_retried_evaluation_lookups_are(
 
 # ------------------------------------------------------------------ bad input, server side
 @pytest.fixture
-def one(tmp_path: Path) -> Iterator[tuple[Cluster, pb_grpc.EmbeddingStoreStub]]:
+def one(tmp_path: Path) -> Iterator[tuple[Cluster, pb_grpc.EmbeddingStoreServiceStub]]:
     with serve(tmp_path, 1, max_ids_per_request=100) as cluster:
         cluster.shards[0].lookup("sgd", UNIVERSE[:10], train=True)
         with grpc.insecure_channel(cluster.addresses[0]) as channel:
-            yield cluster, pb_grpc.EmbeddingStoreStub(channel)
+            yield cluster, pb_grpc.EmbeddingStoreServiceStub(channel)
 
 
 def lookup_part(table: str, ids: Any, train: bool = True) -> pb.LookupRequest:
@@ -423,7 +423,7 @@ BAD_LOOKUPS = {
 
 @pytest.mark.parametrize("case", sorted(BAD_LOOKUPS))
 def test_a_bad_lookup_part_rejects_the_whole_request(
-    one: tuple[Cluster, pb_grpc.EmbeddingStoreStub], case: str
+    one: tuple[Cluster, pb_grpc.EmbeddingStoreServiceStub], case: str
 ) -> None:
     cluster, stub = one
     parts, code, message = BAD_LOOKUPS[case]
@@ -439,7 +439,7 @@ def test_a_bad_lookup_part_rejects_the_whole_request(
 
 
 def test_a_bad_gradient_part_rejects_the_whole_request(
-    one: tuple[Cluster, pb_grpc.EmbeddingStoreStub],
+    one: tuple[Cluster, pb_grpc.EmbeddingStoreServiceStub],
 ) -> None:
     cluster, stub = one
     good = grads_part("sgd", OLD, np.ones((10, 4), np.float32))
@@ -468,7 +468,7 @@ def test_a_bad_gradient_part_rejects_the_whole_request(
 
 
 def test_nan_gradients_are_skipped_per_part_and_empty_requests_are_valid(
-    one: tuple[Cluster, pb_grpc.EmbeddingStoreStub],
+    one: tuple[Cluster, pb_grpc.EmbeddingStoreServiceStub],
 ) -> None:
     cluster, stub = one
     shard = cluster.shards[0]
@@ -529,7 +529,7 @@ def test_read_only_token_may_evaluate_but_not_train_or_push(tmp_path: Path) -> N
         assert cluster.state() == before
         # A training part hidden among evaluation parts is refused too (raw request).
         with grpc.insecure_channel(cluster.addresses[0]) as channel:
-            stub = pb_grpc.EmbeddingStoreStub(channel)
+            stub = pb_grpc.EmbeddingStoreServiceStub(channel)
             request = pb.LookupManyRequest(
                 lookups=[lookup_part("sgd", [1], False), lookup_part("ada", [999], True)]
             )

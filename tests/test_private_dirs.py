@@ -57,7 +57,7 @@ def test_serve_under_umask_022_creates_only_private_files_and_directories(
     config.write_text(CONFIG)
     served = serve("--config", str(config), "--data-dir", str(data_dir), umask=0o022)
     with grpc.insecure_channel(served.address) as channel:
-        stub = pb_grpc.EmbeddingStoreStub(channel)
+        stub = pb_grpc.EmbeddingStoreServiceStub(channel)
         ids = wire.encode_ids(np.arange(200, dtype=np.uint64))  # more than the RAM tier holds
         stub.Lookup(pb.LookupRequest(table="t", ids=ids, train=True), timeout=30)
         stub.Snapshot(pb.SnapshotRequest(snapshot_id="s1"), timeout=60)

@@ -22,7 +22,7 @@ DIM = 4
 
 
 @pytest.fixture
-def served(tmp_path) -> Iterator[tuple[Shard, RpcServer, pb_grpc.EmbeddingStoreStub]]:
+def served(tmp_path) -> Iterator[tuple[Shard, RpcServer, pb_grpc.EmbeddingStoreServiceStub]]:
     config = EmbeddingConfig(
         tables={
             "t": TableConfig(
@@ -36,7 +36,7 @@ def served(tmp_path) -> Iterator[tuple[Shard, RpcServer, pb_grpc.EmbeddingStoreS
     )
     channel = grpc.insecure_channel(f"127.0.0.1:{server.port}")
     try:
-        yield shard, server, pb_grpc.EmbeddingStoreStub(channel)
+        yield shard, server, pb_grpc.EmbeddingStoreServiceStub(channel)
     finally:
         channel.close()
         server.stop(grace=1)
@@ -131,7 +131,9 @@ BAD = {
     ),
     "byte length": (
         lambda s: s.Delete(
-            pb.DeleteRequest(table="t", ids=pb.Tensor(dtype=pb.UINT64, shape=[2], data=b"\0" * 12))
+            pb.DeleteRequest(
+                table="t", ids=pb.Tensor(dtype=pb.D_TYPE_UINT64, shape=[2], data=b"\0" * 12)
+            )
         ),
         grpc.StatusCode.INVALID_ARGUMENT,
         "ids holds 12 bytes",

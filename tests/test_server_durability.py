@@ -55,8 +55,8 @@ class Node:
         return f"127.0.0.1:{self.server.port}"
 
     @property
-    def stub(self) -> pb_grpc.EmbeddingStoreStub:
-        return pb_grpc.EmbeddingStoreStub(self.channel)
+    def stub(self) -> pb_grpc.EmbeddingStoreServiceStub:
+        return pb_grpc.EmbeddingStoreServiceStub(self.channel)
 
 
 @pytest.fixture
@@ -217,7 +217,7 @@ def test_cli_snapshot_prints_every_shard_and_exits_1_naming_a_failed_one(start, 
 
 
 # ------------------------------------------------------------------------------ FetchSnapshot
-def receive(chunks: Iterator[pb.SnapshotChunk], root: Path) -> Path:
+def receive(chunks: Iterator[pb.FetchSnapshotResponse], root: Path) -> Path:
     receiver: SnapshotReceiver | None = None
     for c in chunks:
         if receiver is None:
@@ -328,7 +328,7 @@ def test_server_stop_ends_open_feeds_promptly(start) -> None:
     assert [next(feed).seq for feed in feeds] == [1, 1, 1]  # open, and idle from now on
     ended: list[grpc.StatusCode] = []
 
-    def drain(feed: Iterator[pb.LogRecordMessage]) -> None:
+    def drain(feed: Iterator[pb.SubscribeResponse]) -> None:
         try:
             for _ in feed:
                 pass
@@ -398,7 +398,7 @@ def test_subscribe_needs_an_update_log(tmp_path) -> None:
     served = build_server(shard)
     try:
         with grpc.insecure_channel(f"127.0.0.1:{served.port}") as channel:
-            stub = pb_grpc.EmbeddingStoreStub(channel)
+            stub = pb_grpc.EmbeddingStoreServiceStub(channel)
             with pytest.raises(grpc.RpcError) as info:
                 next(stub.Subscribe(pb.SubscribeRequest(from_seq=0)))
             assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION

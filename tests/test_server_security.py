@@ -83,10 +83,10 @@ def serve(shard: Shard) -> Iterator[Serve]:
 
 
 @pytest.fixture
-def stub(serve: Serve) -> Iterator[pb_grpc.EmbeddingStoreStub]:
+def stub(serve: Serve) -> Iterator[pb_grpc.EmbeddingStoreServiceStub]:
     server = serve(tokens=TOKENS)
     with grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel:
-        yield pb_grpc.EmbeddingStoreStub(channel)
+        yield pb_grpc.EmbeddingStoreServiceStub(channel)
 
 
 def code_of(call: Callable[[], object]) -> grpc.RpcError:
@@ -111,7 +111,7 @@ def code_of(call: Callable[[], object]) -> grpc.RpcError:
     ids=["none", "wrong", "prefix", "no-scheme", "basic", "twice"],
 )
 def test_missing_or_wrong_token_is_unauthenticated_for_every_method(
-    stub: pb_grpc.EmbeddingStoreStub, shard: Shard, metadata: object
+    stub: pb_grpc.EmbeddingStoreServiceStub, shard: Shard, metadata: object
 ) -> None:
     shard.lookup("t", [1], train=True)
     _, before = shard.peek("t", [1, 2])
@@ -129,7 +129,7 @@ def test_missing_or_wrong_token_is_unauthenticated_for_every_method(
     assert after.tobytes() == before.tobytes()
 
 
-def test_read_write_token_may_call_everything(stub: pb_grpc.EmbeddingStoreStub) -> None:
+def test_read_write_token_may_call_everything(stub: pb_grpc.EmbeddingStoreServiceStub) -> None:
     md = bearer(RW)
     ids = ids_tensor(1, 2)
     assert stub.Lookup(pb.LookupRequest(table="t", ids=ids, train=True), metadata=md)
@@ -144,7 +144,7 @@ def test_read_write_token_may_call_everything(stub: pb_grpc.EmbeddingStoreStub) 
     assert stub.Stats(pb.StatsRequest(), metadata=md).tables[0].counters["rows"] == 2
 
 
-def test_read_only_token_may_read(stub: pb_grpc.EmbeddingStoreStub, shard: Shard) -> None:
+def test_read_only_token_may_read(stub: pb_grpc.EmbeddingStoreServiceStub, shard: Shard) -> None:
     shard.lookup("t", [1, 2], train=True)
     md = bearer(RO)
     reply = stub.Lookup(pb.LookupRequest(table="t", ids=ids_tensor(1, 2, 99)), metadata=md)
@@ -182,7 +182,7 @@ READ_ONLY_REFUSED = {
 
 @pytest.mark.parametrize("case", sorted(READ_ONLY_REFUSED))
 def test_read_only_token_may_not_write(
-    stub: pb_grpc.EmbeddingStoreStub, shard: Shard, case: str
+    stub: pb_grpc.EmbeddingStoreServiceStub, shard: Shard, case: str
 ) -> None:
     shard.lookup("t", [1, 2], train=True)
     found_before, before = shard.peek("t", [1, 2, 50])
@@ -214,7 +214,7 @@ def test_health_and_reflection_need_no_token(serve: Serve) -> None:
 
 
 def test_tokens_never_appear_in_logs_or_repr(
-    stub: pb_grpc.EmbeddingStoreStub, caplog: pytest.LogCaptureFixture
+    stub: pb_grpc.EmbeddingStoreServiceStub, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.DEBUG)
     wrong = "wrong-but-plausible-token-123456"
@@ -244,7 +244,7 @@ def test_grpc_access_token_credentials_over_tls(
     for token, code in ((RW, None), (RO, grpc.StatusCode.PERMISSION_DENIED)):
         creds = grpc.composite_channel_credentials(ssl, grpc.access_token_call_credentials(token))
         with grpc.secure_channel(f"127.0.0.1:{server.port}", creds) as channel:
-            stub = pb_grpc.EmbeddingStoreStub(channel)
+            stub = pb_grpc.EmbeddingStoreServiceStub(channel)
             call = lambda stub=stub: stub.Assign(  # noqa: E731
                 pb.AssignRequest(
                     table="t",
@@ -395,13 +395,15 @@ def test_tls_port_serves_tls_clients_only(serve: Serve, tls_pair: tuple[bytes, b
     target = f"127.0.0.1:{server.port}"
     creds = grpc.ssl_channel_credentials(root_certificates=cert)
     with grpc.secure_channel(target, creds) as channel:
-        tables = pb_grpc.EmbeddingStoreStub(channel).ListTables(pb.ListTablesRequest(), timeout=10)
+        tables = pb_grpc.EmbeddingStoreServiceStub(channel).ListTables(
+            pb.ListTablesRequest(), timeout=10
+        )
         assert [t.name for t in tables.tables] == ["t"]
         health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest())
         assert health.status == health_pb2.HealthCheckResponse.SERVING
     with grpc.insecure_channel(target) as channel:
         error = code_of(
-            lambda: pb_grpc.EmbeddingStoreStub(channel).ListTables(
+            lambda: pb_grpc.EmbeddingStoreServiceStub(channel).ListTables(
                 pb.ListTablesRequest(), timeout=5
             )
         )
@@ -409,7 +411,7 @@ def test_tls_port_serves_tls_clients_only(serve: Serve, tls_pair: tuple[bytes, b
     other_cert, _ = make_cert()  # a client trusting another root refuses the server
     with grpc.secure_channel(target, grpc.ssl_channel_credentials(other_cert)) as channel:
         error = code_of(
-            lambda: pb_grpc.EmbeddingStoreStub(channel).ListTables(
+            lambda: pb_grpc.EmbeddingStoreServiceStub(channel).ListTables(
                 pb.ListTablesRequest(), timeout=5
             )
         )

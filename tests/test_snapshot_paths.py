@@ -137,10 +137,10 @@ def files_under(root: Path) -> dict[str, tuple[int, int, bytes]]:
 
 
 def fetch(
-    stub: pb_grpc.EmbeddingStoreStub, snapshot_id: str
-) -> tuple[list[pb.SnapshotChunk], grpc.RpcError | None]:
+    stub: pb_grpc.EmbeddingStoreServiceStub, snapshot_id: str
+) -> tuple[list[pb.FetchSnapshotResponse], grpc.RpcError | None]:
     """The chunks a FetchSnapshot call sent, and the error it ended with (None: it completed)."""
-    chunks: list[pb.SnapshotChunk] = []
+    chunks: list[pb.FetchSnapshotResponse] = []
     try:
         request = pb.FetchSnapshotRequest(snapshot_id=snapshot_id)
         for chunk in stub.FetchSnapshot(request, timeout=60):
@@ -150,7 +150,7 @@ def fetch(
     return chunks, None
 
 
-def receive(chunks: list[pb.SnapshotChunk], root: Path) -> Path:
+def receive(chunks: list[pb.FetchSnapshotResponse], root: Path) -> Path:
     receiver = SnapshotReceiver(root, chunks[0].snapshot_id)
     for c in chunks:
         receiver.write(Chunk(c.path, c.offset, c.data))
@@ -191,7 +191,7 @@ def test_fetch_snapshot_never_sends_a_file_outside_the_snapshot(
     planted = {escape: plant(good, escape, escape, secret)[1] for escape in ESCAPES}
     before = files_under(served.data_dir / "snapshots")
     with grpc.insecure_channel(served.address) as channel:
-        stub = pb_grpc.EmbeddingStoreStub(channel)
+        stub = pb_grpc.EmbeddingStoreServiceStub(channel)
         for name, entry in planted.items():
             chunks, error = fetch(stub, name)
             assert error is not None, f"{name}: the snapshot was sent whole"
@@ -232,7 +232,7 @@ def test_fetch_snapshot_checks_sizes_and_crcs_while_streaming(
     flipped[len(data) // 2] ^= 0x40
     (good.parent / "flipped" / rows).write_bytes(bytes(flipped))
     with grpc.insecure_channel(served.address) as channel:
-        stub = pb_grpc.EmbeddingStoreStub(channel)
+        stub = pb_grpc.EmbeddingStoreServiceStub(channel)
         for name, size in listed.items():
             chunks, error = fetch(stub, name)
             assert error is not None, f"{name}: sent without an error"
@@ -252,7 +252,7 @@ def test_snapshot_ids_are_matched_whole(served: Served) -> None:
     with Client([served.address]) as client, pytest.raises(InvalidArgumentError):
         client.snapshot("evil\n")
     with grpc.insecure_channel(served.address) as channel:
-        stub = pb_grpc.EmbeddingStoreStub(channel)
+        stub = pb_grpc.EmbeddingStoreServiceStub(channel)
         with pytest.raises(grpc.RpcError) as taken:
             stub.Snapshot(pb.SnapshotRequest(snapshot_id="evil\n"), timeout=30)
         assert taken.value.code() == grpc.StatusCode.INVALID_ARGUMENT
@@ -476,7 +476,7 @@ def test_a_received_manifest_that_leads_out_is_refused(tmp_path: Path, escape: s
     assert list(root.iterdir()) == []  # nothing kept
 
 
-class ForgedPrimary(pb_grpc.EmbeddingStoreServicer):
+class ForgedPrimary(pb_grpc.EmbeddingStoreServiceServicer):
     """A primary that answers every FetchSnapshot with the same forged snapshot."""
 
     def __init__(self, chunks: list[Chunk]) -> None:
@@ -486,11 +486,11 @@ class ForgedPrimary(pb_grpc.EmbeddingStoreServicer):
 
     def FetchSnapshot(
         self, request: pb.FetchSnapshotRequest, context: grpc.ServicerContext
-    ) -> Iterator[pb.SnapshotChunk]:
+    ) -> Iterator[pb.FetchSnapshotResponse]:
         with self.lock:
             self.calls += 1
         for c in self.chunks:
-            yield pb.SnapshotChunk(
+            yield pb.FetchSnapshotResponse(
                 snapshot_id="s", seq=1, path=c.path, offset=c.offset, data=c.data
             )
 
@@ -500,7 +500,7 @@ def test_a_follower_refuses_a_primary_whose_snapshot_leads_out(tmp_path: Path) -
     chunks, _ = forged_chunks(tmp_path, "absolute", secret)
     primary = ForgedPrimary(chunks)
     server = grpc.server(ThreadPoolExecutor(max_workers=4))
-    pb_grpc.add_EmbeddingStoreServicer_to_server(primary, server)
+    pb_grpc.add_EmbeddingStoreServiceServicer_to_server(primary, server)
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     options = FollowerOptions(f"127.0.0.1:{port}", backoff=0.02, max_backoff=0.1)
@@ -533,7 +533,7 @@ def test_snapshot_files_are_private_whatever_the_umask(tmp_path: Path, umask: in
             with shard.open_snapshot("s") as reader:
                 chunks = list(reader.chunks())
         received = receive(
-            [pb.SnapshotChunk(snapshot_id="s", path=c.path, offset=c.offset, data=c.data)
+            [pb.FetchSnapshotResponse(snapshot_id="s", path=c.path, offset=c.offset, data=c.data)
              for c in chunks],
             tmp_path / "follower" / "snapshots",
         )  # fmt: skip

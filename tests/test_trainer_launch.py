@@ -250,6 +250,7 @@ def test_a_job_trains_adult_predicts_and_leaves_no_process(tmp_path: Path) -> No
     assert proc.returncode == 0, out
     assert "torchrun --standalone --nproc_per_node=2" in out
     assert "samples/s" in out and "AUC" in out
+    assert "\r" not in out  # progress to a file: plain lines, not a terminal's bar
     assert out.count("prediction ") == 3
     auc = float(out.split("test AUC ")[1].split()[0])
     assert auc > 0.85

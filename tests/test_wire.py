@@ -19,7 +19,7 @@ def test_ids_round_trip_exactly(values: list[int], lz4_min: int) -> None:
     ids = np.array(values, dtype=np.uint64)
     tensor = wire.encode_ids(ids, lz4_min_bytes=lz4_min)
     assert tensor.compression == (
-        pb.LZ4 if lz4_min and ids.nbytes >= lz4_min else pb.COMPRESSION_NONE
+        pb.COMPRESSION_LZ4 if lz4_min and ids.nbytes >= lz4_min else pb.COMPRESSION_UNSPECIFIED
     )
     np.testing.assert_array_equal(
         wire.decode_ids(pb.Tensor.FromString(tensor.SerializeToString()), "ids"), ids
@@ -30,7 +30,7 @@ def test_float32_round_trip_is_exact_and_lz4_shrinks_redundant_data() -> None:
     values = np.repeat(np.arange(8, dtype=np.float32)[None, :], 1000, axis=0)
     plain = wire.encode_matrix(values)
     packed = wire.encode_matrix(values, lz4_min_bytes=1024)
-    assert packed.compression == pb.LZ4 and len(packed.data) < len(plain.data) / 10
+    assert packed.compression == pb.COMPRESSION_LZ4 and len(packed.data) < len(plain.data) / 10
     for tensor in (plain, packed):
         np.testing.assert_array_equal(wire.decode_matrix(tensor, "v", 1000, 8), values)
 
@@ -59,7 +59,7 @@ def test_fp16_keeps_zero_rows_and_marks_non_finite_rows() -> None:
 
 
 def _tensor(**kw: object) -> pb.Tensor:
-    base = {"dtype": pb.UINT64, "shape": [2], "data": b"\0" * 16}
+    base = {"dtype": pb.D_TYPE_UINT64, "shape": [2], "data": b"\0" * 16}
     base.update(kw)
     return pb.Tensor(**base)
 
@@ -67,13 +67,13 @@ def _tensor(**kw: object) -> pb.Tensor:
 @pytest.mark.parametrize(
     ("tensor", "message"),
     [
-        (_tensor(dtype=pb.FLOAT32, data=b"\0" * 8), "ids must be UINT64"),
+        (_tensor(dtype=pb.D_TYPE_FLOAT32, data=b"\0" * 8), "ids must be UINT64"),
         (_tensor(shape=[2, 1]), "rank 1"),
         (_tensor(data=b"\0" * 15), "holds 15 bytes.*needs 16"),
         (_tensor(shape=[-2]), "negative"),
-        (_tensor(data=b"garbage", compression=pb.LZ4), "corrupt LZ4"),
+        (_tensor(data=b"garbage", compression=pb.COMPRESSION_LZ4), "corrupt LZ4"),
         (
-            _tensor(data=lz4.frame.compress(b"\0" * 10**6), compression=pb.LZ4),
+            _tensor(data=lz4.frame.compress(b"\0" * 10**6), compression=pb.COMPRESSION_LZ4),
             "does not decompress",
         ),
         (_tensor(compression=7), "ids.compression: 7 is not a Compression"),
@@ -91,11 +91,15 @@ def test_an_lz4_tensor_is_not_decompressed_beyond_the_bound() -> None:
     """The size its shape claims is checked before decompression (a 4 MiB frame of zeros
     that would decompress to 32 MiB)."""
     packed = lz4.frame.compress(b"\0" * (32 << 20))
-    tensor = pb.Tensor(dtype=pb.UINT64, shape=[4 << 20], data=packed, compression=pb.LZ4)
+    tensor = pb.Tensor(
+        dtype=pb.D_TYPE_UINT64, shape=[4 << 20], data=packed, compression=pb.COMPRESSION_LZ4
+    )
     with pytest.raises(ResourceExhaustedError, match="decompresses to 33554432 bytes"):
         wire.decode_ids(tensor, "ids", max_lz4_bytes=16 << 20)
     assert wire.decode_ids(tensor, "ids", max_lz4_bytes=32 << 20).size == 4 << 20
-    grads = pb.Tensor(dtype=pb.FLOAT32, shape=[1 << 20, 8], data=packed, compression=pb.LZ4)
+    grads = pb.Tensor(
+        dtype=pb.D_TYPE_FLOAT32, shape=[1 << 20, 8], data=packed, compression=pb.COMPRESSION_LZ4
+    )
     with pytest.raises(ResourceExhaustedError, match="max_response_bytes 1024"):
         wire.decode_matrix(grads, "grads", max_lz4_bytes=1024)
 
@@ -103,12 +107,12 @@ def test_an_lz4_tensor_is_not_decompressed_beyond_the_bound() -> None:
 @pytest.mark.parametrize(
     ("tensor", "message"),
     [
-        (pb.Tensor(dtype=pb.UINT64, shape=[1, 1], data=b"\0" * 8), "FLOAT32 or FLOAT16"),
-        (pb.Tensor(dtype=pb.FLOAT32, shape=[4], data=b"\0" * 16), "rank 2"),
-        (pb.Tensor(dtype=pb.FLOAT32, shape=[2, 3], data=b"\0" * 24), r"shape \[2, 4\]"),
-        (pb.Tensor(dtype=pb.FLOAT16, shape=[2, 4], data=b"\0" * 16), "row_scales"),
+        (pb.Tensor(dtype=pb.D_TYPE_UINT64, shape=[1, 1], data=b"\0" * 8), "FLOAT32 or FLOAT16"),
+        (pb.Tensor(dtype=pb.D_TYPE_FLOAT32, shape=[4], data=b"\0" * 16), "rank 2"),
+        (pb.Tensor(dtype=pb.D_TYPE_FLOAT32, shape=[2, 3], data=b"\0" * 24), r"shape \[2, 4\]"),
+        (pb.Tensor(dtype=pb.D_TYPE_FLOAT16, shape=[2, 4], data=b"\0" * 16), "row_scales"),
         (
-            pb.Tensor(dtype=pb.FLOAT16, shape=[1, 4], data=b"\0" * 8, row_scales=b"\0" * 4),
+            pb.Tensor(dtype=pb.D_TYPE_FLOAT16, shape=[1, 4], data=b"\0" * 8, row_scales=b"\0" * 4),
             "finite and positive",
         ),
     ],
@@ -191,8 +195,8 @@ def test_parser_agrees_with_protobuf(
 
 
 def test_a_repeated_embedded_message_is_merged_as_protobuf_does() -> None:
-    first = pb.Tensor(dtype=pb.FLOAT32, shape=[2], data=b"abcdefgh").SerializeToString()
-    second = pb.Tensor(shape=[1], compression=pb.LZ4).SerializeToString()
+    first = pb.Tensor(dtype=pb.D_TYPE_FLOAT32, shape=[2], data=b"abcdefgh").SerializeToString()
+    second = pb.Tensor(shape=[1], compression=pb.COMPRESSION_LZ4).SerializeToString()
     message = b"".join(b"\x0a" + wire._varint(len(t)) + t for t in (first, second))
     want = pb.LookupResponse.FromString(message).vectors
     got = wire.parse_lookup_response(message).vectors

@@ -13,6 +13,7 @@ from embeddb import __version__
 from embeddb.cli.envvars import from_environment
 from embeddb.cli.logs import configure_logging
 from embeddb.cli.options import LOG_FORMAT_CHOICE, LOG_LEVELS
+from embeddb.progress import export_quiet
 
 __all__ = ["COMMANDS", "main"]
 
@@ -21,6 +22,7 @@ COMMANDS = {
     "cluster": "embeddb.cli.cluster:cluster",
     "demo": "embeddb.cli.train:demo",
     "peek": "embeddb.cli.inspect:peek",
+    "populate": "embeddb.cli.populate:populate",
     "proto-path": "embeddb.cli.proto:proto_path",
     "reshard": "embeddb.cli.durability:reshard",
     "restore": "embeddb.cli.durability:restore",
@@ -67,12 +69,19 @@ class _LazyGroup(click.Group):
     show_default=True,
     help="json: one JSON object per line (time, level, logger, message, exception).",
 )
-@click.option("--quiet", "-q", is_flag=True, help="Log only warnings and errors.")
-def main(log_level: str, log_format: str, quiet: bool) -> None:
+@click.option(
+    "--quiet", "-q", is_flag=True, help="Log only warnings and errors; no progress bars or lines."
+)
+@click.pass_context
+def main(ctx: click.Context, log_level: str, log_format: str, quiet: bool) -> None:
     """embeddb: an embedding database and hybrid training system for recommender models.
 
     The options of serve, serve-model and cluster can also be set by environment variables
     named EMBEDDB_<COMMAND>_<OPTION> (EMBEDDB_SERVE_PORT, EMBEDDB_SERVE_MODEL_HTTP_PORT); the
     options above drop the command (EMBEDDB_LOG_FORMAT). The command line wins.
+
+    Long commands (train, reshard, snapshot, restore, populate) show a progress bar on a
+    terminal and a plain line every 10 seconds otherwise; --quiet turns them off.
     """
     configure_logging("warning" if quiet and log_level != "error" else log_level, log_format)
+    ctx.call_on_close(export_quiet(quiet))  # progress off here and in the processes it starts

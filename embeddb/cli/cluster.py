@@ -107,6 +107,7 @@ def _write_stderr(text: str) -> None:
 @click.option("--workers", type=click.IntRange(min=1), help="Passed to every shard.")
 @click.option("--threads", type=click.IntRange(min=1, max=256), help="Passed to every shard.")
 @click.option("--max-message-mb", type=click.IntRange(min=1), help="Passed to every shard.")
+@click.option("--max-ids-per-request", type=click.IntRange(min=1), help="Passed to every shard.")
 @click.option(
     "--tls-server-name",
     help="The name health checks expect in the certificate when it does not name HOST.",
@@ -131,6 +132,7 @@ def cluster(
     workers: int | None,
     threads: int | None,
     max_message_mb: int | None,
+    max_ids_per_request: int | None,
     tls_server_name: str | None,
 ) -> None:
     """Run NUM_SHARDS ``embeddb serve`` processes; restart any that die; stop all on Ctrl-C.
@@ -150,6 +152,8 @@ def cluster(
         serve_args += ["--threads", str(threads)]
     if max_message_mb is not None:
         serve_args += ["--max-message-mb", str(max_message_mb)]
+    if max_ids_per_request is not None:
+        serve_args += ["--max-ids-per-request", str(max_ids_per_request)]
     if listen.tokens_file is not None:
         serve_args += ["--tokens-file", str(listen.tokens_file.resolve())]
     if listen.tokens_from_env:

@@ -17,6 +17,7 @@ from embeddb.cli.options import (
     data_dir_option,
 )
 from embeddb.errors import EmbeddbError
+from embeddb.progress import Progress
 
 __all__ = ["reshard", "restore", "snapshot_command"]
 
@@ -83,8 +84,13 @@ def snapshot_command(
         options = ClientOptions(
             token=read_token(token_file), credentials=credentials, tune_allocator=False
         )
-        with Client(shards, options, channel_factory=factory) as client:
+        # one RPC to every shard at once: the count moves when all have answered
+        with (
+            Progress("snapshot", total=len(shards), unit="shards") as progress,
+            Client(shards, options, channel_factory=factory) as client,
+        ):
             results = client.snapshot(snapshot_id, timeout=timeout)
+            progress.update(len(results), bytes=sum(r.bytes for r in results))
     except EmbeddbError as exc:
         raise click.ClickException(str(exc)) from exc
     line = "{:<7}{:<24}{:>12}{:>14}{:>11}{:>10}"
@@ -135,28 +141,21 @@ def reshard(source: Path, target: Path, num_shards: int, snapshot_id: str, chunk
     the shard that owns it among NUM_SHARDS; serve TO/shard-j with --shard-index j
     --num-shards NUM_SHARDS to recover from the new snapshots.
     """
-    import time
-
     from embeddb.durability.reshard import ReshardProgress
     from embeddb.durability.reshard import reshard as run_reshard
 
-    last = [0.0]
-
-    def report(p: ReshardProgress) -> None:
-        now = time.monotonic()
-        if now - last[0] >= 1.0 or p.rows >= p.total:
-            last[0] = now
-            share = f" ({100 * p.rows / p.total:.0f}%)" if p.total else ""
-            rate = p.rows / p.seconds if p.seconds > 0 else 0.0
-            click.echo(f"  {p.rows:,} of {p.total:,} rows{share}, {rate:,.0f} rows/s", err=True)
-
     click.echo(f"resharding snapshot {snapshot_id!r} of {source} into {num_shards} shards ...")
-    try:
-        result = run_reshard(
-            source, target, num_shards, snapshot_id, chunk_rows=chunk_rows, progress=report
-        )
-    except (EmbeddbError, OSError) as exc:
-        raise click.ClickException(str(exc)) from exc
+    with Progress("reshard", unit="rows") as progress:
+
+        def report(p: ReshardProgress) -> None:
+            progress.report(p.rows, p.total)
+
+        try:
+            result = run_reshard(
+                source, target, num_shards, snapshot_id, chunk_rows=chunk_rows, progress=report
+            )
+        except (EmbeddbError, OSError) as exc:
+            raise click.ClickException(str(exc)) from exc
     click.echo(
         f"{result.total_rows:,} rows from {result.source_shards} shards to "
         f"{result.target_shards} in {result.seconds:.1f} s ({result.rows_per_s:,.0f} rows/s); "
@@ -194,6 +193,7 @@ def restore(
     """
     from embeddb.durability import snapshot as snapshots
     from embeddb.shard import Shard
+    from embeddb.shard_recovery import Restore
 
     if snapshot_id is None:
         listed = snapshots.list_snapshots(data_dir / "snapshots")
@@ -204,13 +204,14 @@ def restore(
             click.echo(f"{s.snapshot_id}\t{state}")
         return
     try:
-        shard = Shard(
-            load_config(config_path),
-            data_dir,
-            shard_index=shard_index,
-            num_shards=num_shards,
-            restore=snapshot_id,
-        )
+        with Progress("restore: verifying", unit="bytes") as progress:
+            shard = Shard(
+                load_config(config_path),
+                data_dir,
+                shard_index=shard_index,
+                num_shards=num_shards,
+                restore=Restore(snapshot_id, progress.report),
+            )
         seq = shard.seq
         shard.close()
     except (EmbeddbError, OSError) as exc:

@@ -7,7 +7,7 @@
 
 with ``"exception"`` (the formatted traceback, newlines escaped) when the record carries one and
 ``"stack"`` for ``stack_info``. Only the standard library is used. ``--quiet`` raises the level
-to at least ``warning``.
+to at least ``warning`` and turns progress reports off (:mod:`embeddb.progress`).
 
 The handler is installed on the root logger only when nothing else configured logging (a real
 ``embeddb`` process); a host that did (pytest, an application embedding the CLI) keeps its own.

@@ -92,6 +92,14 @@ __all__ = ["serve", "serve_model"]
     "LZ4-compressed request tensor may decompress to, in MiB; more is RESOURCE_EXHAUSTED.",
 )
 @click.option(
+    "--max-ids-per-request",
+    type=click.IntRange(min=1),
+    default=ServerConfig().max_ids_per_request,
+    show_default=True,
+    help="Ids one request may carry (all parts of a *Many request together); more is "
+    "RESOURCE_EXHAUSTED. Clients learn it from DescribeShard.",
+)
+@click.option(
     "--max-streams",
     type=click.IntRange(min=1),
     default=ServerConfig().max_streams,
@@ -183,6 +191,7 @@ def serve(
     quiet: bool,
     max_message_mb: int,
     max_response_mb: int,
+    max_ids_per_request: int,
     max_streams: int,
     stream_idle_timeout: float,
     max_idle: float,
@@ -244,6 +253,7 @@ def serve(
             num_shards=num_shards,
             max_message_bytes=max_message_mb << 20,
             max_response_bytes=max_response_mb << 20,
+            max_ids_per_request=max_ids_per_request,
             max_streams=max_streams,
             stream_idle_timeout=stream_idle_timeout,
             max_idle_s=max_idle,

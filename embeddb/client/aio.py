@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
@@ -39,7 +39,7 @@ from .plans import (
     TableDescription,
 )
 from .stubs import store_stub
-from .sync import SNAPSHOT_TIMEOUT
+from .sync import SCAN_PAGE_ROWS, SNAPSHOT_TIMEOUT
 
 __all__ = ["AsyncClient"]
 
@@ -172,6 +172,31 @@ class AsyncClient(ClientBase):
     async def stats(self) -> list[ShardStatsDict]:
         """See :meth:`Client.stats`."""
         return await self._run(plans.stats(self.addresses))
+
+    async def scan(
+        self, table: str, limit: int = SCAN_PAGE_ROWS, after: int | None = None
+    ) -> AsyncIterator[tuple[npt.NDArray[np.uint64], npt.NDArray[np.float32]]]:
+        """See :meth:`Client.scan`: an async iterator of pages ``(ids, vectors)``, shard 0's
+        rows in ascending id order, then shard 1's, ... (read-only; each page one call, retried
+        like a lookup).
+
+        Raises:
+            InvalidArgumentError: ``limit`` below 1 or above a shard's limits.
+            TableNotFoundError and the rest of :mod:`embeddb.errors`, naming the shard.
+        """
+        calls = plans.scan_calls(table, self.num_shards, limit, after, self.options)
+        await self._shard_budgets()
+        for call in calls:
+            while True:
+                if self._closed:
+                    raise UnavailableError("the client is closed")
+                r = await self._call(call)
+                ids, vectors = plans.scan_page(r)
+                if ids.size:
+                    yield ids, vectors
+                if r.done:
+                    break
+                call.request.after_id = r.last_id
 
     async def check_topology(self) -> None:
         """See :meth:`Client.check_topology`."""

@@ -58,6 +58,8 @@ __all__ = [
     "lookup",
     "lookup_many",
     "new_snapshot_id",
+    "scan_calls",
+    "scan_page",
     "snapshot",
     "snapshot_error",
     "stats",
@@ -431,3 +433,33 @@ def stats(addresses: Sequence[str]) -> Plan[list[ShardStatsDict]]:
         ]
 
     return Plan(calls, merge)
+
+
+def scan_calls(
+    table: str, num_shards: int, limit: int, after: int | None, options: ClientOptions
+) -> list[ShardCall]:
+    """The first ``Scan`` call of every shard, in shard order. A client sends a shard's call,
+    yields :func:`scan_page` of the answer and, until ``done``, sends it again with
+    ``request.after_id`` set to the answer's ``last_id``. Vectors come back exact float32.
+
+    Raises:
+        InvalidArgumentError: ``limit`` below 1 or above 2^32 - 1.
+    """
+    if not 1 <= limit <= 0xFFFFFFFF:
+        raise InvalidArgumentError(f"limit must be a row count of at least 1, got {limit}")
+    encoding = pb.Encoding(lz4_min_bytes=options.lz4_min_bytes)
+    calls = []
+    for shard in range(num_shards):
+        request = pb.ScanRequest(table=table, limit=limit, encoding=encoding)
+        if after is not None:
+            request.after_id = after
+        calls.append(ShardCall(shard, "Scan", request, idempotent=True))
+    return calls
+
+
+def scan_page(response: Any) -> tuple[npt.NDArray[np.uint64], F32]:
+    """The ``(ids, vectors)`` of one ``Scan`` answer (possibly empty)."""
+    ids = wire.decode_ids(response.ids, "ids")
+    if ids.size == 0:
+        return ids, np.zeros((0, 0), dtype=np.float32)
+    return ids, wire.decode_matrix(response.vectors, "vectors", ids.size)

@@ -15,13 +15,13 @@ from embeddb.v1 import embeddb_pb2_grpc as pb_grpc
 
 __all__ = ["store_stub"]
 
-_SERVICE = pb.DESCRIPTOR.services_by_name["EmbeddingStore"].full_name
+_SERVICE = pb.DESCRIPTOR.services_by_name["EmbeddingStoreService"].full_name
 
 
 def store_stub(channel: grpc.Channel | grpc.aio.Channel) -> Any:
     """A stub of ``channel`` (sync or asyncio) with the zero-copy ``Lookup`` and
     ``LookupMany``."""
-    stub = pb_grpc.EmbeddingStoreStub(channel)  # type: ignore[no-untyped-call]
+    stub = pb_grpc.EmbeddingStoreServiceStub(channel)  # type: ignore[no-untyped-call]
     stub.Lookup = channel.unary_unary(
         f"/{_SERVICE}/Lookup",
         request_serializer=pb.LookupRequest.SerializeToString,

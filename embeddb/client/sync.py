@@ -21,9 +21,7 @@ import grpc
 import numpy as np
 import numpy.typing as npt
 
-import embeddb.wire as wire
-from embeddb.errors import InvalidArgumentError, UnavailableError
-from embeddb.v1 import embeddb_pb2 as pb
+from embeddb.errors import UnavailableError
 
 from . import netsim, plans, topology
 from .base import ClientBase
@@ -266,24 +264,19 @@ class Client(ClientBase):
             InvalidArgumentError: ``limit`` below 1 or above a shard's limits.
             TableNotFoundError and the rest of :mod:`embeddb.errors`, naming the shard.
         """
-        if not 1 <= limit <= 0xFFFFFFFF:
-            raise InvalidArgumentError(f"limit must be a row count of at least 1, got {limit}")
+        calls = plans.scan_calls(table, self.num_shards, limit, after, self.options)
         self._shard_budgets()
-        encoding = pb.Encoding(lz4_min_bytes=self.options.lz4_min_bytes)
-        for shard in range(self.num_shards):
-            request = pb.ScanRequest(table=table, limit=limit, encoding=encoding)
-            if after is not None:
-                request.after_id = after
+        for call in calls:
             while True:
                 if self._closed:
                     raise UnavailableError("the client is closed")
-                r = self._call(ShardCall(shard, "Scan", request, idempotent=True))
-                ids = wire.decode_ids(r.ids, "ids")
+                r = self._call(call)
+                ids, vectors = plans.scan_page(r)
                 if ids.size:
-                    yield ids, wire.decode_matrix(r.vectors, "vectors", ids.size)
+                    yield ids, vectors
                 if r.done:
                     break
-                request.after_id = r.last_id
+                call.request.after_id = r.last_id
 
     def check_topology(self) -> None:
         """Ask every shard now (``DescribeShard``, in parallel) which shard of how many it is and

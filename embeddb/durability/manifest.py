@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import re
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -77,11 +78,15 @@ def read_manifest(path: Path) -> dict[str, Any]:
     return read_manifest_text(confined_root(path, describe(path)), path)[1]
 
 
-def verify(path: Path) -> dict[str, Any]:
+def verify(path: Path, progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
     """Check every file of the snapshot at ``path`` against its manifest; return the manifest.
 
     Every listed file is resolved inside ``path`` (see the module docstring); the unlisted ones
     are looked for without following a symbolic link out of it.
+
+    Args:
+        path: the snapshot directory.
+        progress: called with ``(bytes read, bytes listed)`` after every chunk read.
 
     Raises:
         CorruptDataError: naming the first file that escapes the snapshot directory, is
@@ -91,11 +96,19 @@ def verify(path: Path) -> dict[str, Any]:
     root = confined_root(path, owner)
     manifest = read_manifest_text(root, path)[1]
     listed = manifest["files"]
+    total = sum(int(want["size"]) for want in listed.values())
+    done = [0]
+
+    def read(n: int) -> None:
+        done[0] += n
+        if progress is not None:
+            progress(done[0], total)
+
     for rel, want in sorted(listed.items()):
         file = path / rel
         with open_inside(root, rel, owner) as f:
             try:
-                size, crc = checksum(f)
+                size, crc = checksum(f, read if progress is not None else None)
             except OSError as exc:
                 raise CorruptDataError(f"snapshot file {file} is unreadable: {exc}") from exc
         if size != want["size"]:
@@ -232,11 +245,13 @@ def manifest_crc(manifest: dict[str, Any]) -> int:
     return zlib.crc32(json.dumps(body, sort_keys=True).encode())
 
 
-def checksum(f: BinaryIO) -> tuple[int, int]:
-    """``(size, CRC32)`` of the rest of file ``f``."""
+def checksum(f: BinaryIO, on_read: Callable[[int], None] | None = None) -> tuple[int, int]:
+    """``(size, CRC32)`` of the rest of file ``f``; ``on_read(bytes)`` after every chunk."""
     crc = 0
     size = 0
     while chunk := f.read(_CHUNK):
         crc = zlib.crc32(chunk, crc)
         size += len(chunk)
+        if on_read is not None:
+            on_read(len(chunk))
     return size, crc

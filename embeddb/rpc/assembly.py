@@ -37,7 +37,6 @@ from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 from prometheus_client import CollectorRegistry
 
 from embeddb.errors import ConfigError
@@ -47,6 +46,8 @@ from embeddb.rpc.interceptors import ErrorInterceptor
 from embeddb.rpc.listen import ListenConfig
 from embeddb.rpc.metrics import MetricsInterceptor, Observe
 from embeddb.rpc.metrics_http import MetricsEndpoint, serve_metrics
+from embeddb.rpc.reflection import SERVICE_NAMES as REFLECTION_SERVICES
+from embeddb.rpc.reflection import enable_reflection
 
 __all__ = [
     "HEALTH_CHECK",
@@ -64,7 +65,7 @@ logger = logging.getLogger(__name__)
 HEALTH_CHECK = f"/{health.SERVICE_NAME}/Check"
 """The method served on the health pool."""
 
-OPEN_SERVICES = frozenset({health.SERVICE_NAME, reflection.SERVICE_NAME})
+OPEN_SERVICES = frozenset({health.SERVICE_NAME, *REFLECTION_SERVICES})
 """Callable without a token, so orchestrators can probe and tools can discover the API."""
 
 
@@ -150,12 +151,14 @@ class Service:
     """The guarded gRPC service of a server.
 
     Attributes:
-        name: its full name (``embeddb.v1.EmbeddingStore``): reflected, and its health status
-            set with the server's.
+        name: its full name (``embeddb.v1.EmbeddingStoreService``): reflected, and its health
+            status set with the server's.
         register: adds its handlers to a ``grpc.Server``.
         policy: what each role may call.
         observe: told of every finished unary call (the metrics interceptor); None: none.
         on_refused: told of every call the boundary refuses; None: none.
+        aliases: other full names ``register`` serves the same methods under (a former name):
+            guarded, observed and health-checked like ``name``, but not reflected.
     """
 
     name: str
@@ -163,6 +166,7 @@ class Service:
     policy: AccessPolicy
     observe: Observe | None = None
     on_refused: RefusalObserver | None = None
+    aliases: tuple[str, ...] = ()
 
 
 @dataclass
@@ -179,6 +183,7 @@ class RpcServer:
     metrics_endpoint: MetricsEndpoint | None = None
     draining: Callable[[float], None] | None = field(default=None, repr=False)
     release: Callable[[], None] | None = field(default=None, repr=False)
+    aliases: tuple[str, ...] = ()
     _stopped: bool = field(default=False, repr=False)
 
     @property
@@ -198,7 +203,7 @@ class RpcServer:
             if serving
             else health_pb2.HealthCheckResponse.NOT_SERVING
         )
-        for name in ("", self.service):
+        for name in ("", self.service, *self.aliases):
             self.health.set(name, status)
 
     def stop(self, grace: float | None = 5.0) -> None:
@@ -271,7 +276,7 @@ def start_server(
         )
     ]
     if service.observe is not None:
-        interceptors.append(MetricsInterceptor(service.name, service.observe))
+        interceptors.append(MetricsInterceptor((service.name, *service.aliases), service.observe))
     interceptors.append(ErrorInterceptor())
     server = grpc.server(
         pools.data, interceptors=interceptors, options=connection_options(connection)
@@ -281,9 +286,7 @@ def start_server(
         service.register(server)
         health_servicer = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-        reflection.enable_server_reflection(
-            (service.name, health.SERVICE_NAME, reflection.SERVICE_NAME), server
-        )
+        enable_reflection((service.name, health.SERVICE_NAME), server)
         port = listen.bind(server)
         if before_start is not None:
             before_start()
@@ -312,4 +315,5 @@ def start_server(
         metrics_endpoint=endpoint,
         draining=draining,
         release=release,
+        aliases=service.aliases,
     )

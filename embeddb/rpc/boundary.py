@@ -57,7 +57,7 @@ class RefusedCall:
     """A call refused at the boundary, as told to the ``on_refused`` observer.
 
     Attributes:
-        service: the full service name (``embeddb.v1.EmbeddingStore``).
+        service: the full service name (``embeddb.v1.EmbeddingStoreService``).
         method: the short method name.
         status: the gRPC status name it was answered with.
         seconds: time spent on it.

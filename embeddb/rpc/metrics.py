@@ -8,7 +8,7 @@ The ``/metrics`` HTTP endpoint is :mod:`embeddb.rpc.metrics_http`.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import grpc
@@ -50,16 +50,16 @@ def _status_name(context: grpc.ServicerContext, finished: bool) -> str:
 
 
 class MetricsInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
-    """Tells ``observe`` of every finished unary call of the service named ``service``.
+    """Tells ``observe`` of every finished unary call of the services named in ``services``.
 
     Place it after the boundary, so that it sees the calls that reached the servicer (the
     boundary counts the ones it refuses), and before the error interceptor, so that failed
     calls are counted with their status.
     """
 
-    def __init__(self, service: str, observe: Observe) -> None:
+    def __init__(self, services: Iterable[str], observe: Observe) -> None:
         self._observe = observe
-        self._service = service
+        self._services = frozenset(services)
 
     def intercept_service(
         self,
@@ -68,7 +68,7 @@ class MetricsInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
     ) -> grpc.RpcMethodHandler | None:
         handler = continuation(handler_call_details)
         service, _, method = handler_call_details.method.lstrip("/").partition("/")
-        if handler is None or handler.unary_unary is None or service != self._service:
+        if handler is None or handler.unary_unary is None or service not in self._services:
             return handler
         inner = handler.unary_unary
         observe = self._observe

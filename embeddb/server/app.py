@@ -19,8 +19,9 @@ from embeddb.rpc.listen import ListenConfig
 from embeddb.server.metrics import SERVICE_NAME, ShardMetrics
 from embeddb.server.policy import STORE_POLICY
 from embeddb.server.served_shard import ServedShard
-from embeddb.server.servicer import ServicerLimits, StoreServicer, store_handler
+from embeddb.server.servicer import ServicerLimits, StoreServicer, store_handlers
 from embeddb.shard import Shard
+from embeddb.wire import LEGACY_SERVICE_NAME
 
 __all__ = ["SERVICE_NAME", "ServerConfig", "build_server"]
 
@@ -153,10 +154,11 @@ def build_server(
         cfg.listen,
         Service(
             SERVICE_NAME,
-            lambda server: server.add_generic_rpc_handlers((store_handler(servicer),)),
+            lambda server: server.add_generic_rpc_handlers(store_handlers(servicer)),
             STORE_POLICY,
             observe=metrics.observe if metrics is not None else None,
             on_refused=metrics.observe_refused if metrics is not None else None,
+            aliases=(LEGACY_SERVICE_NAME,),
         ),
         pools,
         cfg.connection,

@@ -252,7 +252,7 @@ class Follower:
             )
         else:
             self._channel = grpc.insecure_channel(opts.primary, options=opts.channel_options)
-        self._stub = pb_grpc.EmbeddingStoreStub(self._channel)  # type: ignore[no-untyped-call]
+        self._stub = pb_grpc.EmbeddingStoreServiceStub(self._channel)  # type: ignore[no-untyped-call]
         self._threads = [
             threading.Thread(target=self._run, name="embeddb-follower", daemon=True),
             threading.Thread(target=self._watch, name="embeddb-follower-watch", daemon=True),

@@ -125,7 +125,7 @@ from embeddb.rpc.metrics_http import add_runtime_collectors
 from embeddb.server.served_shard import ServedShard
 from embeddb.server.streams import StreamSlots
 from embeddb.shard import Shard
-from embeddb.wire import SERVICE_NAME
+from embeddb.wire import LEGACY_SERVICE_NAME, SERVICE_NAME
 
 __all__ = [
     "SERVICE_NAME",
@@ -331,7 +331,7 @@ class ShardMetrics:
         """Record one call refused at the boundary (before it reached the servicer)."""
         if call.reason is not None:
             self.bad_requests.labels(call.method, call.reason).inc()
-        if call.service == SERVICE_NAME:
+        if call.service in (SERVICE_NAME, LEGACY_SERVICE_NAME):
             self.requests.labels(call.method, call.status).inc()
             self.latency.labels(call.method, call.status).observe(call.seconds)
             self.request_bytes.labels(call.method).inc(call.request_bytes)

@@ -20,6 +20,7 @@ import time
 from collections.abc import Iterator
 from contextlib import closing
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 import numpy as np
@@ -42,7 +43,7 @@ __all__ = [
     "STREAM_POLL_S",
     "ServicerLimits",
     "StoreServicer",
-    "store_handler",
+    "store_handlers",
 ]
 
 STREAM_POLL_S = 0.05  # how often an idle stream checks for cancellation and shutdown
@@ -74,7 +75,7 @@ class ServicerLimits:
     max_response_bytes: int = 64 << 20
 
 
-class StoreServicer(pb_grpc.EmbeddingStoreServicer):
+class StoreServicer(pb_grpc.EmbeddingStoreServiceServicer):
     """Serves one shard.
 
     Args:
@@ -248,13 +249,14 @@ class StoreServicer(pb_grpc.EmbeddingStoreServicer):
         self, request: pb.ListTablesRequest, context: grpc.ServicerContext
     ) -> pb.ListTablesResponse:
         with self._served.use() as shard:
-            return pb.ListTablesResponse(tables=[self._info(shard, n) for n in shard.tables])
+            tables = [pb.TableInfo(**self._info(shard, n)) for n in shard.tables]
+        return pb.ListTablesResponse(tables=tables)
 
     def DescribeTable(
         self, request: pb.DescribeTableRequest, context: grpc.ServicerContext
-    ) -> pb.TableInfo:
+    ) -> pb.DescribeTableResponse:
         with self._served.use() as shard:
-            return self._info(shard, request.table)
+            return pb.DescribeTableResponse(**self._info(shard, request.table))
 
     def Stats(self, request: pb.StatsRequest, context: grpc.ServicerContext) -> pb.StatsResponse:
         with self._served.use() as shard:
@@ -353,7 +355,7 @@ class StoreServicer(pb_grpc.EmbeddingStoreServicer):
 
     def Subscribe(
         self, request: pb.SubscribeRequest, context: grpc.ServicerContext
-    ) -> Iterator[pb.LogRecordMessage]:
+    ) -> Iterator[pb.SubscribeResponse]:
         """Records after ``from_seq``, then new ones as they are logged; a heartbeat (seq 0)
         after every ``HEARTBEAT_S`` without one. Ends when the caller cancels, or with
         UNAVAILABLE when the server stops or the shard closes."""
@@ -366,7 +368,7 @@ class StoreServicer(pb_grpc.EmbeddingStoreServicer):
 
     def _feed(
         self, shard: Shard, records: Iterator[LogRecord | None], context: grpc.ServicerContext
-    ) -> Iterator[pb.LogRecordMessage]:
+    ) -> Iterator[pb.SubscribeResponse]:
         sent = time.monotonic()
         for record in records:
             self._check_stopping()
@@ -375,9 +377,9 @@ class StoreServicer(pb_grpc.EmbeddingStoreServicer):
             if record is None:
                 if time.monotonic() - sent < HEARTBEAT_S:
                     continue
-                message = pb.LogRecordMessage(primary_seq=shard.seq)
+                message = pb.SubscribeResponse(primary_seq=shard.seq)
             else:
-                message = pb.LogRecordMessage(
+                message = pb.SubscribeResponse(
                     seq=record.seq,
                     payload=record.payload,
                     primary_seq=shard.seq,
@@ -388,7 +390,7 @@ class StoreServicer(pb_grpc.EmbeddingStoreServicer):
 
     def FetchSnapshot(
         self, request: pb.FetchSnapshotRequest, context: grpc.ServicerContext
-    ) -> Iterator[pb.SnapshotChunk]:
+    ) -> Iterator[pb.FetchSnapshotResponse]:
         """The files of a complete snapshot in chunks, the manifest last (see the proto)."""
         with self.streams.hold(context) as ticket:
             with self._served.use() as shard:
@@ -400,7 +402,7 @@ class StoreServicer(pb_grpc.EmbeddingStoreServicer):
                     if not context.is_active():
                         return
                     with ticket.sending():
-                        yield pb.SnapshotChunk(
+                        yield pb.FetchSnapshotResponse(
                             snapshot_id=info.snapshot_id,
                             seq=info.seq,
                             path=chunk.path,
@@ -413,25 +415,27 @@ class StoreServicer(pb_grpc.EmbeddingStoreServicer):
             raise UnavailableError("the server is shutting down; reconnect later")
 
     @staticmethod
-    def _info(shard: Shard, name: str) -> pb.TableInfo:
+    def _info(shard: Shard, name: str) -> dict[str, Any]:
+        """The fields of a ``TableInfo`` (and of a ``DescribeTableResponse``: the same)."""
         t = shard.config.table(name)
-        return pb.TableInfo(
-            name=t.name,
-            dim=t.dim,
-            optimizer=t.optimizer.kind.value,
-            state_dim=t.state_dim,
-            capacity=t.capacity,
-        )
+        return {
+            "name": t.name,
+            "dim": t.dim,
+            "optimizer": t.optimizer.kind.value,
+            "state_dim": t.state_dim,
+            "capacity": t.capacity,
+        }
 
 
-def store_handler(servicer: StoreServicer) -> grpc.GenericRpcHandler:
-    """The ``EmbeddingStore`` service's handlers, from the proto descriptor.
+def store_handlers(servicer: StoreServicer) -> tuple[grpc.GenericRpcHandler, ...]:
+    """The ``EmbeddingStoreService`` handlers, from the proto descriptor, under the service's
+    name and under :data:`~embeddb.wire.LEGACY_SERVICE_NAME` (the same handlers).
 
-    Unlike the generated ``add_EmbeddingStoreServicer_to_server``, every response is serialized
-    by calling its own ``SerializeToString``, so a method may answer a :class:`wire.Encoded`
-    (``Lookup`` does) as well as a generated message.
+    Unlike the generated ``add_EmbeddingStoreServiceServicer_to_server``, every response is
+    serialized by calling its own ``SerializeToString``, so a method may answer a
+    :class:`wire.Encoded` (``Lookup`` does) as well as a generated message.
     """
-    service = pb.DESCRIPTOR.services_by_name["EmbeddingStore"]
+    service = pb.DESCRIPTOR.services_by_name["EmbeddingStoreService"]
     handlers: dict[str, grpc.RpcMethodHandler] = {}
     for method in service.methods:
         request_type = getattr(pb, method.input_type.name)
@@ -445,7 +449,10 @@ def store_handler(servicer: StoreServicer) -> grpc.GenericRpcHandler:
             request_deserializer=request_type.FromString,
             response_serializer=_serialize,
         )
-    return grpc.method_handlers_generic_handler(service.full_name, handlers)
+    return tuple(
+        grpc.method_handlers_generic_handler(name, handlers)
+        for name in (service.full_name, wire.LEGACY_SERVICE_NAME)
+    )
 
 
 def _serialize(message: pb.LookupResponse | wire.Encoded) -> bytes:

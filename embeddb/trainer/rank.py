@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import tempfile
 import time
 from collections import deque
@@ -22,6 +23,7 @@ from torch import nn
 from embeddb.config import EmbeddingConfig
 from embeddb.errors import ConfigError, UnauthenticatedError
 from embeddb.evaluation import auc
+from embeddb.progress import Progress
 
 from .batch import Batch
 from .checkpoint import latest_checkpoint
@@ -36,7 +38,8 @@ from .validate import build_job_model, load_model, validate
 __all__ = ["load_model", "train"]
 
 EPOCHS_FILE = "epochs.json"
-_PROGRESS_S = 0.5
+_PROGRESS_S = 10.0  # a plain progress line this often when stdout is not a terminal
+_FIELDS_S = 0.5  # the fields (loss, AUC over the last batches) refreshed this often
 _WARMUP_STEPS = 10  # left out of the steady-state rate (start-up: first lookups, row inserts)
 
 
@@ -236,6 +239,11 @@ def _train(
         samples = 0
         started = last_print = time.perf_counter()
         warm: tuple[int, float] | None = None  # (samples, time) after the warm-up steps
+        # rank 0's stdout is the launcher's: a bar on a terminal, plain lines in a log
+        progress = Progress(
+            "train", unit="steps", stream=sys.stdout, enabled=None if lead else False,
+            interval_s=_PROGRESS_S,
+        )  # fmt: skip
         for prepared in ctx.prepare(epochs):
             output, labels = ctx.forward(prepared)
             loss = loss_fn(output, labels[0])
@@ -256,18 +264,22 @@ def _train(
                 scores.append(output.detach().numpy().ravel())
                 truth.append(labels[0].numpy().ravel())
                 now = time.perf_counter()
-                if now - last_print >= _PROGRESS_S:
+                if now - last_print >= _FIELDS_S:  # the loss, the AUC: not on every step
                     last_print = now
                     rate = _steady(samples, warm, now, started)[0] * env.world_size
                     done = len([s for s in epochs.ends if s <= ctx.step])
-                    shown = f"{rate:,.0f} samples/s" if warm else "warming up"
-                    print(
-                        f"\repoch {min(first + done + 1, job.epochs)}/{job.epochs}  "
-                        f"step {ctx.step}  {shown}  loss {loss.item():.4f}  "
-                        f"AUC {_window_auc(scores, truth):.4f}",
-                        end="",
-                        flush=True,
-                    )
+                    fields: dict[str, object] = {
+                        "epoch": f"{min(first + done + 1, job.epochs)}/{job.epochs}",
+                        "step": ctx.step,
+                        "rate": f"{rate:,.0f} samples/s" if warm else "warming up",
+                        "loss": f"{loss.item():.4f}",
+                        "AUC": f"{_window_auc(scores, truth):.4f}",
+                    }
+                    progress.update(1, **fields)
+                else:
+                    progress.update(1)
+        progress.update(0, step=ctx.step)  # the last line names the last step
+        progress.close()
         ctx.flush()
         elapsed = time.perf_counter() - started
         if job.checkpoint_dir is not None:
@@ -278,7 +290,6 @@ def _train(
             ctx.dense.flush()  # every rank: async mode's pending dense updates
         if not lead:
             return {}
-        print(flush=True)
         if job.export_dir is not None:
             exported = ctx.export_model(
                 job.export_dir, positive=pipeline.positive, pipeline=pipeline, overwrite=True

@@ -9,21 +9,21 @@ DESCRIPTOR: _descriptor.FileDescriptor
 
 class DType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
-    DTYPE_UNSPECIFIED: _ClassVar[DType]
-    UINT64: _ClassVar[DType]
-    FLOAT32: _ClassVar[DType]
-    FLOAT16: _ClassVar[DType]
+    D_TYPE_UNSPECIFIED: _ClassVar[DType]
+    D_TYPE_UINT64: _ClassVar[DType]
+    D_TYPE_FLOAT32: _ClassVar[DType]
+    D_TYPE_FLOAT16: _ClassVar[DType]
 
 class Compression(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
-    COMPRESSION_NONE: _ClassVar[Compression]
-    LZ4: _ClassVar[Compression]
-DTYPE_UNSPECIFIED: DType
-UINT64: DType
-FLOAT32: DType
-FLOAT16: DType
-COMPRESSION_NONE: Compression
-LZ4: Compression
+    COMPRESSION_UNSPECIFIED: _ClassVar[Compression]
+    COMPRESSION_LZ4: _ClassVar[Compression]
+D_TYPE_UNSPECIFIED: DType
+D_TYPE_UINT64: DType
+D_TYPE_FLOAT32: DType
+D_TYPE_FLOAT16: DType
+COMPRESSION_UNSPECIFIED: Compression
+COMPRESSION_LZ4: Compression
 
 class Tensor(_message.Message):
     __slots__ = ("dtype", "shape", "data", "compression", "row_scales")
@@ -169,6 +169,20 @@ class DescribeTableRequest(_message.Message):
     table: str
     def __init__(self, table: _Optional[str] = ...) -> None: ...
 
+class DescribeTableResponse(_message.Message):
+    __slots__ = ("name", "dim", "optimizer", "state_dim", "capacity")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DIM_FIELD_NUMBER: _ClassVar[int]
+    OPTIMIZER_FIELD_NUMBER: _ClassVar[int]
+    STATE_DIM_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    dim: int
+    optimizer: str
+    state_dim: int
+    capacity: int
+    def __init__(self, name: _Optional[str] = ..., dim: _Optional[int] = ..., optimizer: _Optional[str] = ..., state_dim: _Optional[int] = ..., capacity: _Optional[int] = ...) -> None: ...
+
 class StatsRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
@@ -308,7 +322,7 @@ class SubscribeRequest(_message.Message):
     from_seq: int
     def __init__(self, from_seq: _Optional[int] = ...) -> None: ...
 
-class LogRecordMessage(_message.Message):
+class SubscribeResponse(_message.Message):
     __slots__ = ("seq", "payload", "primary_seq", "appended_at")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     PAYLOAD_FIELD_NUMBER: _ClassVar[int]
@@ -328,7 +342,7 @@ class FetchSnapshotRequest(_message.Message):
     take_new: bool
     def __init__(self, snapshot_id: _Optional[str] = ..., take_new: _Optional[bool] = ...) -> None: ...
 
-class SnapshotChunk(_message.Message):
+class FetchSnapshotResponse(_message.Message):
     __slots__ = ("snapshot_id", "seq", "path", "offset", "data")
     SNAPSHOT_ID_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]

@@ -25,8 +25,12 @@ if _version_not_supported:
     )
 
 
-class EmbeddingStoreStub:
-    """Missing associated documentation comment in .proto file."""
+class EmbeddingStoreServiceStub:
+    """The shard's API. Named EmbeddingStore before the STANDARD lint renames; the method paths
+    /embeddb.v1.EmbeddingStore/<Method> are still served, as a deprecated alias of this
+    service, so that clients and followers of the previous release keep working during a
+    rolling upgrade (they will be removed in embeddb 1.0).
+    """
 
     def __init__(self, channel):
         """Constructor.
@@ -35,84 +39,88 @@ class EmbeddingStoreStub:
             channel: A grpc.Channel.
         """
         self.Lookup = channel.unary_unary(
-                '/embeddb.v1.EmbeddingStore/Lookup',
+                '/embeddb.v1.EmbeddingStoreService/Lookup',
                 request_serializer=embeddb_dot_v1_dot_embeddb__pb2.LookupRequest.SerializeToString,
                 response_deserializer=embeddb_dot_v1_dot_embeddb__pb2.LookupResponse.FromString,
                 _registered_method=True)
         self.ApplyGradients = channel.unary_unary(
-                '/embeddb.v1.EmbeddingStore/ApplyGradients',
+                '/embeddb.v1.EmbeddingStoreService/ApplyGradients',
                 request_serializer=embeddb_dot_v1_dot_embeddb__pb2.ApplyGradientsRequest.SerializeToString,
                 response_deserializer=embeddb_dot_v1_dot_embeddb__pb2.ApplyGradientsResponse.FromString,
                 _registered_method=True)
         self.LookupMany = channel.unary_unary(
-                '/embeddb.v1.EmbeddingStore/LookupMany',
+                '/embeddb.v1.EmbeddingStoreService/LookupMany',
                 request_serializer=embeddb_dot_v1_dot_embeddb__pb2.LookupManyRequest.SerializeToString,
                 response_deserializer=embeddb_dot_v1_dot_embeddb__pb2.LookupManyResponse.FromString,
                 _registered_method=True)
         self.ApplyGradientsMany = channel.unary_unary(
-                '/embeddb.v1.EmbeddingStore/ApplyGradientsMany',
+                '/embeddb.v1.EmbeddingStoreService/ApplyGradientsMany',
                 request_serializer=embeddb_dot_v1_dot_embeddb__pb2.ApplyGradientsManyRequest.SerializeToString,
                 response_deserializer=embeddb_dot_v1_dot_embeddb__pb2.ApplyGradientsManyResponse.FromString,
                 _registered_method=True)
         self.Assign = channel.unary_unary(
-                '/embeddb.v1.EmbeddingStore/Assign',
+                '/embeddb.v1.EmbeddingStoreService/Assign',
                 request_serializer=embeddb_dot_v1_dot_embeddb__pb2.AssignRequest.SerializeToString,
                 response_deserializer=embeddb_dot_v1_dot_embeddb__pb2.AssignResponse.FromString,
                 _registered_method=True)
         self.Delete = channel.unary_unary(
-                '/embeddb.v1.EmbeddingStore/Delete',
+                '/embeddb.v1.EmbeddingStoreService/Delete',
                 request_serializer=embeddb_dot_v1_dot_embeddb__pb2.DeleteRequest.SerializeToString,
                 response_deserializer=embeddb_dot_v1_dot_embeddb__pb2.DeleteResponse.FromString,
                 _registered_method=True)
         self.ListTables = channel.unary_unary(
-                '/embeddb.v1.EmbeddingStore/ListTables',
+                '/embeddb.v1.EmbeddingStoreService/ListTables',
                 request_serializer=embeddb_dot_v1_dot_embeddb__pb2.ListTablesRequest.SerializeToString,
                 response_deserializer=embeddb_dot_v1_dot_embeddb__pb2.ListTablesResponse.FromString,
                 _registered_method=True)
         self.DescribeTable = channel.unary_unary(
-                '/embeddb.v1.EmbeddingStore/DescribeTable',
+                '/embeddb.v1.EmbeddingStoreService/DescribeTable',
                 request_serializer=embeddb_dot_v1_dot_embeddb__pb2.DescribeTableRequest.SerializeToString,
-                response_deserializer=embeddb_dot_v1_dot_embeddb__pb2.TableInfo.FromString,
+                response_deserializer=embeddb_dot_v1_dot_embeddb__pb2.DescribeTableResponse.FromString,
                 _registered_method=True)
         self.Stats = channel.unary_unary(
-                '/embeddb.v1.EmbeddingStore/Stats',
+                '/embeddb.v1.EmbeddingStoreService/Stats',
                 request_serializer=embeddb_dot_v1_dot_embeddb__pb2.StatsRequest.SerializeToString,
                 response_deserializer=embeddb_dot_v1_dot_embeddb__pb2.StatsResponse.FromString,
                 _registered_method=True)
         self.Scan = channel.unary_unary(
-                '/embeddb.v1.EmbeddingStore/Scan',
+                '/embeddb.v1.EmbeddingStoreService/Scan',
                 request_serializer=embeddb_dot_v1_dot_embeddb__pb2.ScanRequest.SerializeToString,
                 response_deserializer=embeddb_dot_v1_dot_embeddb__pb2.ScanResponse.FromString,
                 _registered_method=True)
         self.DescribeShard = channel.unary_unary(
-                '/embeddb.v1.EmbeddingStore/DescribeShard',
+                '/embeddb.v1.EmbeddingStoreService/DescribeShard',
                 request_serializer=embeddb_dot_v1_dot_embeddb__pb2.DescribeShardRequest.SerializeToString,
                 response_deserializer=embeddb_dot_v1_dot_embeddb__pb2.DescribeShardResponse.FromString,
                 _registered_method=True)
         self.Snapshot = channel.unary_unary(
-                '/embeddb.v1.EmbeddingStore/Snapshot',
+                '/embeddb.v1.EmbeddingStoreService/Snapshot',
                 request_serializer=embeddb_dot_v1_dot_embeddb__pb2.SnapshotRequest.SerializeToString,
                 response_deserializer=embeddb_dot_v1_dot_embeddb__pb2.SnapshotResponse.FromString,
                 _registered_method=True)
         self.ListSnapshots = channel.unary_unary(
-                '/embeddb.v1.EmbeddingStore/ListSnapshots',
+                '/embeddb.v1.EmbeddingStoreService/ListSnapshots',
                 request_serializer=embeddb_dot_v1_dot_embeddb__pb2.ListSnapshotsRequest.SerializeToString,
                 response_deserializer=embeddb_dot_v1_dot_embeddb__pb2.ListSnapshotsResponse.FromString,
                 _registered_method=True)
         self.Subscribe = channel.unary_stream(
-                '/embeddb.v1.EmbeddingStore/Subscribe',
+                '/embeddb.v1.EmbeddingStoreService/Subscribe',
                 request_serializer=embeddb_dot_v1_dot_embeddb__pb2.SubscribeRequest.SerializeToString,
-                response_deserializer=embeddb_dot_v1_dot_embeddb__pb2.LogRecordMessage.FromString,
+                response_deserializer=embeddb_dot_v1_dot_embeddb__pb2.SubscribeResponse.FromString,
                 _registered_method=True)
         self.FetchSnapshot = channel.unary_stream(
-                '/embeddb.v1.EmbeddingStore/FetchSnapshot',
+                '/embeddb.v1.EmbeddingStoreService/FetchSnapshot',
                 request_serializer=embeddb_dot_v1_dot_embeddb__pb2.FetchSnapshotRequest.SerializeToString,
-                response_deserializer=embeddb_dot_v1_dot_embeddb__pb2.SnapshotChunk.FromString,
+                response_deserializer=embeddb_dot_v1_dot_embeddb__pb2.FetchSnapshotResponse.FromString,
                 _registered_method=True)
 
 
-class EmbeddingStoreServicer:
-    """Missing associated documentation comment in .proto file."""
+class EmbeddingStoreServiceServicer:
+    """The shard's API. Named EmbeddingStore before the STANDARD lint renames; the method paths
+    /embeddb.v1.EmbeddingStore/<Method> are still served, as a deprecated alias of this
+    service, so that clients and followers of the previous release keep working during a
+    rolling upgrade (they will be removed in embeddb 1.0).
+    """
 
     def Lookup(self, request, context):
         """Missing associated documentation comment in .proto file."""
@@ -205,7 +213,7 @@ class EmbeddingStoreServicer:
         raise NotImplementedError('Method not implemented!')
 
 
-def add_EmbeddingStoreServicer_to_server(servicer, server):
+def add_EmbeddingStoreServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Lookup': grpc.unary_unary_rpc_method_handler(
                     servicer.Lookup,
@@ -245,7 +253,7 @@ def add_EmbeddingStoreServicer_to_server(servicer, server):
             'DescribeTable': grpc.unary_unary_rpc_method_handler(
                     servicer.DescribeTable,
                     request_deserializer=embeddb_dot_v1_dot_embeddb__pb2.DescribeTableRequest.FromString,
-                    response_serializer=embeddb_dot_v1_dot_embeddb__pb2.TableInfo.SerializeToString,
+                    response_serializer=embeddb_dot_v1_dot_embeddb__pb2.DescribeTableResponse.SerializeToString,
             ),
             'Stats': grpc.unary_unary_rpc_method_handler(
                     servicer.Stats,
@@ -275,23 +283,27 @@ def add_EmbeddingStoreServicer_to_server(servicer, server):
             'Subscribe': grpc.unary_stream_rpc_method_handler(
                     servicer.Subscribe,
                     request_deserializer=embeddb_dot_v1_dot_embeddb__pb2.SubscribeRequest.FromString,
-                    response_serializer=embeddb_dot_v1_dot_embeddb__pb2.LogRecordMessage.SerializeToString,
+                    response_serializer=embeddb_dot_v1_dot_embeddb__pb2.SubscribeResponse.SerializeToString,
             ),
             'FetchSnapshot': grpc.unary_stream_rpc_method_handler(
                     servicer.FetchSnapshot,
                     request_deserializer=embeddb_dot_v1_dot_embeddb__pb2.FetchSnapshotRequest.FromString,
-                    response_serializer=embeddb_dot_v1_dot_embeddb__pb2.SnapshotChunk.SerializeToString,
+                    response_serializer=embeddb_dot_v1_dot_embeddb__pb2.FetchSnapshotResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
-            'embeddb.v1.EmbeddingStore', rpc_method_handlers)
+            'embeddb.v1.EmbeddingStoreService', rpc_method_handlers)
     server.add_generic_rpc_handlers((generic_handler,))
-    server.add_registered_method_handlers('embeddb.v1.EmbeddingStore', rpc_method_handlers)
+    server.add_registered_method_handlers('embeddb.v1.EmbeddingStoreService', rpc_method_handlers)
 
 
  # This class is part of an EXPERIMENTAL API.
-class EmbeddingStore:
-    """Missing associated documentation comment in .proto file."""
+class EmbeddingStoreService:
+    """The shard's API. Named EmbeddingStore before the STANDARD lint renames; the method paths
+    /embeddb.v1.EmbeddingStore/<Method> are still served, as a deprecated alias of this
+    service, so that clients and followers of the previous release keep working during a
+    rolling upgrade (they will be removed in embeddb 1.0).
+    """
 
     @staticmethod
     def Lookup(request,
@@ -307,7 +319,7 @@ class EmbeddingStore:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/embeddb.v1.EmbeddingStore/Lookup',
+            '/embeddb.v1.EmbeddingStoreService/Lookup',
             embeddb_dot_v1_dot_embeddb__pb2.LookupRequest.SerializeToString,
             embeddb_dot_v1_dot_embeddb__pb2.LookupResponse.FromString,
             options,
@@ -334,7 +346,7 @@ class EmbeddingStore:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/embeddb.v1.EmbeddingStore/ApplyGradients',
+            '/embeddb.v1.EmbeddingStoreService/ApplyGradients',
             embeddb_dot_v1_dot_embeddb__pb2.ApplyGradientsRequest.SerializeToString,
             embeddb_dot_v1_dot_embeddb__pb2.ApplyGradientsResponse.FromString,
             options,
@@ -361,7 +373,7 @@ class EmbeddingStore:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/embeddb.v1.EmbeddingStore/LookupMany',
+            '/embeddb.v1.EmbeddingStoreService/LookupMany',
             embeddb_dot_v1_dot_embeddb__pb2.LookupManyRequest.SerializeToString,
             embeddb_dot_v1_dot_embeddb__pb2.LookupManyResponse.FromString,
             options,
@@ -388,7 +400,7 @@ class EmbeddingStore:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/embeddb.v1.EmbeddingStore/ApplyGradientsMany',
+            '/embeddb.v1.EmbeddingStoreService/ApplyGradientsMany',
             embeddb_dot_v1_dot_embeddb__pb2.ApplyGradientsManyRequest.SerializeToString,
             embeddb_dot_v1_dot_embeddb__pb2.ApplyGradientsManyResponse.FromString,
             options,
@@ -415,7 +427,7 @@ class EmbeddingStore:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/embeddb.v1.EmbeddingStore/Assign',
+            '/embeddb.v1.EmbeddingStoreService/Assign',
             embeddb_dot_v1_dot_embeddb__pb2.AssignRequest.SerializeToString,
             embeddb_dot_v1_dot_embeddb__pb2.AssignResponse.FromString,
             options,
@@ -442,7 +454,7 @@ class EmbeddingStore:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/embeddb.v1.EmbeddingStore/Delete',
+            '/embeddb.v1.EmbeddingStoreService/Delete',
             embeddb_dot_v1_dot_embeddb__pb2.DeleteRequest.SerializeToString,
             embeddb_dot_v1_dot_embeddb__pb2.DeleteResponse.FromString,
             options,
@@ -469,7 +481,7 @@ class EmbeddingStore:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/embeddb.v1.EmbeddingStore/ListTables',
+            '/embeddb.v1.EmbeddingStoreService/ListTables',
             embeddb_dot_v1_dot_embeddb__pb2.ListTablesRequest.SerializeToString,
             embeddb_dot_v1_dot_embeddb__pb2.ListTablesResponse.FromString,
             options,
@@ -496,9 +508,9 @@ class EmbeddingStore:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/embeddb.v1.EmbeddingStore/DescribeTable',
+            '/embeddb.v1.EmbeddingStoreService/DescribeTable',
             embeddb_dot_v1_dot_embeddb__pb2.DescribeTableRequest.SerializeToString,
-            embeddb_dot_v1_dot_embeddb__pb2.TableInfo.FromString,
+            embeddb_dot_v1_dot_embeddb__pb2.DescribeTableResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -523,7 +535,7 @@ class EmbeddingStore:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/embeddb.v1.EmbeddingStore/Stats',
+            '/embeddb.v1.EmbeddingStoreService/Stats',
             embeddb_dot_v1_dot_embeddb__pb2.StatsRequest.SerializeToString,
             embeddb_dot_v1_dot_embeddb__pb2.StatsResponse.FromString,
             options,
@@ -550,7 +562,7 @@ class EmbeddingStore:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/embeddb.v1.EmbeddingStore/Scan',
+            '/embeddb.v1.EmbeddingStoreService/Scan',
             embeddb_dot_v1_dot_embeddb__pb2.ScanRequest.SerializeToString,
             embeddb_dot_v1_dot_embeddb__pb2.ScanResponse.FromString,
             options,
@@ -577,7 +589,7 @@ class EmbeddingStore:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/embeddb.v1.EmbeddingStore/DescribeShard',
+            '/embeddb.v1.EmbeddingStoreService/DescribeShard',
             embeddb_dot_v1_dot_embeddb__pb2.DescribeShardRequest.SerializeToString,
             embeddb_dot_v1_dot_embeddb__pb2.DescribeShardResponse.FromString,
             options,
@@ -604,7 +616,7 @@ class EmbeddingStore:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/embeddb.v1.EmbeddingStore/Snapshot',
+            '/embeddb.v1.EmbeddingStoreService/Snapshot',
             embeddb_dot_v1_dot_embeddb__pb2.SnapshotRequest.SerializeToString,
             embeddb_dot_v1_dot_embeddb__pb2.SnapshotResponse.FromString,
             options,
@@ -631,7 +643,7 @@ class EmbeddingStore:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/embeddb.v1.EmbeddingStore/ListSnapshots',
+            '/embeddb.v1.EmbeddingStoreService/ListSnapshots',
             embeddb_dot_v1_dot_embeddb__pb2.ListSnapshotsRequest.SerializeToString,
             embeddb_dot_v1_dot_embeddb__pb2.ListSnapshotsResponse.FromString,
             options,
@@ -658,9 +670,9 @@ class EmbeddingStore:
         return grpc.experimental.unary_stream(
             request,
             target,
-            '/embeddb.v1.EmbeddingStore/Subscribe',
+            '/embeddb.v1.EmbeddingStoreService/Subscribe',
             embeddb_dot_v1_dot_embeddb__pb2.SubscribeRequest.SerializeToString,
-            embeddb_dot_v1_dot_embeddb__pb2.LogRecordMessage.FromString,
+            embeddb_dot_v1_dot_embeddb__pb2.SubscribeResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -685,9 +697,9 @@ class EmbeddingStore:
         return grpc.experimental.unary_stream(
             request,
             target,
-            '/embeddb.v1.EmbeddingStore/FetchSnapshot',
+            '/embeddb.v1.EmbeddingStoreService/FetchSnapshot',
             embeddb_dot_v1_dot_embeddb__pb2.FetchSnapshotRequest.SerializeToString,
-            embeddb_dot_v1_dot_embeddb__pb2.SnapshotChunk.FromString,
+            embeddb_dot_v1_dot_embeddb__pb2.FetchSnapshotResponse.FromString,
             options,
             channel_credentials,
             insecure,

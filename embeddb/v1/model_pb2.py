@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x65mbeddb/v1/model.proto\x12\nembeddb.v1\"7\n\tIdFeature\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0b\n\x03ids\x18\x02 \x01(\x0c\x12\x0f\n\x07offsets\x18\x03 \x01(\x0c\";\n\x0cNonIdFeature\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06values\x18\x02 \x01(\x0c\x12\r\n\x05shape\x18\x03 \x03(\x03\"\x9a\x01\n\x0ePredictRequest\x12\x13\n\x0bnum_records\x18\x01 \x01(\r\x12*\n\x0bid_features\x18\x02 \x03(\x0b\x32\x15.embeddb.v1.IdFeature\x12\x31\n\x0fnon_id_features\x18\x03 \x03(\x0b\x32\x18.embeddb.v1.NonIdFeature\x12\x14\n\x0crecords_json\x18\x04 \x01(\x0c\"!\n\x0fPredictResponse\x12\x0e\n\x06scores\x18\x01 \x01(\x0c\x32R\n\x0cModelService\x12\x42\n\x07Predict\x12\x1a.embeddb.v1.PredictRequest\x1a\x1b.embeddb.v1.PredictResponseBU\n\rio.embeddb.v1B\nModelProtoP\x01Z6github.com/embeddb/embeddb/gen/go/embeddb/v1;embeddbv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x65mbeddb/v1/model.proto\x12\nembeddb.v1\"7\n\tIdFeature\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0b\n\x03ids\x18\x02 \x01(\x0c\x12\x0f\n\x07offsets\x18\x03 \x01(\x0c\";\n\x0cNonIdFeature\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06values\x18\x02 \x01(\x0c\x12\r\n\x05shape\x18\x03 \x03(\x03\"\x9a\x01\n\x0ePredictRequest\x12\x13\n\x0bnum_records\x18\x01 \x01(\r\x12*\n\x0bid_features\x18\x02 \x03(\x0b\x32\x15.embeddb.v1.IdFeature\x12\x31\n\x0fnon_id_features\x18\x03 \x03(\x0b\x32\x18.embeddb.v1.NonIdFeature\x12\x14\n\x0crecords_json\x18\x04 \x01(\x0c\"!\n\x0fPredictResponse\x12\x0e\n\x06scores\x18\x01 \x01(\x0c\"\x16\n\x14\x44\x65scribeModelRequest\")\n\nNonIdInput\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x03\"=\n\x0bModelLimits\x12\x19\n\x11max_message_bytes\x18\x01 \x01(\x04\x12\x13\n\x0bmax_records\x18\x02 \x01(\x04\"\xae\x01\n\x15\x44\x65scribeModelResponse\x12\x13\n\x0bid_features\x18\x01 \x03(\t\x12-\n\rnon_id_inputs\x18\x02 \x03(\x0b\x32\x16.embeddb.v1.NonIdInput\x12\x13\n\x0braw_records\x18\x03 \x01(\x08\x12\'\n\x06limits\x18\x04 \x01(\x0b\x32\x17.embeddb.v1.ModelLimits\x12\x13\n\x0bsnapshot_id\x18\x05 \x01(\t2\xa8\x01\n\x0cModelService\x12\x42\n\x07Predict\x12\x1a.embeddb.v1.PredictRequest\x1a\x1b.embeddb.v1.PredictResponse\x12T\n\rDescribeModel\x12 .embeddb.v1.DescribeModelRequest\x1a!.embeddb.v1.DescribeModelResponseBU\n\rio.embeddb.v1B\nModelProtoP\x01Z6github.com/embeddb/embeddb/gen/go/embeddb/v1;embeddbv1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -40,6 +40,14 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PREDICTREQUEST']._serialized_end=311
   _globals['_PREDICTRESPONSE']._serialized_start=313
   _globals['_PREDICTRESPONSE']._serialized_end=346
-  _globals['_MODELSERVICE']._serialized_start=348
-  _globals['_MODELSERVICE']._serialized_end=430
+  _globals['_DESCRIBEMODELREQUEST']._serialized_start=348
+  _globals['_DESCRIBEMODELREQUEST']._serialized_end=370
+  _globals['_NONIDINPUT']._serialized_start=372
+  _globals['_NONIDINPUT']._serialized_end=413
+  _globals['_MODELLIMITS']._serialized_start=415
+  _globals['_MODELLIMITS']._serialized_end=476
+  _globals['_DESCRIBEMODELRESPONSE']._serialized_start=479
+  _globals['_DESCRIBEMODELRESPONSE']._serialized_end=653
+  _globals['_MODELSERVICE']._serialized_start=656
+  _globals['_MODELSERVICE']._serialized_end=824
 # @@protoc_insertion_point(module_scope)

@@ -43,3 +43,37 @@ class PredictResponse(_message.Message):
     SCORES_FIELD_NUMBER: _ClassVar[int]
     scores: bytes
     def __init__(self, scores: _Optional[bytes] = ...) -> None: ...
+
+class DescribeModelRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class NonIdInput(_message.Message):
+    __slots__ = ("name", "shape")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, name: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class ModelLimits(_message.Message):
+    __slots__ = ("max_message_bytes", "max_records")
+    MAX_MESSAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_RECORDS_FIELD_NUMBER: _ClassVar[int]
+    max_message_bytes: int
+    max_records: int
+    def __init__(self, max_message_bytes: _Optional[int] = ..., max_records: _Optional[int] = ...) -> None: ...
+
+class DescribeModelResponse(_message.Message):
+    __slots__ = ("id_features", "non_id_inputs", "raw_records", "limits", "snapshot_id")
+    ID_FEATURES_FIELD_NUMBER: _ClassVar[int]
+    NON_ID_INPUTS_FIELD_NUMBER: _ClassVar[int]
+    RAW_RECORDS_FIELD_NUMBER: _ClassVar[int]
+    LIMITS_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_ID_FIELD_NUMBER: _ClassVar[int]
+    id_features: _containers.RepeatedScalarFieldContainer[str]
+    non_id_inputs: _containers.RepeatedCompositeFieldContainer[NonIdInput]
+    raw_records: bool
+    limits: ModelLimits
+    snapshot_id: str
+    def __init__(self, id_features: _Optional[_Iterable[str]] = ..., non_id_inputs: _Optional[_Iterable[_Union[NonIdInput, _Mapping]]] = ..., raw_records: _Optional[bool] = ..., limits: _Optional[_Union[ModelLimits, _Mapping]] = ..., snapshot_id: _Optional[str] = ...) -> None: ...

@@ -39,6 +39,11 @@ class ModelServiceStub:
                 request_serializer=embeddb_dot_v1_dot_model__pb2.PredictRequest.SerializeToString,
                 response_deserializer=embeddb_dot_v1_dot_model__pb2.PredictResponse.FromString,
                 _registered_method=True)
+        self.DescribeModel = channel.unary_unary(
+                '/embeddb.v1.ModelService/DescribeModel',
+                request_serializer=embeddb_dot_v1_dot_model__pb2.DescribeModelRequest.SerializeToString,
+                response_deserializer=embeddb_dot_v1_dot_model__pb2.DescribeModelResponse.FromString,
+                _registered_method=True)
 
 
 class ModelServiceServicer:
@@ -52,6 +57,13 @@ class ModelServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DescribeModel(self, request, context):
+        """The model's inputs and the server's limits.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ModelServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -59,6 +71,11 @@ def add_ModelServiceServicer_to_server(servicer, server):
                     servicer.Predict,
                     request_deserializer=embeddb_dot_v1_dot_model__pb2.PredictRequest.FromString,
                     response_serializer=embeddb_dot_v1_dot_model__pb2.PredictResponse.SerializeToString,
+            ),
+            'DescribeModel': grpc.unary_unary_rpc_method_handler(
+                    servicer.DescribeModel,
+                    request_deserializer=embeddb_dot_v1_dot_model__pb2.DescribeModelRequest.FromString,
+                    response_serializer=embeddb_dot_v1_dot_model__pb2.DescribeModelResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -88,6 +105,33 @@ class ModelService:
             '/embeddb.v1.ModelService/Predict',
             embeddb_dot_v1_dot_model__pb2.PredictRequest.SerializeToString,
             embeddb_dot_v1_dot_model__pb2.PredictResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DescribeModel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/embeddb.v1.ModelService/DescribeModel',
+            embeddb_dot_v1_dot_model__pb2.DescribeModelRequest.SerializeToString,
+            embeddb_dot_v1_dot_model__pb2.DescribeModelResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -86,6 +86,15 @@ class ModelClient:
         request = mpb.PredictRequest(num_records=len(records), records_json=text.encode())
         return self.predict_request(request)
 
+    def describe(self) -> mpb.DescribeModelResponse:
+        """The served model's inputs and the server's limits (``DescribeModel``)."""
+        try:
+            return self._stub.DescribeModel(  # type: ignore[no-any-return]
+                mpb.DescribeModelRequest(), timeout=self._timeout, metadata=self._metadata
+            )
+        except grpc.RpcError as exc:
+            raise _translate(exc, self.address) from exc
+
     def predict_request(self, request: mpb.PredictRequest) -> npt.NDArray[np.float32]:
         """Send a prepared request (:func:`~embeddb.trainer.serving.codec.encode_request`)."""
         try:

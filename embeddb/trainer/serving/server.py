@@ -9,6 +9,7 @@
                                    MicroBatcher ── one InferCtx.predict per micro-batch
                                    (batcher.py)    (lookups on the shards, dense), scores
                                                    split back to each request
+    gRPC  embeddb.v1.ModelService/DescribeModel: the model's inputs and the limits below
     gRPC  grpc.health.v1 + reflection; HTTP GET /healthz; metrics on their own port
 
 Before any port is bound the predictor is warmed up (``InferCtx.warm_up``: numba kernels
@@ -16,8 +17,8 @@ compiled, one dummy record scored; see ``warmup.py``). An idle server scores a l
 in the gRPC (or HTTP) thread that received it (``batcher.py``): no hand-off, no batching wait.
 
 The gRPC server is assembled like the shard server (:func:`embeddb.rpc.assembly.start_server`:
-boundary with bearer tokens, where every role may call ``Predict`` → metrics → errors, with
-embeddb exceptions to gRPC statuses). HTTP applies the same
+boundary with bearer tokens, where every role may call ``Predict`` and ``DescribeModel`` →
+metrics → errors, with embeddb exceptions to gRPC statuses). HTTP applies the same
 tokens (``Authorization: Bearer``) and maps the same statuses to HTTP codes (:data:`HTTP_STATUS`),
 answering ``{"error": message, "status": name}``; its routes, refusals and limits are described
 in ``http.py`` (:class:`~embeddb.trainer.serving.http.HttpFrontend`).
@@ -67,8 +68,8 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 MODEL_SERVICE = mpb.DESCRIPTOR.services_by_name["ModelService"].full_name
-# Every role may predict (evaluation lookups only); nothing else is served.
-_POLICY = AccessPolicy(allowed={role: frozenset({"Predict"}) for role in Role})
+# Every role may predict (evaluation lookups only) and describe the model; nothing else is served.
+_POLICY = AccessPolicy(allowed={role: frozenset({"Predict", "DescribeModel"}) for role in Role})
 
 
 class Predictor(Protocol):
@@ -130,11 +131,19 @@ class ModelServerConfig:
 
 
 class _Servicer(mpb_grpc.ModelServiceServicer):
-    def __init__(self, predictor: Predictor, batcher: MicroBatcher, max_records: int) -> None:
+    def __init__(
+        self, predictor: Predictor, batcher: MicroBatcher, config: ModelServerConfig
+    ) -> None:
         self._predictor = predictor
         self._spec = predictor.spec
         self._batcher = batcher
-        self._max_records = max_records
+        self._max_records = config.max_records
+        self._config = config
+
+    def DescribeModel(
+        self, request: mpb.DescribeModelRequest, context: grpc.ServicerContext
+    ) -> mpb.DescribeModelResponse:
+        return describe_model(self._predictor, self._config)
 
     def Predict(
         self, request: mpb.PredictRequest, context: grpc.ServicerContext
@@ -145,6 +154,20 @@ class _Servicer(mpb_grpc.ModelServiceServicer):
         else:
             batch = batch_from_request(request, self._spec, self._max_records)
         return encode_scores(self._batcher.submit(batch).result())
+
+
+def describe_model(predictor: Predictor, config: ModelServerConfig) -> mpb.DescribeModelResponse:
+    """The ``DescribeModel`` answer: ``predictor``'s inputs and ``config``'s limits."""
+    spec = predictor.spec
+    return mpb.DescribeModelResponse(
+        id_features=list(spec.id_features),
+        non_id_inputs=[mpb.NonIdInput(name=i.name, shape=list(i.shape)) for i in spec.non_id],
+        raw_records=getattr(predictor, "pipeline", None) is not None,
+        limits=mpb.ModelLimits(
+            max_message_bytes=config.max_message_bytes, max_records=config.max_records
+        ),
+        snapshot_id=getattr(spec, "snapshot_id", None) or "",
+    )
 
 
 def json_records(request: mpb.PredictRequest, max_records: int) -> list[object]:
@@ -257,7 +280,7 @@ def build_model_server(
         for frontend in http:
             frontend.stop(grace)
 
-    servicer = _Servicer(predictor, batcher, cfg.max_records)
+    servicer = _Servicer(predictor, batcher, cfg)
 
     def register(server: grpc.Server) -> None:
         mpb_grpc.add_ModelServiceServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
