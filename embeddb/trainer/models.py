@@ -138,15 +138,22 @@ class FM(nn.Module):
         self.linear = nn.Linear(sum(id_dims), 1)  # its bias is the model's
 
     def forward(self, non_id: list[torch.Tensor], embeddings: list[torch.Tensor]) -> torch.Tensor:
-        logit: torch.Tensor = self.linear(torch.cat(embeddings, dim=1)) + _fm_second_order(
-            torch.stack(embeddings, dim=1)
-        )
-        if self.numerics is not None and self.numeric_linear is not None:
-            logit = logit + self.numeric_linear(self.numerics(non_id))
-        return logit
+        return self._first_and_second_order(non_id, embeddings)[0]
+
+    def _first_and_second_order(
+        self, non_id: list[torch.Tensor], embeddings: list[torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The FM logit, and the normalised numerics and flattened embeddings concatenated
+        (the input of :class:`DeepFM`'s MLP)."""
+        flat = torch.cat(embeddings, dim=1)
+        logit: torch.Tensor = self.linear(flat) + _fm_second_order(torch.stack(embeddings, dim=1))
+        if self.numerics is None or self.numeric_linear is None:
+            return logit, flat
+        numerics = self.numerics(non_id)
+        return logit + self.numeric_linear(numerics), torch.cat([numerics, flat], dim=1)
 
 
-class DeepFM(nn.Module):
+class DeepFM(FM):
     """:class:`FM` plus an MLP (as :class:`DNN`) on the same embeddings and numerics, their
     logits summed.
 
@@ -164,23 +171,12 @@ class DeepFM(nn.Module):
         hidden: Sequence[int] = _DEFAULT_HIDDEN,
         dropout: float = 0.0,
     ) -> None:
-        super().__init__()
-        numeric = sum(non_id_widths)
-        self.numerics = _Numerics(numeric) if numeric > 0 else None
-        self.numeric_linear = nn.Linear(numeric, 1, bias=False) if numeric > 0 else None
-        self.linear = nn.Linear(sum(id_dims), 1)
-        self.mlp = _mlp(numeric + sum(id_dims), hidden, dropout, 1)
+        super().__init__(id_dims, non_id_widths)
+        self.mlp = _mlp(sum(non_id_widths) + sum(id_dims), hidden, dropout, 1)
 
     def forward(self, non_id: list[torch.Tensor], embeddings: list[torch.Tensor]) -> torch.Tensor:
-        flat = torch.cat(embeddings, dim=1)
-        logit = self.linear(flat) + _fm_second_order(torch.stack(embeddings, dim=1))
-        if self.numerics is not None and self.numeric_linear is not None:
-            numerics = self.numerics(non_id)
-            logit = logit + self.numeric_linear(numerics)
-            deep = self.mlp(torch.cat([numerics, flat], dim=1))
-        else:
-            deep = self.mlp(flat)
-        return logit + deep  # type: ignore[no-any-return]
+        logit, deep_input = self._first_and_second_order(non_id, embeddings)
+        return logit + self.mlp(deep_input)  # type: ignore[no-any-return]
 
 
 class DLRM(nn.Module):

@@ -483,17 +483,10 @@ class DatasetSpec:
                 stripe=stripe,
                 requires_grad=train,
             )
-        if p.format == "parquet":
-            return ParquetReader(
-                None,
-                spec,
-                batch_size,
-                parts=parts,
-                row_filter=row_filter,
-                stripe=stripe,
-                requires_grad=train,
-            )
-        return LibsvmReader(
+        reader: type[ParquetReader | LibsvmReader] = (
+            ParquetReader if p.format == "parquet" else LibsvmReader
+        )
+        return reader(
             None,
             spec,
             batch_size,

@@ -32,7 +32,7 @@ from typing import Protocol
 
 import numpy as np
 
-from embeddb.arrays import U8, U64, Bool
+from embeddb.arrays import I64, U8, U64, Bool
 from embeddb.errors import ConfigError, InvalidArgumentError
 
 from ._block import Block
@@ -341,13 +341,12 @@ class HeadRows(RowFilter):
         return True
 
     def keep(self, chunk: Chunk) -> Bool:
-        first = chunk.input_row if isinstance(chunk, FilterableChunk) else None
-        if first is None:
-            raise InvalidArgumentError(
-                "HeadRows needs the whole input read in order: give the reader whole files "
-                "(stripe chunks across ranks instead of reading byte ranges)"
-            )
-        is_train: Bool = np.arange(first, first + chunk.size) < self.n
+        rows = _input_rows(
+            chunk,
+            "HeadRows needs the whole input read in order: give the reader whole files "
+            "(stripe chunks across ranks instead of reading byte ranges)",
+        )
+        is_train: Bool = rows < self.n
         return ~is_train if self.test else is_train
 
 
@@ -374,11 +373,22 @@ class RowStripe(RowFilter):
         return True
 
     def keep(self, chunk: Chunk) -> Bool:
-        first = chunk.input_row if isinstance(chunk, FilterableChunk) else None
-        if first is None:
-            raise InvalidArgumentError("RowStripe needs the whole input read in order")
-        mine: Bool = np.arange(first, first + chunk.size) % self.world == self.rank
+        rows = _input_rows(chunk, "RowStripe needs the whole input read in order")
+        mine: Bool = rows % self.world == self.rank
         return mine
+
+
+def _input_rows(chunk: Chunk, unknown: str) -> I64:
+    """The input row number of each row of ``chunk`` (positional filters need them).
+
+    Raises:
+        InvalidArgumentError: ``unknown``, when the chunk does not know where it starts (a
+            byte range of a file).
+    """
+    first = chunk.input_row if isinstance(chunk, FilterableChunk) else None
+    if first is None:
+        raise InvalidArgumentError(unknown)
+    return np.arange(first, first + chunk.size, dtype=np.int64)
 
 
 @dataclass(frozen=True)
