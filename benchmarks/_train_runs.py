@@ -160,7 +160,7 @@ def run_inprocess(
         clock.stop(device)
         with torch.no_grad():
             scores = [model(*tensors(b)[:2]).float().cpu().numpy().ravel() for b in test]
-        run.record(auc(np.concatenate(scores), truth))
+        run.record(auc(labels=truth, scores=np.concatenate(scores)))
     return run
 
 
@@ -212,7 +212,7 @@ def run_embeddb(
                 continue
             with ctx.eval_ctx() as ev:
                 scores = [ev.forward(p)[0].float().cpu().numpy().ravel() for p in ev.prepare(test)]
-            run.record(auc(np.concatenate(scores), truth))
+            run.record(auc(labels=truth, scores=np.concatenate(scores)))
         run.stats = ctx.worker_stats()
     return run
 

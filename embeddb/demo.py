@@ -174,7 +174,7 @@ def run_demo(
         trained += order.size
         result.losses.append(float(np.mean(losses)))
         scores = model.predict(test_ids)
-        result.test_auc = auc(scores, test.label)
+        result.test_auc = auc(labels=test.label, scores=scores)
         log(
             f"epoch {epoch + 1}/{epochs}  loss {result.losses[-1]:.4f}  "
             f"test AUC {result.test_auc:.4f}  {trained / train_time:,.0f} samples/s"

@@ -17,15 +17,19 @@ from embeddb.errors import InvalidArgumentError
 __all__ = ["auc", "log_loss", "logloss"]
 
 
-def auc(scores: npt.ArrayLike, labels: npt.ArrayLike) -> float:
+def auc(*, labels: npt.ArrayLike, scores: npt.ArrayLike) -> float:
     """Area under the ROC curve, in O(n log n).
+
+    Keyword-only (``auc(labels=y, scores=p)``): scikit-learn's ``roc_auc_score(y_true, y_score)``
+    and earlier releases of this function take the two arrays in opposite orders, and a swapped
+    call returns a plausible wrong number, so a positional call is a ``TypeError`` instead.
 
     Computed as the Mann-Whitney U statistic with average ranks for tied scores, so a tie
     between a positive and a negative counts one half (the pairwise definition).
 
     Args:
-        scores: one score per sample (any real dtype, any shape; flattened).
         labels: one label per sample; values above 0.5 are positives.
+        scores: one score per sample (any real dtype, any shape; flattened).
 
     Returns:
         The probability that a random positive scores above a random negative.
@@ -49,12 +53,14 @@ def auc(scores: npt.ArrayLike, labels: npt.ArrayLike) -> float:
     return (rank_sum - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg)
 
 
-def logloss(probabilities: npt.ArrayLike, labels: npt.ArrayLike, eps: float = 1e-7) -> float:
-    """Mean binary cross-entropy of ``probabilities`` (clipped to ``[eps, 1 - eps]``).
+def logloss(*, labels: npt.ArrayLike, scores: npt.ArrayLike, eps: float = 1e-7) -> float:
+    """Mean binary cross-entropy of predicted probabilities (clipped to ``[eps, 1 - eps]``).
+
+    Keyword-only, like :func:`auc`: ``logloss(labels=y, scores=p)``.
 
     Args:
-        probabilities: predicted click probabilities (not logits), any shape; flattened.
         labels: one label per sample, 0 or 1.
+        scores: predicted click probabilities (not logits), any shape; flattened.
         eps: the clipping margin, so a confident mistake costs ``-log(eps)``, not infinity.
 
     Returns:
@@ -63,10 +69,10 @@ def logloss(probabilities: npt.ArrayLike, labels: npt.ArrayLike, eps: float = 1e
     Raises:
         InvalidArgumentError: sizes differ or there are no samples.
     """
-    p = np.clip(np.asarray(probabilities, dtype=np.float64).ravel(), eps, 1.0 - eps)
+    p = np.clip(np.asarray(scores, dtype=np.float64).ravel(), eps, 1.0 - eps)
     y = np.asarray(labels, dtype=np.float64).ravel()
     if p.size != y.size or p.size == 0:
-        raise InvalidArgumentError(f"logloss: {p.size} probabilities and {y.size} labels")
+        raise InvalidArgumentError(f"logloss: {p.size} scores and {y.size} labels")
     return float(-np.mean(y * np.log(p) + (1.0 - y) * np.log1p(-p)))
 
 

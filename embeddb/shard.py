@@ -10,8 +10,8 @@ An ID batch as the shard sees it (table ``user``, ``dim = 2``)::
     lookup  → [[a0, a1], [b0, b1], [a0, a1]]    float32 (3, 2), row i is the vector of ids[i]
     grads   = [[g0, g1], [h0, h1], [k0, k1]]    float32 (3, 2); id 7 is updated once with g + k
 
-Durability (ARCHITECTURE.md §5). Every mutation — gradient push, assign, delete, rows created by
-a training lookup — is journaled while its stripe lock is held and appended to the update log
+Durability (docs/architecture.md §5). Every mutation — gradient push, assign, delete, rows created
+by a training lookup — is journaled while its stripe lock is held and appended to the update log
 with the next ``seq`` before the call returns; with ``fsync: always`` the call also waits for
 the fsync (:mod:`embeddb.shard_journal`). On open, a directory without a clean-shutdown record
 is **recovered** from its newest verified snapshot or last clean shutdown, then the log after
@@ -167,6 +167,7 @@ class Shard:
             recovery = opener.open(restore, fallback)
             assert opener.disk is not None  # every open starts the tables
             self._disk, self._tables, self._log = opener.disk, opener.tables, opener.log
+            self._lock = opener.lock
             self._journal = Journal(self._log, follower)
             self._journal.attach(self._tables)
             self._readers = LogReaders(self._log, self._table_check_open)
@@ -225,6 +226,7 @@ class Shard:
                     self._log.close()
                 if self._ephemeral:
                     shutil.rmtree(self.data_dir, ignore_errors=True)
+                self._lock.release()  # last: the directory is consistent
 
     def discard(self) -> None:
         """Close without writing RAM rows back or recording a clean shutdown, as a crash would
@@ -244,6 +246,7 @@ class Shard:
                 self._disk.close()
             if self._ephemeral:
                 shutil.rmtree(self.data_dir, ignore_errors=True)
+            self._lock.release()
 
     def __enter__(self) -> Shard:
         return self
@@ -403,10 +406,6 @@ class Shard:
         if not self.follower:
             raise FailedPreconditionError("only a follower applies a primary's log records")
         return self._applier.apply(seq, payload)
-
-    def start_following(self, seq: int) -> None:
-        """Set the seq a follower's state corresponds to (after a bootstrap)."""
-        self._applier.applied_seq = seq
 
     def _table_check_open(self) -> None:
         if self._closed:

@@ -19,8 +19,14 @@ Data directory layout::
       clean-shutdown.json   present only after close(): the disk tier holds every row, at seq
       base.json             the last clean shutdown's record, kept while the shard runs: the
                             disk tier plus the log after its seq rebuild every row
+      embeddb.lock          locked (flock) by the process that has the directory open, first
+                            thing on open, until close (embeddb.durability.dirlock)
+      restore-in-progress.json, reshard-in-progress.json
+                            present only while a restore or reshard is under way, or after one
+                            was interrupted: the next open refuses, naming the command that
+                            finishes it (embeddb.durability.unfinished)
 
-Recovery (ARCHITECTURE.md §5). A directory without a clean-shutdown record is **recovered**:
+Recovery (docs/architecture.md §5). A directory without a clean-shutdown record is **recovered**:
 from the newest of (a) the newest complete snapshot — verified file by file — and (b) the last
 clean shutdown, then every log record after that seq is replayed. A snapshot that fails
 verification stops the start (``CorruptDataError`` naming the file) unless ``fallback=True``
@@ -32,6 +38,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shlex
 import shutil
 import time
 from collections.abc import Callable, Mapping
@@ -40,7 +47,8 @@ from pathlib import Path
 from typing import Any
 
 from embeddb.config import EmbeddingConfig
-from embeddb.durability import records, snapshot, topology
+from embeddb.durability import records, snapshot, topology, unfinished
+from embeddb.durability.dirlock import DirectoryLock
 from embeddb.durability.log import LogConfig, LogCut, UpdateLog
 from embeddb.errors import CorruptDataError, InvalidArgumentError, StorageError
 from embeddb.routing import Topology
@@ -199,6 +207,8 @@ class ShardOpener:
         self.disk: DiskTier | None = None
         self.tables: dict[str, TieredTable] = {}
         self.log: UpdateLog | None = None
+        # held from open() until the shard closes; none for an ephemeral shard's own directory
+        self.lock = DirectoryLock(data_dir, None)
         self.applied_seq = 0  # followers: the seq of a restored snapshot
 
     @property
@@ -221,9 +231,16 @@ class ShardOpener:
         """
         snapshots_dir = self._data_dir / "snapshots"
         try:
-            private_dir(self._data_dir)  # 0700, created or tightened (ARCHITECTURE.md §6)
+            private_dir(self._data_dir)  # 0700, created or tightened (docs/architecture.md §6)
         except OSError as exc:
             raise StorageError(f"cannot use data directory {self._data_dir}: {exc}") from exc
+        if not self._ephemeral:  # before anything in it is read or changed
+            self.lock = DirectoryLock.acquire(self._data_dir)
+            interrupted = unfinished.unfinished(self._data_dir)
+            if interrupted is not None and (
+                restore is None or unfinished.read_mark(self._data_dir, unfinished.RESHARDING)
+            ):
+                raise StorageError(interrupted)  # a restore is finished by restoring again
         snapshot.remove_incomplete(snapshots_dir)
         if not (self._ephemeral or self._follower):
             topology.check_directory(self._data_dir, self._topology)
@@ -251,14 +268,24 @@ class ShardOpener:
         return self._recover(fallback, has_log)
 
     def release(self) -> None:
-        """Release what a failed open holds (the update log, then the disk tier)."""
-        if self.log is not None:
-            self.log.close()
-        if self.disk is not None:
-            try:
-                self.disk.close()
-            except StorageError:
-                logger.exception("closing the disk tier after a failed open")
+        """Release what a failed open holds (the update log, the disk tier, then the lock)."""
+        try:
+            if self.log is not None:
+                self.log.close()
+            if self.disk is not None:
+                try:
+                    self.disk.close()
+                except StorageError:
+                    logger.exception("closing the disk tier after a failed open")
+        finally:
+            self.lock.release()
+
+    def _restore_hint(self) -> str:
+        where = shlex.quote(str(self._data_dir))
+        return (
+            f"roll it back to a snapshot with embeddb restore --data-dir {where} --snapshot ID "
+            f"(without --snapshot it lists them), or remove the directory to start empty"
+        )
 
     def _open_clean(self, marker: dict[str, Any]) -> Recovery:
         disk_rows = self._check_tables(marker, CLEAN_MARKER)
@@ -268,7 +295,7 @@ class ShardOpener:
         if self.log is not None and self.log.last_seq != seq:
             raise CorruptDataError(
                 f"{self._data_dir / CLEAN_MARKER} records seq {seq} but the update log ends at "
-                f"{self.log.last_seq}"
+                f"{self.log.last_seq}; {self._restore_hint()}"
             )
         # From now on the RAM tier may hold rows the disk does not: the marker becomes the base
         # that crash recovery starts from.
@@ -307,7 +334,7 @@ class ShardOpener:
         if not (self.logged and has_log):
             raise StorageError(
                 f"{self._data_dir} was not shut down cleanly, has no usable snapshot and no update "
-                f"log to recover from"
+                f"log to recover from; {self._restore_hint()}"
             )
         if base is not None:
             self._check_tables(base, BASE)
@@ -331,6 +358,9 @@ class ShardOpener:
             raise InvalidArgumentError(f"no complete snapshot {snapshot_id!r} in {path.parent}")
         manifest = snapshot.verify(path, progress=restore.progress)
         self._check_manifest(manifest, path)
+        # From here until the snapshot is loaded the directory is neither its old state nor
+        # the snapshot's: an interruption leaves this marker, and the next start says so.
+        unfinished.mark(self._data_dir, unfinished.RESTORING, snapshot_id=snapshot_id)
         log_dir = self._data_dir / "log"
         if log_dir.exists():
             stamp = f"log.before-restore-{time.strftime('%Y%m%dT%H%M%S')}"
@@ -346,6 +376,7 @@ class ShardOpener:
         for stale in (CLEAN_MARKER, BASE):
             (self._data_dir / stale).unlink(missing_ok=True)
         self._load_snapshot(path, manifest)
+        unfinished.clear(self._data_dir, unfinished.RESTORING)
         seq = int(manifest["seq"])
         if self._follower:
             self.applied_seq = seq

@@ -1,6 +1,6 @@
 """Tensors on the wire: numpy arrays ⇄ ``embeddb.v1.Tensor`` messages.
 
-Used by the server and the client alike (ARCHITECTURE.md §4):
+Used by the server and the client alike (docs/architecture.md §4):
 
 * ids are raw little-endian ``uint64`` bytes, vectors raw little-endian ``float32`` bytes, both
   with an explicit shape, decoded with ``numpy.frombuffer`` (no per-element work);

@@ -16,6 +16,7 @@ import click
 import yaml
 
 from embeddb.cli import main
+from embeddb.cli.target import parse_addresses
 from embeddb.config import EmbeddingConfig
 from embeddb.rpc.auth import Role, Tokens
 from embeddb.secrets import read_token_file
@@ -101,7 +102,10 @@ def options(args: list[str], name: str) -> list[str]:
 
 
 def map_path(value: str, mounts: dict[str, Path]) -> str:
-    """``value`` with a container path under a mount point replaced by the local path."""
+    """``value`` with a container path under a mount point replaced by the local path (also
+    after the ``@`` of an ``--addresses @FILE``)."""
+    if value.startswith("@"):
+        return "@" + map_path(value[1:], mounts)
     for target in sorted(mounts, key=len, reverse=True):
         if value == target or value.startswith(target.rstrip("/") + "/"):
             return str(mounts[target]) + value[len(target.rstrip("/")) :]
@@ -345,9 +349,7 @@ def client_tokens(
     if command == "serve-model":
         assert params["shard_token_file"] is not None, f"{name} sends the shards no token"
         token = read_token_file(params["shard_token_file"])
-        addresses = list(params["shards"])
-        if params["address_file"] is not None:
-            addresses += params["address_file"].read_text().split()
+        addresses = parse_addresses(params["addresses"]) + parse_addresses(params["legacy_shard"])
         return {host_of(a): token for a in addresses}
     if command == "train":
         job = JobConfig.from_yaml(local_job(params["job"], mounts, tmp))

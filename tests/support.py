@@ -13,7 +13,7 @@ picks a port and hopes it is still free. Use it as a fixture::
         yield from serve_processes(tmp_path)
 
     served = serve("--data-dir", str(tmp_path / "s"), metrics=True)
-    model = serve("--model", str(model_dir), "--shard", served.address, command="serve-model")
+    model = serve("--model", str(model_dir), "--addresses", served.address, command="serve-model")
 
 stdout and stderr are kept apart in files (the log goes to stderr); every process still running
 at teardown is killed.

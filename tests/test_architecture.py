@@ -1,4 +1,4 @@
-"""Design rules of ARCHITECTURE.md §2, checked: imports point inward, grpc/torch stay out.
+"""Design rules of docs/architecture.md §2, checked: imports point inward, grpc/torch stay out.
 
 import-linter (the contracts in pyproject.toml) checks the imports themselves. This file checks
 what it cannot: that the contracts hold in the real tree, that they cover every top-level module
@@ -22,7 +22,7 @@ import tomllib
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "embeddb"
 
-#: The top-level modules outside the core (ARCHITECTURE.md §2): transports, the SDKs, the CLI.
+#: The top-level modules outside the core (docs/architecture.md §2): transports, the SDKs, the CLI.
 NOT_CORE = {"__main__", "cli", "demo", "client", "trainer", "server", "rpc", "wire", "v1"}
 #: What the client may import: the stubs, the wire format and the core's leaf modules.
 CLIENT_MAY_IMPORT = {

@@ -46,7 +46,7 @@ def test_auc_matches_pairwise_definition() -> None:
     labels = (rng.random(200) < 0.4).astype(np.float32)
     pos, neg = scores[labels == 1], scores[labels == 0]
     pairs = (pos[:, None] > neg[None, :]).sum() + 0.5 * (pos[:, None] == neg[None, :]).sum()
-    assert abs(auc(scores, labels) - pairs / (pos.size * neg.size)) < 1e-12
+    assert abs(auc(labels=labels, scores=scores) - pairs / (pos.size * neg.size)) < 1e-12
 
 
 def test_serve_threads_overrides_only_the_store_threads() -> None:

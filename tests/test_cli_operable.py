@@ -315,7 +315,7 @@ def test_a_busy_port_stops_a_cluster_and_a_model_server(
     )
     assert f"127.0.0.1:{busy_port}: the port is in use" in _one_error_line(cluster)
     model = processes.run(
-        "serve-model", "--model", str(tmp_path), "--shard=127.0.0.1:1", "--port=0",
+        "serve-model", "--model", str(tmp_path), "--addresses=127.0.0.1:1", "--port=0",
         f"--http-port={busy_port}",
     )  # fmt: skip
     if "trainer extra" in model.stderr:
@@ -334,7 +334,7 @@ def test_a_host_that_is_not_this_machine_is_one_error_line(processes: Processes)
         (["serve", "--ephemeral", "--config", "{missing}"], "--config"),
         (["serve", "--ephemeral", "--tls-cert", "{dir}", "--tls-key", "{dir}"], "--tls-cert"),
         (["cluster", "--num-shards=1", "--tokens-file", "{missing}"], "--tokens-file"),
-        (["serve-model", "--model", "{missing}", "--shard=x:1"], "--model"),
+        (["serve-model", "--model", "{missing}", "--addresses=x:1"], "--model"),
     ],
 )
 def test_a_missing_or_unreadable_file_is_one_error_line(

@@ -185,7 +185,10 @@ def test_serve_wires_tokens_and_metrics_and_never_logs_the_token(serve, tmp_path
 def test_tls_cert_without_key_is_refused_naming_the_option(tmp_path) -> None:
     cert = tmp_path / "cert.pem"
     cert.write_text("-----BEGIN CERTIFICATE-----\n")
-    result = CliRunner().invoke(main, ["serve", "--ephemeral", "--tls-cert", str(cert)])
+    # --port 0: the default port (7070) is checked for being free first, and may be taken.
+    result = CliRunner().invoke(
+        main, ["serve", "--ephemeral", "--port", "0", "--tls-cert", str(cert)]
+    )
     assert result.exit_code == 1 and "tls_cert" in result.output
     assert "Traceback" not in result.output
 

@@ -83,8 +83,9 @@ def test_a_spec_names_indexes_and_hashes_string_ids(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("line", "message"),
     [
-        ("1 3-1 4:1", r"'3-1' is not index:value"),
-        ("1 3:1:2", r"'3:1:2' is not index:value"),
+        ("1 3-1 4:1", r"'3-1' is not index:value or field:index:value"),
+        ("1 3:1:2:4", r"'3:1:2:4' is not index:value or field:index:value"),
+        ("1 x:1:2", r"'x:1:2' is not field:index:value with a decimal field"),
         ("1 a:1", r"'a:1' is not index:value with a decimal index"),
         ("1 3:x", r"'3:x' is not index:value with a numeric value"),
         ("2 3:1", r"label '2' is not 1, 0, \+1 or -1"),

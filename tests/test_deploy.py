@@ -20,6 +20,9 @@ from pathlib import Path
 import click
 import pytest
 import yaml
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+from packaging.version import Version
 
 from embeddb.errors import ConfigError
 from embeddb.rpc.auth import Role
@@ -144,7 +147,7 @@ def test_compose_topology_agrees_everywhere() -> None:
         f"shard-{k}:{option(s.command, '--port')}" for k, s in enumerate(shards)
     ]
     server = services["model-server"]
-    assert options(server.command, "--shard") == [
+    assert option(server.command, "--addresses").split(",") == [
         f"follower-{k}:{option(f.command, '--port')}" for k, f in enumerate(followers)
     ]
     # The model the trainer exports is the one served, through one shared volume.
@@ -212,26 +215,59 @@ def test_compose_ports_agree_with_exposed_published_scraped_and_health_checked()
     assert 9090 in services["prometheus"].published()
 
 
-@pytest.mark.parametrize("dockerfile", ["Dockerfile", "Dockerfile.trainer"])
-def test_dockerfile_copy_sources_exist_and_are_in_the_build_context(dockerfile: str) -> None:
-    text = (DOCKER / dockerfile).read_text()
+def dockerfile_stages(text: str) -> list[tuple[str | None, str]]:
+    """(``AS`` name or None, the instructions) of each ``FROM`` of a Dockerfile, in order."""
+    parts = re.split(r"^FROM \S+(?: AS (\S+))?[ \t]*\n", text, flags=re.M)
+    return list(zip(parts[1::2], parts[2::2], strict=True))
+
+
+def context_sources(text: str) -> list[str]:
+    """The build-context paths a Dockerfile reads: ``COPY`` sources and ``--mount=type=bind``
+    sources (not those ``from=`` another stage)."""
     copies = [line.split()[:-1] for line in re.findall(r"^COPY (?!--from)(.+)$", text, re.M)]
-    sources = [s for line in copies for s in line]
-    assert "pyproject.toml" in sources and "embeddb" in sources
+    mounts = re.findall(r"--mount=type=bind,(?![^\s]*from=)[^\s]*?source=([^,\s]+)", text)
+    return [s for line in copies for s in line] + mounts
+
+
+@pytest.mark.parametrize("dockerfile", ["Dockerfile", "Dockerfile.trainer"])
+def test_dockerfile_context_sources_exist_and_are_in_the_build_context(dockerfile: str) -> None:
+    text = (DOCKER / dockerfile).read_text()
+    sources = context_sources(text)
+    assert "constraints/dev.txt" in sources and "embeddb" in sources
     for source in sources:
         assert (ROOT / source).exists(), source
         assert not ignored(source), f"{source} is excluded by .dockerignore"
     assert re.search(r"^USER (?!root|0\b)\S+", text, re.M), "the image must not run as root"
     assert re.search(r'^ENTRYPOINT \["embeddb"\]', text, re.M)
-    # Every package pyproject installs is copied: all live under embeddb/ (the top-level client/
-    # and trainer/ are links into it, which COPY would copy as dangling links).
+    # the top-level client/ and trainer/ are links into embeddb/ (COPY would copy them dangling)
+    assert not {"client", "trainer"} & set(sources)
+
+
+@pytest.mark.parametrize("dockerfile", ["Dockerfile", "Dockerfile.trainer"])
+def test_the_image_installs_the_wheel_built_from_the_sdist_not_the_source_tree(
+    dockerfile: str,
+) -> None:
     import tomllib
 
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    assert project["tool"]["setuptools"]["package-dir"] == {"": "."}
-    assert all(p.split(".")[0] == "embeddb" for p in project["tool"]["setuptools"]["packages"])
-    assert not {"client", "trainer"} & set(sources)
-    assert project["project"]["readme"] in sources
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    (builder, build), (runtime, run) = dockerfile_stages((DOCKER / dockerfile).read_text())
+    assert builder == "wheel" and runtime is None
+    # The builder copies what the sdist is made of (pyproject's readme and licence files, the
+    # package, MANIFEST.in) and builds the sdist, then the wheel from it.
+    copied = set(context_sources(build))
+    wanted = {"pyproject.toml", "MANIFEST.in", project["readme"], *project["license-files"]}
+    assert wanted | {"embeddb"} <= copied, wanted - copied
+    assert re.search(r"^RUN .*python -m build --outdir /wheels \.$", build, re.M)
+    # The runtime stage holds none of the source tree: it installs the builder's wheel (a
+    # bind mount of the builder's /wheels) with CI's versions, and no `pip install .`.
+    assert not {"pyproject.toml", "embeddb"} & set(context_sources(run))
+    assert "--mount=type=bind,from=wheel,source=/wheels,target=/wheels" in run
+    assert "--mount=type=bind,source=constraints/dev.txt,target=/tmp/constraints.txt" in run
+    wheel = f"/wheels/{canonicalize_name(project['name']).replace('-', '_')}-*.whl"
+    commands = [c.strip() for c in re.split(r"&&|\n", run.replace("\\\n", " "))]
+    (install,) = [c for c in commands if c.startswith("pip install") and wheel in c]
+    assert install.endswith("-c /tmp/constraints.txt"), install
+    assert not re.search(r"pip install (-e )?[\"']?\.([\"'\[\s]|$)", build + run, re.M)
 
 
 def test_the_server_images_default_command_is_real(tmp_path: Path) -> None:
@@ -244,9 +280,19 @@ def test_the_server_images_default_command_is_real(tmp_path: Path) -> None:
     assert params["metrics_port"] in dockerfile_exposed(DOCKER / "Dockerfile")
 
 
-def test_trainer_image_torch_index_is_a_build_arg_and_the_pin_is_pyprojects() -> None:
+def test_trainer_image_torch_index_is_a_build_arg_and_the_pin_is_cis() -> None:
+    import tomllib
+
     text = (DOCKER / "Dockerfile.trainer").read_text()
     assert re.search(r"^ARG TORCH_INDEX_URL=https://download\.pytorch\.org/whl/cpu$", text, re.M)
-    assert 'optional-dependencies"]["trainer"]' in text  # the pin is read, not repeated
+    # torch's pin is read from the constraints CI installs with, not repeated here ...
+    assert "\"$(grep -E '^torch==' /tmp/constraints.txt)\"" in text
+    assert '--index-url "${TORCH_INDEX_URL}"' in text
+    pins = (ROOT / "constraints" / "dev.txt").read_text().splitlines()
+    (torch,) = [line for line in pins if line.startswith("torch==")]
+    # ... and lies in the trainer extra's range, which the wheel's [trainer] install checks.
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    (extra,) = [Requirement(r) for r in project["optional-dependencies"]["trainer"]]
+    assert extra.name == "torch" and Version(torch.split("==")[1]) in extra.specifier
     readme = (DOCKER / "README.md").read_text()
     assert "TORCH_INDEX_URL" in readme and "cu1" in readme

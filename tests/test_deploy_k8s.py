@@ -174,9 +174,7 @@ def test_every_k8s_container_runs_a_real_command(
             script[0] = str(local_job(Path(script[0]), mounts, tmp_path / str(i)))
             job, addresses = parse_trainer_run(script, monkeypatch)
             check_job(Path(script[0]), mounts, tmp_path / str(i))
-            assert [a.strip() for a in addresses.read_text().splitlines()] == list(
-                job.addresses or ()
-            )
+            assert list(addresses) == list(job.addresses or ())  # read from the mounted @FILE
             ran.append("torchrun")
             continue
         assert "command" not in container, f"{where}: the image's entrypoint is embeddb"
@@ -207,7 +205,9 @@ def k8s_auth(docs: list[dict[str, Any]], tmp: Path, tokens: dict[str, str]) -> A
             job = JobConfig.from_yaml(local_job(Path(script[0]), mounts, local))
             token = job.read_token()
             assert token is not None
-            for address in Path(option(script, "--addresses")).read_text().split():
+            listed = option(script, "--addresses")
+            assert listed.startswith("@"), listed  # the one spelling: --addresses @FILE
+            for address in Path(listed[1:]).read_text().split():
                 auth.sends[(f"{doc['kind']}/{doc['metadata']['name']}", host_of(address))] = token
             continue
         if args[0] == "serve-model":
@@ -386,7 +386,7 @@ def test_k8s_shards_followers_and_addresses_agree() -> None:
     assert data["followers.txt"].split() == follower_addresses
     server = k8s_object("Deployment", "embeddb-model-server")
     sargs = server["spec"]["template"]["spec"]["containers"][0]["args"]
-    assert option(sargs, "--addresses") == "/etc/embeddb/followers.txt"
+    assert option(sargs, "--addresses") == "@/etc/embeddb/followers.txt"
     assert option(sargs, "--model") == yaml.safe_load(data["job.yaml"])["export_dir"]
 
 

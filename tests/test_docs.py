@@ -1,4 +1,5 @@
-"""The documentation in docs/ against the code: generated reference, commands, paths, metrics."""
+"""The documentation in docs/ against the code: generated reference, commands, examples, metrics,
+install ranges. (Every file the docs name is checked by tests/test_doc_references.py.)"""
 
 from __future__ import annotations
 
@@ -11,6 +12,9 @@ from types import ModuleType
 
 import click
 import pytest
+import tomllib
+from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
 from prometheus_client import CollectorRegistry
 
 from embeddb.cli import main as cli_main
@@ -20,10 +24,8 @@ from embeddb.config.reference import attribute_docs, render_reference
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 PAGES = sorted(DOCS.glob("*.md"))
-# Installed names of the packages that live elsewhere in the checkout.
-_INSTALLED = {"embeddb/trainer/": "trainer/", "embeddb/client/": "client/"}
-_TOP_DIRS = ("embeddb/", "trainer/", "client/", "benchmarks/", "tests/", "examples/", "proto/",
-             "docs/", "docker/", "deploy/")  # fmt: skip
+#: Pages whose ```python blocks are complete programs, run by a test.
+RUNNABLE_PAGES = ("database.md", "api.md")
 
 
 def _generator() -> ModuleType:
@@ -36,7 +38,9 @@ def _generator() -> ModuleType:
 
 def test_the_docs_exist() -> None:
     names = {p.name for p in PAGES}
-    assert {"operations.md", "configuration.md", "persia-migration.md"} <= names
+    assert {"operations.md", "configuration.md", "persia-migration.md", "own-data.md"} <= names
+    assert {"architecture.md", "style.md", "install.md", "training.md", "database.md"} <= names
+    assert {"api.md", "durability.md", "serving.md", "performance.md", "development.md"} <= names
 
 
 def test_the_configuration_reference_is_fresh() -> None:
@@ -105,14 +109,16 @@ def _code_blocks(text: str) -> list[str]:
 
 
 def _commands(text: str) -> list[tuple[str, bool]]:
-    """Every ``embeddb ...`` command line, with whether it is complete: lines of shell blocks
-    are; inline code spans may name a command without its required options."""
+    """Every ``embeddb ...`` command, with whether it is complete: the commands of shell blocks
+    (also after ``&&``, ``;`` or a pipe) are; inline code spans may name a command without its
+    required options."""
     lines: list[tuple[str, bool]] = []
     for block in _code_blocks(text):
         for raw in block.replace("\\\n", " ").splitlines():
-            line = raw.strip().removeprefix("$ ")
-            if line.startswith("embeddb "):
-                lines.append((line, True))
+            for part in re.split(r"&&|\|\||;|(?<!\|)\|(?!\|)", raw):  # each command of a line
+                line = part.strip().removeprefix("$ ")
+                if line.startswith("embeddb "):
+                    lines.append((line, True))
     without_blocks = re.sub(r"```.*?```", "", text, flags=re.DOTALL)
     lines += [(m, False) for m in re.findall(r"`(embeddb [^`]+)`", without_blocks)]
     return lines
@@ -191,31 +197,67 @@ def test_the_command_check_catches_a_bad_option() -> None:
         _parse(_words("embeddb reshard --from a --to b --snapshot s --num-shards zero"))
 
 
-# ------------------------------------------------------------------------------ paths
+# ------------------------------------------------------------------------------ examples
 
 
-def _paths(text: str) -> list[str]:
-    found = []
-    for target in re.findall(r"\]\(([^)\s]+)\)", text):  # Markdown links
-        if not re.match(r"^[a-z]+:", target) and not target.startswith("#"):
-            found.append(target.split("#")[0])
-    for span in re.findall(r"`([^`\s]+)`", text):  # repository paths in code spans
-        if span.startswith(_TOP_DIRS) and "<" not in span and "{" not in span:
-            found.append(span.split(":")[0])
-    return found
+def python_blocks(text: str) -> list[str]:
+    return re.findall(r"```python\n(.*?)```", text, flags=re.S)
 
 
-@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
-def test_every_path_in_the_docs_exists(page: Path) -> None:
-    missing = []
-    for path in _paths(page.read_text()):
-        candidates = [DOCS / path, ROOT / path]
-        for installed, repo in _INSTALLED.items():
-            if path.startswith(installed):
-                candidates.append(ROOT / (repo + path.removeprefix(installed)))
-        if not any(c.exists() for c in candidates):
-            missing.append(path)
-    assert not missing, f"{page.name} names paths that do not exist: {missing}"
+@pytest.mark.parametrize("name", RUNNABLE_PAGES)
+def test_the_python_examples_run(name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    blocks = python_blocks((DOCS / name).read_text(encoding="utf-8"))
+    assert blocks, f"{name} has no python example"
+    for block in blocks:
+        exec(compile(block, name, "exec"), {})  # each block asserts what it shows
+    assert capsys.readouterr().err == ""
+
+
+# ------------------------------------------------------------------------------ install ranges
+
+
+def _range_cell(cell: str) -> SpecifierSet:
+    """``≥ 1.85.1, < 2`` (the install page's spelling) as a specifier set."""
+    spec = cell.replace("≥", ">=").replace("≤", "<=").replace(" ", "")
+    spec = re.sub(r"(^|,)=(?!=)", r"\1==", spec)
+    return SpecifierSet(spec)
+
+
+def install_table(text: str) -> dict[str, SpecifierSet]:
+    """``{distribution: range}`` from the rows of the install page's dependency table."""
+    table: dict[str, SpecifierSet] = {}
+    section = text.split("## Dependency ranges", 1)[1].split("\n## ", 1)[0]
+    for row in re.findall(r"^\|(.+)\|$", section, flags=re.M):
+        cells = [c.strip() for c in row.split("|")]
+        names = re.findall(r"`([A-Za-z0-9_.-]+)`(?! extra)", cells[0])
+        if names and cells[1] not in {"range", "---"}:
+            table.update((name, _range_cell(cells[1])) for name in names)
+    return table
+
+
+def pyproject_ranges() -> dict[str, SpecifierSet]:
+    """The runtime dependencies and the trainer extra of pyproject.toml."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    requirements = [*project["dependencies"], *project["optional-dependencies"]["trainer"]]
+    return {(r := Requirement(text)).name: r.specifier for text in requirements}
+
+
+def test_the_install_page_lists_the_ranges_of_pyproject() -> None:
+    listed = install_table((DOCS / "install.md").read_text(encoding="utf-8"))
+    assert listed == pyproject_ranges(), (
+        "docs/install.md's dependency table differs from pyproject.toml"
+    )
+
+
+def test_the_range_check_reads_the_table() -> None:
+    page = "## Dependency ranges\n\n| dependency | range | notes |\n|---|---|---|\n"
+    page += "| `a`, `b` | ≥ 1.2, < 2 | x |\n| `torch` (`trainer` extra) | = 2.13.0 | |\n"
+    assert install_table(page) == {
+        "a": SpecifierSet(">=1.2,<2"),
+        "b": SpecifierSet(">=1.2,<2"),
+        "torch": SpecifierSet("==2.13.0"),
+    }
+    assert install_table(page.replace("< 2", "< 3"))["a"] != SpecifierSet(">=1.2,<2")
 
 
 # ------------------------------------------------------------------------------ metrics

@@ -1,10 +1,13 @@
 """docs/own-data.md, run as written: its commands in order, in an empty directory.
 
-The page's blocks are the test's input: the first ``bash`` block (make the data), the ``yaml``
-block (``job.yaml``), the last ``bash`` block (train; serve-model in the background; curl).
-Only what a test must change is changed: the example script's path becomes absolute, the
-server's ports are the ones it binds (port 0 with a port file) instead of 8080, and curl waits
-for the server to be up.
+The page's blocks are the test's input: the first ``bash`` block (make the data), the first
+``yaml`` block (``job.yaml``), the last ``bash`` block (train; serve-model in the background;
+curl). Only what a test must change is changed: the example script's path becomes absolute,
+the server's ports are the ones it binds (port 0 with a port file) instead of 8080, and curl
+waits for the server to be up.
+
+Section 4's examples (other file layouts) are run too: each file shown there (a ``text`` block
+after a line "`path`:") is written, and each ``yaml`` block's ``dataset:`` is fitted and read.
 """
 
 from __future__ import annotations
@@ -19,7 +22,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
+from embeddb.trainer.data import DatasetSpec
 from tests.support import StartServe, serve_processes
 
 pytest.importorskip("torch", reason="the walkthrough trains a model (the trainer extra)")
@@ -54,7 +59,7 @@ def test_the_own_data_walkthrough_runs(tmp_path: Path, start: StartServe) -> Non
         header = fh.readline()
     assert header.strip() in _blocks("text")[0], "the page shows the file's real header"
 
-    (job,) = _blocks("yaml")
+    job = _blocks("yaml")[0]
     (tmp_path / "job.yaml").write_text(job, encoding="utf-8")
     train, serve, curl = _lines(_blocks("bash")[-1])
 
@@ -85,3 +90,47 @@ def test_the_own_data_walkthrough_runs(tmp_path: Path, start: StartServe) -> Non
     answer = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=True)
     scores = json.loads(answer.stdout)["scores"]
     assert len(scores) == 1 and 0.0 < scores[0] < 1.0
+
+
+def _layout_examples() -> list[tuple[dict[str, str], str]]:
+    """``(files so far, yaml)`` of each example of section 4, in page order."""
+    page = PAGE.read_text(encoding="utf-8")
+    section = page[page.index("## 4. ") :]
+    section = section[: section.index("\n## ")]
+    files: dict[str, str] = {}
+    examples = []
+    for match in re.finditer(r"(?:`([^`\n]+)`:\n\n)?```(text|yaml)\n(.*?)```", section, re.S):
+        name, kind, body = match.groups()
+        if kind == "text" and name:
+            files[name] = body
+        elif kind == "yaml":
+            examples.append((dict(files), body))
+    return examples
+
+
+EXAMPLES = _layout_examples()
+
+
+def test_section_4_has_an_example_of_each_layout() -> None:
+    jobs = "".join(job for _, job in EXAMPLES)
+    assert len(EXAMPLES) == 5
+    for key in ("header: {train: true, test: false}", "derived:", "slots:", "indexes:"):
+        assert key in jobs
+
+
+@pytest.mark.parametrize("index", range(len(EXAMPLES)))
+def test_the_layout_examples_read_their_files(tmp_path: Path, index: int) -> None:
+    files, job = EXAMPLES[index]
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text, encoding="utf-8")
+    spec = DatasetSpec.from_yaml_node(yaml.safe_load(job)["dataset"], base_dir=tmp_path)
+    pipeline = spec.fit()
+    batches = [b for s in ("train", "test") for b in spec.reader(pipeline, s, 64, train=True)]
+    rows = 0
+    for split, paths in (("train", spec.train_files()), ("test", spec.test_files())):
+        skip = spec.format != "libsvm" and spec.dialect(split).header  # the header line
+        rows += sum(len(p.read_text(encoding="utf-8").splitlines()) - skip for p in paths)
+    assert sum(b.batch_size for b in batches) == rows
+    for name in pipeline.id_features:  # every feature of the page's job gets ids
+        assert sum(b.feature(name).values.size for b in batches) > 0, name

@@ -209,7 +209,7 @@ IN_PROCESS_SHARDS = ("local_shards.py", "embeddb.shard")
 
 
 def test_the_trainer_reaches_the_shards_only_through_the_client() -> None:
-    """ARCHITECTURE.md §2 (import-linter cannot see embeddb.trainer: it lives in trainer/)."""
+    """docs/architecture.md §2, module by module: the trainer reaches shards through the client."""
     checked = 0
     for path in sorted(TRAINER.rglob("*.py")):
         server_side = path.parent.name == "serving" and path.name in MODEL_SERVER

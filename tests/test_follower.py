@@ -15,6 +15,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client import CollectorRegistry
 
+from embeddb.cli.common import packaged_config
 from embeddb.client import Client, ClientOptions
 from embeddb.config import EmbeddingConfig, OptimizerConfig, OptimizerKind
 from embeddb.config.schema import store_from_keys
@@ -25,12 +26,15 @@ from embeddb.errors import (
     StorageError,
     UnavailableError,
 )
+from embeddb.routing import shard_of
 from embeddb.rpc import ListenConfig, RpcServer
 from embeddb.rpc.auth import Tokens
 from embeddb.server import ServerConfig, build_server
 from embeddb.server.follower import Follower, FollowerOptions
 from embeddb.server.metrics import FollowerCollector
 from embeddb.shard import Shard
+from embeddb.v1 import embeddb_pb2 as pb
+from embeddb.v1 import embeddb_pb2_grpc as pb_grpc
 from tests.conftest import one_table_config
 from tests.support import eventually
 
@@ -363,3 +367,67 @@ def test_a_primary_data_dir_and_a_wrong_shard_are_refused(primary, tmp_path) -> 
         wrong.stop()
     with pytest.raises(ConfigError, match="host:port"):
         FollowerOptions("nowhere")
+
+
+# ------------------------------------------------------------------ what the primary serves
+def test_a_follower_without_config_or_place_serves_its_primarys(tmp_path: Path) -> None:
+    """No config, no shard index: the follower asks its primary (shard 1 of 2, one table the
+    packaged default config lacks) and serves that; DescribeShard is UNAVAILABLE until it
+    knows (a client retries) rather than a made-up place (before: the packaged tables, and
+    the place 0 of 1, refused against this primary)."""
+    cfg = config(dim=6)
+    ids = UNIVERSE[shard_of(UNIVERSE, 2) == 1]
+    vectors = np.random.default_rng(3).standard_normal((ids.size, 6)).astype(np.float32)
+    primary = Shard(cfg, tmp_path / "primary", shard_index=1, num_shards=2)
+    primary_server = build_server(primary, ServerConfig(shard_index=1, num_shards=2))
+    address = f"127.0.0.1:{primary_server.port}"
+    follower = Follower(None, tmp_path / "f", FollowerOptions(address, backoff=0.02))
+    server = build_server(follower.served, ServerConfig(shard_index=None, num_shards=None))
+    channel = grpc.insecure_channel(f"127.0.0.1:{server.port}")
+    try:
+        primary.assign("t", ids, vectors)
+        describe = pb_grpc.EmbeddingStoreServiceStub(channel).DescribeShard
+        with pytest.raises(grpc.RpcError) as early:
+            describe(pb.DescribeShardRequest(), timeout=5)
+        assert early.value.code() == grpc.StatusCode.UNAVAILABLE
+        follower.start()
+        assert follower.wait_ready(10), follower.error
+        answer = describe(pb.DescribeShardRequest(), timeout=5)
+        assert (answer.shard_index, answer.num_shards, answer.follower) == (1, 2, True)
+        served = follower.served.current
+        assert served is not None and list(served.config.tables) == ["t"]
+        assert served.config.tables["t"].row_width == cfg.tables["t"].row_width
+        options = ClientOptions(verify_topology=False)
+        with Client([f"127.0.0.1:{server.port}"], options) as reader:
+            np.testing.assert_array_equal(reader.lookup("t", ids, train=False), vectors)
+    finally:
+        channel.close()
+        server.stop(grace=0)
+        follower.stop()
+        primary_server.stop(grace=0)
+        primary.close()
+
+
+@pytest.mark.parametrize(
+    ("make", "difference"),
+    [
+        (lambda: config(dim=8), "table 't' has dim 4 on the primary, 8 in --config"),
+        (
+            lambda: one_table_config(dim=DIM, optimizer=OptimizerConfig(kind=OptimizerKind.SGD)),
+            "table 't' uses adagrad with 4 state floats per row on the primary, sgd with 0",
+        ),
+        (lambda: packaged_config("default.yaml"), "it lacks table(s) 't', which the primary"),
+    ],
+)
+def test_a_follower_config_that_disagrees_with_its_primary_is_refused(
+    primary, tmp_path, make, difference
+) -> None:
+    p = primary()
+    with replica(p.address, tmp_path / "f", make()) as r:
+        assert r.follower.done.wait(10)
+        assert isinstance(r.follower.error, ConfigError)
+        assert f"the follower's --config disagrees with its primary {p.address}" in str(
+            r.follower.error
+        )
+        assert difference in str(r.follower.error)
+        assert not r.follower.bootstrapped

@@ -437,7 +437,7 @@ def test_the_torchserve_handler_scores_each_request(
         np.testing.assert_allclose(
             np.concatenate(out), trained.eval_scores[:6], rtol=1e-5, atol=1e-6
         )
-        with pytest.raises(InvalidArgumentError, match="request 0: the body is not JSON"):
+        with pytest.raises(InvalidArgumentError, match="request 0: the body is not valid JSON"):
             handler.handle([{"body": b"{"}], Context(model_dir))
     finally:
         handler.close()

@@ -52,7 +52,7 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
 
 
 def addresses(c: Cluster) -> list[str]:
-    return [arg for a in c.addresses for arg in ("--address", a)]
+    return ["--addresses", ",".join(c.addresses)]
 
 
 def invoke(*args: str) -> Result:
@@ -197,7 +197,7 @@ def test_tables_and_stats_commands(cluster: Cluster, tmp_path: Path) -> None:
     ids, _ = rows()
     address_file = tmp_path / "addresses.txt"
     address_file.write_text("\n".join(cluster.addresses) + "\n")
-    result = invoke("tables", "--address-file", str(address_file))
+    result = invoke("tables", "--addresses", f"@{address_file}")
     assert result.exit_code == 0, result.output
     header, line = result.stdout.splitlines()
     assert header.split() == ["table", "dim", "optimizer", "capacity", "rows"]
@@ -244,13 +244,56 @@ def test_an_ro_token_may_scan_and_no_token_is_refused(tmp_path: Path) -> None:
         ro_file = tmp_path / "ro-token"
         ro_file.write_text(RO + "\n")
         ro_file.chmod(0o600)
-        result = invoke("scan", "--address", address, "--table", "t", "--token-file", str(ro_file))
+        result = invoke(
+            "scan", "--addresses", address, "--table", "t", "--token-file", str(ro_file)
+        )
         assert result.exit_code == 0, result.output
         assert [line.split(",")[0] for line in result.stdout.splitlines()] == ["4", "8"]
 
-        result = invoke("scan", "--address", address, "--table", "t")
+        result = invoke("scan", "--addresses", address, "--table", "t")
         assert result.exit_code == 1
         assert result.stderr.startswith("Error: ") and "UNAUTHENTICATED" in result.stderr
     finally:
         server.stop(grace=0)
         shard.close()
+
+
+# ------------------------------------------------------------------------- one shard alone
+def test_one_address_of_a_cluster_inspects_that_shard_alone(cluster: Cluster) -> None:
+    """One shard's address of a two-shard cluster: each command says which shard it is on
+    stderr and shows that shard's part (before: a ConfigError, "serves shard 1 of 2, but the
+    client lists it as shard 0 of 1")."""
+    ids, vectors = rows()
+    address = cluster.addresses[1]
+    mine = cluster.owned(ids, 1)
+    note = f"{address} is shard 1 of 2: showing that shard's part only"
+
+    result = invoke("tables", "--addresses", address, "--format", "json")
+    assert result.exit_code == 0, result.output
+    assert note in result.stderr
+    assert [(t["table"], t["rows"]) for t in json.loads(result.stdout)] == [("t", mine.size)]
+
+    result = invoke("stats", "--addresses", address, "--format", "json")
+    assert result.exit_code == 0, result.output
+    [shard] = json.loads(result.stdout)
+    assert (shard["shard_index"], shard["num_shards"]) == (1, 2)
+    assert shard["tables"]["t"]["rows"] == mine.size
+
+    result = invoke("scan", "--addresses", address, "--table", "t")
+    assert result.exit_code == 0, result.output
+    assert note in result.stderr
+    scanned = [int(line.split(",")[0]) for line in result.stdout.splitlines()]
+    assert scanned == sorted(mine.tolist())
+
+    theirs = cluster.owned(ids, 0)[:2]
+    result = invoke("peek", "--addresses", address, "--table", "t", str(mine[0]), *map(str, theirs))
+    assert result.exit_code == 0, result.output
+    [line] = result.stdout.splitlines()
+    assert int(line.split(",")[0]) == int(mine[0])
+    row = vectors[np.searchsorted(ids, mine[0])]
+    np.testing.assert_array_equal(np.array(line.split(",")[1:], dtype=np.float32), row)
+    assert f"not on this shard (owned by others): {theirs[0]}, {theirs[1]}" in result.stderr
+
+    # populate and snapshot write: one address must still be the whole cluster
+    result = invoke("snapshot", "--addresses", address, "--id", "alone")
+    assert result.exit_code == 1 and "serves shard 1 of 2" in result.stderr

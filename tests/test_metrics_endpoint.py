@@ -159,9 +159,13 @@ def test_cluster_passes_metrics_host_to_every_shard() -> None:
 
 
 def test_cluster_metrics_host_option_reaches_the_config() -> None:
+    # --base-port 0: the default base port (7070) is checked for being free first, and may be
+    # taken on the machine running the tests.
     result = CliRunner().invoke(
-        main, ["cluster", "--num-shards", "1", "--ephemeral", "--metrics-host", "127.0.0.1"]
-    )
+        main,
+        ["cluster", "--num-shards", "1", "--ephemeral", "--base-port", "0",
+         "--metrics-host", "127.0.0.1"],
+    )  # fmt: skip
     assert result.exit_code == 1
     assert "metrics_host: only meaningful with metrics_base_port" in result.output
     with pytest.raises(ConfigError, match="metrics_host"):
@@ -198,7 +202,7 @@ def test_model_server_metrics_host_binds_the_metrics_endpoint_there(tmp_path: Pa
         server.stop(grace=1)
     result = CliRunner().invoke(
         main,
-        ["serve-model", "--model", str(tmp_path), "--shard", "127.0.0.1:1",
+        ["serve-model", "--model", str(tmp_path), "--addresses", "127.0.0.1:1",
          "--metrics-host", "127.0.0.1"],
     )  # fmt: skip
     assert result.exit_code == 2 and "--metrics-host needs --metrics-port" in result.output

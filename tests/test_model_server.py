@@ -494,7 +494,7 @@ def serve(tmp_path: Path) -> Iterator[StartServe]:
 
 
 def test_serve_model_cli_serves_and_exits_0_on_sigterm(served: Served, serve: StartServe) -> None:
-    model = serve("--model", str(served.model_dir), "--shard", served.shards.addresses[0],
+    model = serve("--model", str(served.model_dir), "--addresses", served.shards.addresses[0],
                   "--http-port", "0", "--max-delay-ms", "1", command="serve-model",
                   metrics=True)  # fmt: skip
     ports = model.ports
@@ -521,18 +521,18 @@ def test_serve_model_cli_needs_exactly_one_way_to_name_the_shards(
 ) -> None:
     runner = CliRunner()
     result = runner.invoke(main, ["serve-model", "--model", str(served.model_dir)])
-    assert result.exit_code == 2 and "--addresses FILE, --shard HOST:PORT or" in result.output
+    assert result.exit_code == 2 and "--addresses HOST:PORT,...|@FILE or" in result.output
     addresses = tmp_path / "shards.txt"
     addresses.write_text(served.shards.addresses[0] + "\n")
-    both = ["serve-model", "--model", str(served.model_dir), "--addresses", str(addresses),
+    both = ["serve-model", "--model", str(served.model_dir), "--addresses", f"@{addresses}",
             "--shard", served.shards.addresses[0]]  # fmt: skip
     assert runner.invoke(main, both).exit_code == 2
-    with_checkpoint = ["serve-model", "--model", str(served.model_dir), "--shard",
+    with_checkpoint = ["serve-model", "--model", str(served.model_dir), "--addresses",
                        served.shards.addresses[0], "--from-checkpoint", str(tmp_path)]  # fmt: skip
     refused = runner.invoke(main, with_checkpoint)
     assert refused.exit_code == 2 and "--from-checkpoint DIR (one of them)" in refused.output
     missing = runner.invoke(
-        main, ["serve-model", "--model", str(tmp_path / "none"), "--shard", "x:1"]
+        main, ["serve-model", "--model", str(tmp_path / "none"), "--addresses", "x:1"]
     )
     assert missing.exit_code == 1 and "does not exist" in missing.output  # a missing file: 1
 

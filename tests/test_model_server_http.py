@@ -356,7 +356,7 @@ def model_process(served: Served, tmp_path: Path) -> Iterator[ServeProcess]:
     if still running."""
     starts = serve_processes(tmp_path)
     start = next(starts)
-    yield start("--model", str(served.model_dir), "--shard", served.shards.addresses[0],
+    yield start("--model", str(served.model_dir), "--addresses", served.shards.addresses[0],
                 "--http-port", "0", "--max-delay-ms", "0", command="serve-model")  # fmt: skip
     next(starts, None)
 

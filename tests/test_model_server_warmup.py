@@ -21,6 +21,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from embeddb.client import _kernels as client_kernels
 from embeddb.errors import UnavailableError
 from embeddb.trainer.batch import Batch
+from embeddb.trainer.data import _hash_kernel as hash_kernel
 from embeddb.trainer.serving import InferCtx, export_model
 from embeddb.trainer.serving.daemon import ModelDaemonOptions, run_model_server
 from embeddb.trainer.serving.server import ModelServerConfig, build_model_server
@@ -51,6 +52,7 @@ def test_warm_up_compiles_kernels_and_scores_a_dummy_record_uncounted(
         warmed = shards.shards[0].stats().totals()
         assert warmed["lookup_ids"] > before["lookup_ids"]  # the lookup path ran
         assert client_kernels.dedup.signatures  # compiled (or loaded) before any call
+        assert hash_kernel.hash_ranges.signatures  # the string hash of raw records too
         assert infer.predictions == 0  # the dummy record is not a prediction
         scores = infer.predict(next(adult("test").batches(4)))
         assert scores.shape == (4,) and np.all((scores > 0) & (scores < 1))

@@ -128,7 +128,7 @@ def test_each_model_learns_a_separable_problem(name: str) -> None:
     model.eval()
     with torch.no_grad():
         scores = forward(ids, numeric).numpy()
-    assert auc(scores, labels.numpy()) > 0.9
+    assert auc(labels=labels.numpy(), scores=scores) > 0.9
 
 
 def test_dnn_takes_different_embedding_dims_and_numerics_only() -> None:

@@ -112,7 +112,7 @@ def run_example(example: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def address_args(addresses: list[str]) -> list[str]:
-    return [arg for address in addresses for arg in ("--address", address)]
+    return ["--addresses", ",".join(addresses)]
 
 
 @pytest.mark.parametrize(
@@ -170,7 +170,7 @@ def test_node_client_refuses_addresses_out_of_shard_order(
     assert done.returncode == 1
     assert done.stdout == ""  # nothing was sent, no summary
     assert "topology mismatch" in done.stderr
-    assert f"--address {addresses[1]} (position 0 of 2) is shard 1" in done.stderr
+    assert f"address {addresses[1]} (position 0 of 2) is shard 1" in done.stderr
     assert "list the addresses in shard order" in done.stderr
 
 

@@ -303,7 +303,7 @@ def plain_pytorch_auc(job: JobConfig, buckets: int = 1 << 16) -> float:
         for batch in job.dataset_spec.reader(pipeline, "test", 4096, train=False):
             scores.append(run(batch).numpy().ravel())
             labels.append(np.asarray(batch.labels[0].data).ravel())
-    return auc(np.concatenate(scores), np.concatenate(labels))
+    return auc(labels=np.concatenate(labels), scores=np.concatenate(scores))
 
 
 @pytest.mark.slow

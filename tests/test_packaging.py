@@ -1,4 +1,5 @@
-"""The installed package: import names, lazy root, shipped data."""
+"""The installed package: import names, lazy root, shipped data; the distribution's metadata,
+package discovery and the constraint files (tests/test_wheel.py builds and installs it)."""
 
 from __future__ import annotations
 
@@ -6,8 +7,12 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+from packaging.version import Version
 
 
 def _run(code: str, cwd: Path) -> str:
@@ -90,3 +95,84 @@ def test_shipped_adult_data_matches_its_published_checksums() -> None:
         with gzip.open(ADULT_DIR / name, "rb") as fh:
             assert hashlib.sha256(fh.read()).hexdigest() == digest
     assert "CC BY 4.0" in (ADULT_DIR / "SOURCE.md").read_text()
+
+
+# ---------------------------------------------------------------------- the distribution
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _project() -> dict[str, Any]:
+    import tomllib
+
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+def _pins(name: str) -> dict[str, Version]:
+    """Canonical name -> version of each ``NAME==VERSION`` line of constraints/NAME.txt."""
+    out = {}
+    for line in (ROOT / "constraints" / f"{name}.txt").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            requirement = Requirement(line)
+            (spec,) = requirement.specifier
+            assert spec.operator == "==", line
+            out[canonicalize_name(requirement.name)] = Version(spec.version)
+    return out
+
+
+def test_the_distribution_has_its_own_name_and_an_spdx_licence() -> None:
+    # `embeddb` on PyPI is an unrelated project; the import name stays `embeddb`.
+    project = _project()["project"]
+    assert project["name"] == "embeddb-recsys"
+    assert project["license"] == "Apache-2.0 AND CC-BY-4.0"  # the code; the Adult data
+    assert project["license-files"] == ["LICENSE", "NOTICE"]
+    assert not any(c.startswith("License ::") for c in project["classifiers"])
+    licence = (ROOT / "LICENSE").read_text()
+    assert licence.split()[:5] == ["Apache", "License", "Version", "2.0,", "January"]
+    assert "END OF TERMS AND CONDITIONS" in licence
+    notice = (ROOT / "NOTICE").read_text()
+    assert "CC BY 4.0" in notice and "embeddb/datasets/adult/SOURCE.md" in notice
+    requires = _project()["build-system"]["requires"]
+    assert requires == ["setuptools>=77"]  # the first to read PEP 639's license fields
+
+
+def test_every_package_under_embeddb_is_found_and_nothing_else() -> None:
+    from setuptools import find_packages
+
+    config = _project()["tool"]["setuptools"]
+    assert set(config["packages"]) == {"find"}  # no hand-written list to forget a package in
+    find = config["packages"]["find"]
+    assert find["namespaces"] is False
+    found = set(find_packages(str(ROOT), include=find["include"], exclude=find["exclude"]))
+    on_disk = {
+        ".".join(p.parent.relative_to(ROOT).parts)
+        for p in (ROOT / "embeddb").rglob("__init__.py")
+        if "__pycache__" not in p.parts
+    }
+    assert found == on_disk and "embeddb.rpc" in found
+    # the links client/ and trainer/ (they would install second copies under bare names)
+    assert not {p for p in found if not p.startswith("embeddb")}
+
+
+def test_dev_constraints_pin_every_requirement_within_pyprojects_ranges() -> None:
+    project = _project()["project"]
+    pins = _pins("dev")
+    extras = project["optional-dependencies"]
+    for line in [*project["dependencies"], *extras["dev"], *extras["trainer"]]:
+        requirement = Requirement(line)
+        name = canonicalize_name(requirement.name)
+        assert name in pins, f"{name} is not pinned in constraints/dev.txt"
+        assert requirement.specifier.contains(pins[name], prereleases=True), (line, pins[name])
+    # CI keeps the CPU build of torch on this machine's disk; PyPI's later ones are CUDA builds.
+    assert pins["torch"] == Version("2.13.0")
+    assert "constraints/dev.txt" in (ROOT / ".ci" / "run").read_text()
+
+
+def test_lowest_constraints_are_the_lower_bound_of_each_runtime_range() -> None:
+    project = _project()["project"]
+    lowest = _pins("lowest")
+    lines = [*project["dependencies"], *project["optional-dependencies"]["trainer"]]
+    for line in lines:
+        requirement = Requirement(line)
+        (bound,) = [s for s in requirement.specifier if s.operator == ">="]
+        assert lowest.pop(canonicalize_name(requirement.name)) == Version(bound.version), line
+    assert lowest == {}, f"constraints/lowest.txt pins what pyproject does not require: {lowest}"

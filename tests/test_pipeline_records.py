@@ -140,7 +140,7 @@ def test_records_equal_the_csv_rows_bit_for_bit(tmp_path: Path) -> None:
     rows = [r.replace(",120.75,NA,", ",120.75,,") for r in CSV_ROWS]
     records = [{**r, "score": None} if r.get("score") == "NA" else r for r in RECORDS]
     records[4] = {**records[4], "tags": ["x", None, ""]}  # null and empty items: no id
-    from_records = plain.batch_from_records(records)
+    from_records = plain.batch_from_records(records, missing="fill")  # training's fill
     _assert_same(_csv_batch(tmp_path, rows, plain), from_records)
     assert from_records.feature("user").counts().tolist() == [1, 1, 1, 1, 1]
     assert from_records.feature("tags").counts().tolist() == [2, 0, 2, 1, 1]
@@ -149,7 +149,7 @@ def test_records_equal_the_csv_rows_bit_for_bit(tmp_path: Path) -> None:
 
 def test_missing_value_markers_in_records_equal_the_csv_rows(tmp_path: Path) -> None:
     from_csv = _csv_batch(tmp_path, CSV_ROWS, PIPELINE)
-    from_records = PIPELINE.batch_from_records(RECORDS)
+    from_records = PIPELINE.batch_from_records(RECORDS, missing="fill")
     _assert_same(from_csv, from_records)
     # What the rows mean, pinned: hashing, missing values and transforms.
     user = from_records.feature("user")

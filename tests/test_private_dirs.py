@@ -1,4 +1,4 @@
-"""Private data directories (ARCHITECTURE.md §6): a shard's directory is 0700, and a server
+"""Private data directories (docs/architecture.md §6): a shard's directory is 0700, and a server
 process creates every file 0600 and every directory 0700, whatever umask it was started with."""
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ def test_the_wheel_ships_the_proto_files(tmp_path: Path) -> None:
     if built.returncode != 0 and "No module named" in built.stderr:
         pytest.skip(f"cannot build a wheel here: {built.stderr.strip()[-200:]}")
     assert built.returncode == 0, built.stderr
-    (wheel,) = tmp_path.glob("embeddb-*.whl")
+    (wheel,) = tmp_path.glob("embeddb_recsys-*.whl")
     with zipfile.ZipFile(wheel) as archive:
         for name in FILES:
             assert archive.read(f"embeddb/proto/{name}") == (SOURCES / name).read_bytes(), name

@@ -205,6 +205,20 @@ def test_auc_and_logloss_are_public() -> None:
     from embeddb.trainer import auc, logloss
 
     labels = np.array([0, 0, 1, 1], dtype=np.float32)
-    assert auc(np.array([0.1, 0.4, 0.35, 0.8]), labels) == pytest.approx(0.75)
-    assert logloss(np.full(4, 0.5), labels) == pytest.approx(np.log(2.0))
+    assert auc(labels=labels, scores=np.array([0.1, 0.4, 0.35, 0.8])) == pytest.approx(0.75)
+    assert logloss(labels=labels, scores=np.full(4, 0.5)) == pytest.approx(np.log(2.0))
     assert evaluation.log_loss is evaluation.logloss
+
+
+def test_auc_and_logloss_refuse_positional_arguments() -> None:
+    # scikit-learn's roc_auc_score takes (y_true, y_score); the earlier auc took (scores, labels).
+    # A swapped positional call returned a plausible wrong number (1 - AUC); now it cannot be made.
+    from embeddb.trainer import auc, logloss
+
+    labels = np.array([0, 0, 1, 1], dtype=np.float32)
+    scores = np.array([0.1, 0.4, 0.35, 0.8])
+    with pytest.raises(TypeError, match="positional"):
+        auc(labels, scores)  # type: ignore[misc]
+    with pytest.raises(TypeError, match="positional"):
+        logloss(labels, scores)  # type: ignore[misc]
+    assert auc(scores=scores, labels=labels) == auc(labels=labels, scores=scores)

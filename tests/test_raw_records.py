@@ -142,6 +142,11 @@ class Trained:
     records: list[dict[str, Any]]
     test: list[Batch]  # the CSV reader's test batches
     eval_scores: np.ndarray  # EvalCtx's sigmoid on ``test``
+    # EvalCtx's sigmoid on the test CSV with every missing "age" written as its training mean
+    # (the pipeline's standardize mean, 40): what serving makes of the raw records, whose
+    # missing age is filled with that mean (a missing "price", log1p with no recorded mean,
+    # keeps training's fill, 0)
+    served_scores: np.ndarray
 
 
 @pytest.fixture(scope="module")
@@ -170,11 +175,18 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Trained]:
                     ctx.backward(loss_fn(output, labels[0]))
             ctx.save_checkpoint(checkpoint_dir)
             test = list(CsvReader(test_csv, SPEC, 32, dialect, requires_grad=False))
-            scores = []
+            lines = test_csv.read_text().splitlines()
+            filled_csv = root / "test-filled.csv"
+            filled_csv.write_text(
+                "\n".join([lines[0], *(_fill_age(line) for line in lines[1:])]) + "\n"
+            )
+            filled = list(CsvReader(filled_csv, SPEC, 32, dialect, requires_grad=False))
+            scores, served = [], []
             with ctx.eval_ctx() as ev:
-                for prepared in ev.prepare(test):
-                    output, _ = ev.forward(prepared)
-                    scores.append(torch.sigmoid(output).numpy().ravel())
+                for batches, out in ((test, scores), (filled, served)):
+                    for prepared in ev.prepare(batches):
+                        output, _ = ev.forward(prepared)
+                        out.append(torch.sigmoid(output).numpy().ravel())
             model_dir = ctx.export_model(root / "model", pipeline=pipeline)
         yield Trained(
             shards,
@@ -184,7 +196,15 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Trained]:
             raw_records(test_csv),
             test,
             np.concatenate(scores),
+            np.concatenate(served),
         )
+
+
+def _fill_age(line: str) -> str:
+    """A test CSV line with an empty age (column 4) written as the training mean, 40."""
+    fields = line.split(",")
+    fields[4] = fields[4] or "40"
+    return ",".join(fields)
 
 
 @pytest.fixture
@@ -207,7 +227,13 @@ def test_infer_ctx_scores_raw_records_as_evaluation_did(trained: Trained, infer:
     assert float(np.std(trained.eval_scores)) > 0.05  # the model learned something
     assert infer.pipeline is not None
     got = infer.predict_records(trained.records)
-    np.testing.assert_allclose(got, trained.eval_scores, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(got, trained.served_scores, rtol=0, atol=1e-6)
+    # only the records without an age score differently from the file's rows (whose empty
+    # age training filled with 0, i.e. (0 - 40) / 12 after standardize)
+    no_age = np.array(["age" not in r for r in trained.records])
+    assert 0 < no_age.sum() < 70
+    differs = np.abs(trained.served_scores - trained.eval_scores) > 1e-6
+    assert differs.tolist() == no_age.tolist()
     # the pre-hashed form of the reader's batches (ids as strings) scores the same
     first = trained.test[0]
     hashed = infer.predict(infer.batch_from_hashed_records(hashed_records(first)))
@@ -223,14 +249,14 @@ def test_http_and_grpc_score_raw_records_as_evaluation_did(
         assert port is not None
         code, doc = call_http(port, "/v1/predict", {"records": trained.records})
         assert code == 200, doc
-        np.testing.assert_allclose(doc["scores"], trained.eval_scores, rtol=0, atol=1e-6)
+        np.testing.assert_allclose(doc["scores"], trained.served_scores, rtol=0, atol=1e-6)
         body = {"hashed_records": hashed_records(trained.test[1])}
         code, doc = call_http(port, "/v1/predict", body)
         assert code == 200, doc
         np.testing.assert_allclose(doc["scores"], trained.eval_scores[32:64], rtol=0, atol=1e-6)
         with ModelClient(f"127.0.0.1:{server.port}") as client:
             got = client.predict_records(trained.records)
-            np.testing.assert_allclose(got, trained.eval_scores, rtol=0, atol=1e-6)
+            np.testing.assert_allclose(got, trained.served_scores, rtol=0, atol=1e-6)
             bad = [trained.records[0], {**trained.records[1], "hours": "many"}]
             with pytest.raises(InvalidArgumentError, match="record 1") as caught:
                 client.predict_records(bad)
@@ -255,7 +281,7 @@ def test_infer_ctx_from_checkpoint_reads_the_snapshot_read_only(
     with InferCtx.from_checkpoint(trained.model_dir, trained.checkpoint_dir) as ctx:
         got = ctx.predict_records(trained.records)
         assert len(ctx.addresses) == 2
-    np.testing.assert_allclose(got, trained.eval_scores, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(got, trained.served_scores, rtol=0, atol=1e-6)
     assert tree_digest(trained.checkpoint_dir) == before  # nothing written, moved or removed
     # a model exported with another snapshot is served with a warning
     other = tmp_path / "other"
@@ -292,7 +318,7 @@ def test_serve_model_from_checkpoint_scores_raw_records(
     assert isinstance(port, int)
     code, doc = call_http(port, "/v1/predict", {"records": trained.records})
     assert code == 200, doc
-    np.testing.assert_allclose(doc["scores"], trained.eval_scores, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(doc["scores"], trained.served_scores, rtol=0, atol=1e-6)
     bad = [trained.records[0], {**trained.records[1], "price": "cheap"}]
     code, doc = call_http(port, "/v1/predict", {"records": bad})
     assert code == 400 and "record 1" in doc["error"] and "price" in doc["error"]

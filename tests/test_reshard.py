@@ -94,11 +94,12 @@ def _build(root: Path) -> tuple[list[Shard], Checkpoint]:
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Checkpoint]:
-    """Two live shards (left open: resharding reads snapshots beside a running shard)."""
+    """Two stopped shards holding the checkpoint (a running shard's directory is refused:
+    test_a_running_source_or_target_is_refused)."""
     shards, ckpt = _build(tmp_path_factory.mktemp("source"))
-    yield ckpt
     for shard in shards:
         shard.close()
+    yield ckpt
 
 
 def _copy(ckpt: Checkpoint, dest: Path) -> Path:

@@ -201,7 +201,7 @@ def test_cli_snapshot_prints_every_shard_and_exits_1_naming_a_failed_one(start, 
     nodes = [start(k, 2) for k in range(2)]
     addresses = tmp_path / "addresses.txt"
     addresses.write_text("".join(f"{n.address}\n" for n in nodes))
-    result = CliRunner().invoke(main, ["snapshot", "--address-file", str(addresses), "--id", "c1"])
+    result = CliRunner().invoke(main, ["snapshot", "--addresses", f"@{addresses}", "--id", "c1"])
     assert result.exit_code == 0, result.output
     assert "checkpoint c1 taken on 2 shards" in result.output
     for node in nodes:
@@ -213,7 +213,7 @@ def test_cli_snapshot_prints_every_shard_and_exits_1_naming_a_failed_one(start, 
     assert again.exit_code == 1 and "already exists" in again.output
     assert "shard(s) 0" in again.output and "Traceback" not in again.output
     usage = CliRunner().invoke(main, ["snapshot"])
-    assert usage.exit_code == 2 and "--addresses or --address-file" in usage.output
+    assert usage.exit_code == 2 and "give the shards' addresses: --addresses" in usage.output
 
 
 # ------------------------------------------------------------------------------ FetchSnapshot

@@ -1,4 +1,4 @@
-"""Snapshot files stay inside their directory and private (ARCHITECTURE.md §6).
+"""Snapshot files stay inside their directory and private (docs/architecture.md §6).
 
 A snapshot's manifest is data: whoever can write ``snapshots/`` (where a checkpoint is imported)
 or answers as a primary can put anything in it, and its checksum is a CRC anyone can recompute.

@@ -232,8 +232,9 @@ def test_clean_close_and_reopen_keeps_every_row(make_shard: MakeShard, tmp_path)
 def _crash(shard: Shard) -> None:
     """Simulate a process crash: drop the shard without flushing RAM or writing a marker."""
     shard._pool.close()
-    shard._log.close()  # releases the directory lock, as the kernel does for a dead process
+    shard._log.close()  # releases the log's lock, as the kernel does for a dead process
     shard._disk.close()
+    shard._lock.release()  # and the data directory's
 
 
 def test_unclean_shutdown_is_recovered_from_the_update_log(tmp_path) -> None:
@@ -264,6 +265,7 @@ def test_a_directory_without_log_or_marker_is_refused(tmp_path) -> None:
     shard.lookup("t", np.arange(10, dtype=np.uint64))
     shard._pool.close()
     shard._disk.close()  # a crash with no update log: RAM rows are lost
+    shard._lock.release()  # as the kernel does for a dead process
     with pytest.raises(StorageError, match="not shut down cleanly"):
         Shard(cfg, tmp_path / "d")
 

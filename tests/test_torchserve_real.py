@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.util
 import json
 import os
 import re
@@ -119,7 +120,7 @@ def test_the_archive_holds_the_model_an_entry_point_and_its_config(
     mar = archive(
         exported.model_dir,
         tmp_path / "adult.mar",
-        *[f"--shard={a}" for a in exported.shards.addresses],
+        "--addresses=" + ",".join(exported.shards.addresses),
         "--shard-token-file",
         str(tmp_path / "ro.token"),
         "--batch-size",
@@ -161,7 +162,7 @@ def test_the_command_refuses_shards_with_a_checkpoint_and_non_model_dirs(
             str(exported.model_dir),
             "--out",
             str(tmp_path / "a.mar"),
-            "--shard",
+            "--addresses",
             "127.0.0.1:1",
             "--from-checkpoint",
             str(tmp_path),
@@ -214,7 +215,7 @@ def test_the_entry_point_loads_as_torchserve_calls_it(
     mar = archive(
         exported.model_dir,
         tmp_path / "m.mar",
-        *[f"--shard={a}" for a in exported.shards.addresses],
+        "--addresses=" + ",".join(exported.shards.addresses),
     )
     model_dir = unpack(mar, tmp_path / "unpacked")
     monkeypatch.syspath_prepend(str(model_dir))
@@ -225,7 +226,7 @@ def test_the_entry_point_loads_as_torchserve_calls_it(
         assert handle(None, Context(model_dir)) is None
         out = handle([{"body": json.dumps({"records": exported.records}).encode()}], None)
         np.testing.assert_allclose(out[0], exported.scores, rtol=1e-5, atol=1e-6)
-        with pytest.raises(BadRequestError, match="request 0: the body is not JSON") as caught:
+        with pytest.raises(BadRequestError, match="request 0: the body is not valid") as caught:
             handle([{"body": b"{"}], None)
         assert caught.value.error_code == 400
     finally:
@@ -260,10 +261,10 @@ def torchserve_missing() -> str | None:
         return f"TorchServe 0.12 needs Java 11+, found Java {major}"
     if shutil.which("torchserve") is None:
         return "torchserve is not installed (scripts/install-torchserve.sh)"
-    try:
-        importlib.import_module("ts")
-    except ImportError:
-        return "the ts package (torchserve) does not import in this Python"
+    # Found, not imported: ts 0.12's __init__ leaves version.txt open, a ResourceWarning that
+    # pytest (filterwarnings = error) would pin on whichever test runs next.
+    if importlib.util.find_spec("ts") is None:
+        return "the ts package (torchserve) is not installed in this Python"
     return None
 
 
@@ -297,7 +298,7 @@ def test_real_torchserve_loads_the_archive_and_scores_like_infer_ctx(
         exported.model_dir,
         store / "adult.mar",
         *(
-            [f"--shard={a}" for a in exported.shards.addresses]
+            ["--addresses=" + ",".join(exported.shards.addresses)]
             if source == "shards"
             else ["--from-checkpoint", str(exported.checkpoint_dir)]
         ),
@@ -351,7 +352,7 @@ def test_real_torchserve_loads_the_archive_and_scores_like_infer_ctx(
         assert code == 200, text
         np.testing.assert_allclose(json.loads(text), exported.scores, rtol=1e-5, atol=1e-6)
         code, text = http("POST", f"{inference}/predictions/adult", b"{not json")
-        assert code == 400 and "the body is not JSON" in text, (code, text)
+        assert code == 400 and "the body is not valid JSON" in text, (code, text)
         bad = {**exported.records[0], "ids": {**exported.records[0]["ids"], "nope": 3}}
         code, text = http(
             "POST", f"{inference}/predictions/adult", json.dumps({"records": [bad]}).encode()
@@ -362,6 +363,18 @@ def test_real_torchserve_loads_the_archive_and_scores_like_infer_ctx(
             "POST", f"{inference}/predictions/adult", json.dumps({"records": [wrong]}).encode()
         )
         assert code == 400 and "non_id_0" in text, (code, text)
+        # the model server's record path: a number that is not finite is a 400 naming the
+        # record, a string over max_string_bytes a 400 naming the limit (TorchServe's frontend
+        # answers a handler's 413 as 507)
+        marked = {**exported.records[0], "non_id": {"non_id_0": [12345.5, 0.0, 0.0, 0.0, 0.0]}}
+        infinite = json.dumps({"records": [marked]}).replace("12345.5", "1e999")
+        code, text = http("POST", f"{inference}/predictions/adult", infinite.encode())
+        assert code == 400 and "record 0: non_id.non_id_0" in text, (code, text)
+        long_id = {**exported.records[0], "ids": {"workclass": "1" * (65 << 10)}}
+        code, text = http(
+            "POST", f"{inference}/predictions/adult", json.dumps({"records": [long_id]}).encode()
+        )
+        assert code == 400 and "max_string_bytes 65536" in text, (code, text)
     except BaseException:
         log.flush()
         sys.stderr.write((tmp_path / "torchserve.out").read_text(errors="replace")[-8000:])

@@ -85,7 +85,7 @@ def train_adult(addresses: list[str], mode: str, epochs: int = 1, batch_size: in
                 for p in ev.prepare(test.batches(4096, requires_grad=False))
             ]
         stats = ctx.worker_stats()
-    score = auc(np.concatenate(scores), test.label.ravel())
+    score = auc(labels=test.label.ravel(), scores=np.concatenate(scores))
     return Run(mode, score, stats, seen)
 
 

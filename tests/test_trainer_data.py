@@ -229,7 +229,8 @@ def test_criteo_sample_rows_match_the_file_and_batches_cover_it() -> None:
     assert [b.batch_size for b in batches] == [4096, 4096, 1808]
     assert all(b.requires_grad for b in batches)
     labels = np.concatenate([b.labels[0].data for b in batches])
-    assert labels.shape == (10_000, 1) and labels.sum() == 2182  # SOURCE.md: 2,182 positives
+    # ../shared/data/criteo/SOURCE.md: 2,182 positives
+    assert labels.shape == (10_000, 1) and labels.sum() == 2182
     first = batches[0]
     for row, fields in enumerate(head):
         assert first.labels[0].data[row, 0] == float(fields[0])
@@ -510,20 +511,20 @@ def test_synthetic_teacher_auc_is_the_best_and_consistent_with_labels() -> None:
     assert sum(b.batch_size for b in data.batches(65_536, 4096)) == 65_536
     test = data.generate(50_000, "test")
     best = data.best_auc(50_000, "test")
-    assert best == auc(test.probability, test.label)
+    assert best == auc(labels=test.label, scores=test.probability)
     assert 0.75 < best < 0.9
     assert test.label.mean() == pytest.approx(0.25, abs=0.01)  # calibrated ctr
     assert test.probability.mean() == pytest.approx(test.label.mean(), abs=0.01)
     # Scores that are not the true probability do worse: noise, and a logistic regression on
     # the dense features alone (trained on the train stream).
     noisy = test.probability + np.random.default_rng(0).normal(0, 0.1, test.label.size)
-    assert auc(noisy, test.label) < best
+    assert auc(labels=test.label, scores=noisy) < best
     train = data.generate(50_000, "train")
     w = _logistic_regression(train.dense, train.label)
-    assert auc(test.dense @ w[:-1] + w[-1], test.label) < best - 0.05
+    assert auc(labels=test.label, scores=test.dense @ w[:-1] + w[-1]) < best - 0.05
     # The log loss of the truth is the lowest too.
-    assert log_loss(test.probability, test.label) < log_loss(
-        np.full(test.label.size, test.label.mean()), test.label
+    assert log_loss(labels=test.label, scores=test.probability) < log_loss(
+        labels=test.label, scores=np.full(test.label.size, test.label.mean())
     )
 
 
@@ -561,12 +562,16 @@ def test_auc_matches_the_pairwise_definition_with_ties() -> None:
     labels = (rng.random(300) < 0.4).astype(np.float32)
     pos, neg = scores[labels > 0.5], scores[labels < 0.5]
     pairs = (pos[:, None] > neg[None, :]).sum() + 0.5 * (pos[:, None] == neg[None, :]).sum()
-    assert auc(scores, labels) == pytest.approx(pairs / (pos.size * neg.size), abs=1e-12)
-    assert auc(scores.reshape(-1, 1), labels.reshape(-1, 1)) == auc(scores, labels)
+    assert auc(labels=labels, scores=scores) == pytest.approx(
+        pairs / (pos.size * neg.size), abs=1e-12
+    )
+    assert auc(labels=labels.reshape(-1, 1), scores=scores.reshape(-1, 1)) == auc(
+        labels=labels, scores=scores
+    )
     with pytest.raises(InvalidArgumentError):
-        auc([0.1, 0.2], [1, 1])
+        auc(labels=[1, 1], scores=[0.1, 0.2])
     with pytest.raises(InvalidArgumentError):
-        auc([0.1, 0.2], [1])
+        auc(labels=[1], scores=[0.1, 0.2])
 
 
 def test_docstring_examples_run() -> None:

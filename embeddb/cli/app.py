@@ -6,12 +6,14 @@ supervisor stay small (``benchmarks/data.py`` sums every process of a job)."""
 from __future__ import annotations
 
 import importlib
+import sys
+from typing import Any
 
 import click
 
 from embeddb import __version__
 from embeddb.cli.envvars import from_environment
-from embeddb.cli.logs import configure_logging
+from embeddb.cli.logs import configure_logging, json_record
 from embeddb.cli.options import LOG_FORMAT_CHOICE, LOG_LEVELS
 from embeddb.progress import export_quiet
 
@@ -51,6 +53,20 @@ class _LazyGroup(click.Group):
         command = getattr(importlib.import_module(module), attribute)
         assert isinstance(command, click.Command), target
         return command
+
+    def invoke(self, ctx: click.Context) -> Any:
+        """Run the command; under ``--log-format json`` its fatal error (a usage error of the
+        command included) is one JSON record on stderr instead of the ``Error:`` line."""
+        try:
+            return super().invoke(ctx)
+        except click.ClickException as exc:
+            if ctx.params.get("log_format") != "json":
+                raise
+            message = exc.format_message()
+            if isinstance(exc, click.UsageError) and exc.ctx is not None:
+                message = f"{message} (usage: {exc.ctx.get_usage().strip()})"
+            click.echo(json_record(message, level="ERROR"), file=sys.stderr)
+            raise click.exceptions.Exit(exc.exit_code) from None
 
 
 @from_environment("")

@@ -19,7 +19,7 @@ from typing import Any
 import click
 
 from embeddb.cli.logs import configure_logging
-from embeddb.config import EmbeddingConfig
+from embeddb.config import EmbeddingConfig, StoreConfig
 from embeddb.errors import EmbeddbError
 from embeddb.rpc.auth import Tokens
 from embeddb.secrets import read_token_file
@@ -55,9 +55,12 @@ def load_config(path: Path | None) -> EmbeddingConfig:
 
 def with_threads(config: EmbeddingConfig, threads: int) -> EmbeddingConfig:
     """``config`` with its store's ``threads`` (``--threads``) replaced."""
-    store = config.store
-    parallel = dataclasses.replace(store.parallel, threads=threads)
-    return dataclasses.replace(config, store=dataclasses.replace(store, parallel=parallel))
+    return dataclasses.replace(config, store=store_with_threads(config.store, threads))
+
+
+def store_with_threads(store: StoreConfig, threads: int) -> StoreConfig:
+    """``store`` with its ``threads`` (``--threads``) replaced."""
+    return dataclasses.replace(store, parallel=dataclasses.replace(store.parallel, threads=threads))
 
 
 def read_bytes(path: Path | None) -> bytes | None:

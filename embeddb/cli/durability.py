@@ -4,18 +4,12 @@ stopped shard, offline) and ``embeddb reshard`` (a checkpoint of N shards rewrit
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import click
 
-from embeddb.cli.common import channel_credentials, load_config, read_token
-from embeddb.cli.options import (
-    DIRECTORY,
-    EXISTING_FILE,
-    client_auth_options,
-    config_option,
-    data_dir_option,
-)
+from embeddb.cli.common import load_config
+from embeddb.cli.options import DIRECTORY, config_option, data_dir_option
+from embeddb.cli.target import Target, connect, target_options
 from embeddb.errors import EmbeddbError
 from embeddb.progress import Progress
 
@@ -24,19 +18,10 @@ __all__ = ["reshard", "restore", "snapshot_command"]
 
 # ------------------------------------------------------------------------------------ snapshot
 @click.command("snapshot")
-@click.option("--addresses", help="Every shard's HOST:PORT, comma-separated, in shard order.")
-@click.option(
-    "--address-file",
-    type=EXISTING_FILE,
-    help="File of HOST:PORT lines in shard order (embeddb cluster writes DATA_DIR/addresses.txt).",
+@target_options(
+    token_help="File holding a read-write bearer token (alone on its first line, or 'rw TOKEN')."
 )
 @click.option("--id", "snapshot_id", help="The snapshot id (default: job-<UTC time>).")
-@client_auth_options(
-    "",
-    token_help="File holding a read-write bearer token (alone on its first line, or 'rw TOKEN').",
-    ca_help="PEM certificate(s) to trust; the shards are reached over TLS.",
-    server_name_help="The name in the shards' certificate, if HOST differs.",
-)
 @click.option(
     "--timeout",
     type=click.FloatRange(min=0, min_open=True),
@@ -44,55 +29,20 @@ __all__ = ["reshard", "restore", "snapshot_command"]
     show_default=True,
     help="Seconds each shard may take.",
 )
-def snapshot_command(
-    addresses: str | None,
-    address_file: Path | None,
-    snapshot_id: str | None,
-    token_file: Path | None,
-    tls_ca: Path | None,
-    tls_server_name: str | None,
-    timeout: float,
-) -> None:
+def snapshot_command(target: Target, snapshot_id: str | None, timeout: float) -> None:
     """Take a job checkpoint: every shard of a running cluster snapshots under one id.
 
     Prints one line per shard. If a shard fails, the command exits 1 naming it; the snapshots
     the other shards took remain. Restore a checkpoint with `embeddb serve --restore ID` on
     every shard. For a checkpoint consistent across shards, pause training meanwhile.
     """
-    from embeddb.client import Client, ClientOptions, read_address_file
-
-    if (addresses is None) == (address_file is None):
-        raise click.UsageError("give --addresses or --address-file (one of them)")
-    if tls_server_name is not None and tls_ca is None:
-        raise click.UsageError("--tls-server-name needs --tls-ca")
-    try:
-        shards = (
-            read_address_file(address_file)
-            if address_file is not None
-            else tuple(a.strip() for a in (addresses or "").split(",") if a.strip())
-        )
-        credentials = channel_credentials(tls_ca)
-        factory = None
-        if credentials is not None and tls_server_name is not None:
-            import grpc
-
-            name = [("grpc.ssl_target_name_override", tls_server_name)]
-
-            def factory(address: str) -> Any:
-                return grpc.secure_channel(address, credentials, options=name)
-
-        options = ClientOptions(
-            token=read_token(token_file), credentials=credentials, tune_allocator=False
-        )
-        # one RPC to every shard at once: the count moves when all have answered
-        with (
-            Progress("snapshot", total=len(shards), unit="shards") as progress,
-            Client(shards, options, channel_factory=factory) as client,
-        ):
-            results = client.snapshot(snapshot_id, timeout=timeout)
-            progress.update(len(results), bytes=sum(r.bytes for r in results))
-    except EmbeddbError as exc:
-        raise click.ClickException(str(exc)) from exc
+    # one RPC to every shard at once: the count moves when all have answered
+    with (
+        connect(target) as client,
+        Progress("snapshot", total=client.num_shards, unit="shards") as progress,
+    ):
+        results = client.snapshot(snapshot_id, timeout=timeout)
+        progress.update(len(results), bytes=sum(r.bytes for r in results))
     line = "{:<7}{:<24}{:>12}{:>14}{:>11}{:>10}"
     click.echo(line.format("shard", "address", "seq", "bytes", "pause ms", "seconds"))
     for r in results:
@@ -118,7 +68,8 @@ def snapshot_command(
     "target",
     type=DIRECTORY,
     required=True,
-    help="New data root for the M shards; must not exist or be empty.",
+    help="New data root for the M shards; must not exist, be empty, or hold the output of an "
+    "interrupted reshard (replaced).",
 )
 @click.option("--num-shards", type=click.IntRange(min=1), required=True, help="M.")
 @click.option(
@@ -139,7 +90,8 @@ def reshard(source: Path, target: Path, num_shards: int, snapshot_id: str, chunk
 
     Every source snapshot is verified first. Each row (vector and optimizer state) moves to
     the shard that owns it among NUM_SHARDS; serve TO/shard-j with --shard-index j
-    --num-shards NUM_SHARDS to recover from the new snapshots.
+    --num-shards NUM_SHARDS to recover from the new snapshots. The source shards must be
+    stopped: a directory a running process holds is refused, naming its pid.
     """
     from embeddb.durability.reshard import ReshardProgress
     from embeddb.durability.reshard import reshard as run_reshard
@@ -186,12 +138,14 @@ def restore(
 ) -> None:
     """Roll a stopped shard's directory back to snapshot SNAPSHOT, offline.
 
-    The snapshot is verified file by file, becomes the shard's state (RAM tier and disk tier),
+    A directory a running process holds (embeddb serve) is refused, naming its pid. The
+    snapshot is verified file by file, becomes the shard's state (RAM tier and disk tier),
     and the shard is closed cleanly, so the next `embeddb serve` starts from it. The update log
     after the snapshot is kept aside in log.before-restore-<time>, not deleted. Without
     --snapshot, lists the directory's snapshots.
     """
     from embeddb.durability import snapshot as snapshots
+    from embeddb.durability.dirlock import DirectoryLock
     from embeddb.shard import Shard
     from embeddb.shard_recovery import Restore
 
@@ -204,6 +158,8 @@ def restore(
             click.echo(f"{s.snapshot_id}\t{state}")
         return
     try:
+        if data_dir.is_dir():  # a running shard's directory: its one Error line, nothing before
+            DirectoryLock.acquire(data_dir).release()  # (the shard takes the lock to restore)
         with Progress("restore: verifying", unit="bytes") as progress:
             shard = Shard(
                 load_config(config_path),

@@ -6,7 +6,7 @@ underscores. ``embeddb serve --max-message-mb`` reads ``EMBEDDB_SERVE_MAX_MESSAG
 ``embeddb cluster --base-port`` reads ``EMBEDDB_CLUSTER_BASE_PORT``; the options of the
 ``embeddb`` group itself drop the command (``EMBEDDB_LOG_LEVEL``, ``EMBEDDB_LOG_FORMAT``,
 ``EMBEDDB_QUIET``). A flag is set by ``1``/``true``/``yes`` (``0``/``false``/``no`` clears it);
-an option given many times (``--shard``) takes a whitespace-separated list. The command line
+an option given many times (``--addresses``) takes a whitespace-separated list. The command line
 wins over the environment, which wins over the default. ``--help`` shows each variable.
 
 Variables an option already read keep working after the rule's name (``EMBEDDB_SHARD_INDEX``);

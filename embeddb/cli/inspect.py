@@ -2,11 +2,15 @@
 ``embeddb peek`` and ``embeddb scan``. All four only read (an ``ro`` token suffices): ``peek`` is
 an evaluation lookup (nothing is inserted or refreshed), ``scan`` pages through the ``Scan`` RPC.
 
-Each takes the cluster's addresses like ``embeddb snapshot`` (``--address`` repeated, in shard
-order, or ``--address-file``) and ``--token-file`` / ``--tls-ca`` / ``--tls-server-name``
+Each takes the shards' addresses like every command (``--addresses HOST:PORT,...`` in shard
+order, or ``--addresses @FILE``) and ``--token-file`` / ``--tls-ca`` / ``--tls-server-name``
 (:mod:`embeddb.cli.target`, shared with ``embeddb populate``, which reads these formats back).
 Rows print as CSV (``id,v0,v1,...``; float32 values with 9 significant digits, which read back
 exactly) or JSON lines (``{"id": 7, "vector": [...]}``).
+
+One address of a cluster of several shards inspects that shard alone: a line on stderr says
+which shard of how many it is, and the output is that shard's part (its rows and counters;
+``peek`` prints the ids it owns and names the others on stderr).
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import numpy as np
 
 from embeddb.arrays import F32, U64
 from embeddb.cli.common import reported_errors
-from embeddb.cli.target import Target, connect, target_options
+from embeddb.cli.target import ShardPlace, Target, connect, shard_place, target_options
 
 __all__ = ["peek", "scan", "stats", "tables"]
 
@@ -33,6 +37,12 @@ def _echo_table(header: tuple[str, ...], rows: list[tuple[Any, ...]]) -> None:
     widths = [max(len(r[k]) for r in cells) for k in range(len(header))]
     for r in cells:
         click.echo("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
+
+
+def _noted(place: ShardPlace | None) -> None:
+    """Say on stderr (stdout stays the data) that only one shard's part follows."""
+    if place is not None:
+        click.echo(place.note(), err=True)
 
 
 def _echo_rows(ids: U64, vectors: F32, fmt: str) -> None:
@@ -49,11 +59,12 @@ def _echo_rows(ids: U64, vectors: F32, fmt: str) -> None:
 
 
 @click.command("tables")
-@target_options()
+@target_options(one_shard=True)
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table")
 def tables(target: Target, fmt: str) -> None:
-    """List the tables: name, dim, optimizer, capacity and rows (over every shard)."""
-    with connect(target) as client:
+    """List the tables: name, dim, optimizer, capacity and rows (over every shard given)."""
+    with connect(target) as client, reported_errors():
+        _noted(shard_place(client))
         described = client.list_tables()
         shard_stats = client.stats()
     rows = {
@@ -75,7 +86,7 @@ def tables(target: Target, fmt: str) -> None:
 
 
 @click.command("stats")
-@target_options()
+@target_options(one_shard=True)
 @click.option(
     "--format",
     "fmt",
@@ -85,7 +96,8 @@ def tables(target: Target, fmt: str) -> None:
 )
 def stats(target: Target, fmt: str) -> None:
     """Print every shard's per-table sizes and counters."""
-    with connect(target) as client:
+    with connect(target) as client, reported_errors():
+        _noted(shard_place(client))
         shard_stats = client.stats()
     if fmt == "json":
         click.echo(json.dumps(shard_stats))
@@ -101,21 +113,35 @@ def stats(target: Target, fmt: str) -> None:
 
 
 @click.command("peek")
-@target_options()
+@target_options(one_shard=True)
 @click.option("--table", required=True, help="The table.")
 @click.option("--format", "fmt", type=_ROW_FORMATS, default="csv", show_default=True)
 @click.argument("ids", nargs=-1, required=True, type=click.IntRange(0, (1 << 64) - 1))
 def peek(target: Target, table: str, fmt: str, ids: tuple[int, ...]) -> None:
     """Print the vectors of IDS (an evaluation lookup: nothing is inserted or refreshed; ids
-    stored nowhere read as zeros)."""
+    stored nowhere read as zeros). With one shard of a larger cluster, the ids it owns."""
+    from embeddb.routing import shard_of
+
     id_arr = np.array(ids, dtype=np.uint64)
     with connect(target) as client, reported_errors():
+        place = shard_place(client)
+        _noted(place)
+        if place is not None:
+            owner = shard_of(id_arr, place.num_shards)
+            elsewhere = id_arr[owner != place.shard_index]
+            if elsewhere.size:
+                listed = ", ".join(str(i) for i in elsewhere[:10].tolist())
+                more = f" and {elsewhere.size - 10} more" if elsewhere.size > 10 else ""
+                click.echo(f"not on this shard (owned by others): {listed}{more}", err=True)
+            id_arr = id_arr[owner == place.shard_index]
+            if not id_arr.size:
+                return
         vectors = client.lookup(table, id_arr, train=False)
     _echo_rows(id_arr, vectors, fmt)
 
 
 @click.command("scan")
-@target_options()
+@target_options(one_shard=True)
 @click.option("--table", required=True, help="The table.")
 @click.option(
     "--limit",
@@ -135,6 +161,7 @@ def scan(target: Target, table: str, limit: int | None, fmt: str, page_rows: int
     (read-only; rows written meanwhile may or may not appear)."""
     left = limit
     with connect(target) as client, reported_errors():
+        _noted(shard_place(client))
         pages = client.scan(table, min(page_rows, left) if left is not None else page_rows)
         for ids, vectors in pages:
             if left is not None:

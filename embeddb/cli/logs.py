@@ -11,6 +11,10 @@ to at least ``warning`` and turns progress reports off (:mod:`embeddb.progress`)
 
 The handler is installed on the root logger only when nothing else configured logging (a real
 ``embeddb`` process); a host that did (pytest, an application embedding the CLI) keeps its own.
+
+Under ``json`` every line the command writes is a JSON object: its fatal error too (a record of
+level ``ERROR``, logger ``embeddb``, instead of the ``Error: ...`` line;
+:class:`embeddb.cli.app`), and what ``embeddb train`` relays of its children (:func:`json_line`).
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ __all__ = [
     "TEXT_FORMAT",
     "JsonFormatter",
     "configure_logging",
+    "json_line",
+    "json_record",
     "json_shard_line",
 ]
 
@@ -97,6 +103,28 @@ def configure_logging(level: str, log_format: str) -> None:
     if not ours:
         root.addHandler(handler)
         logging.captureWarnings(True)  # warnings become records: one JSON line each
+
+
+def json_record(message: str, *, logger: str = "embeddb", level: str = "INFO") -> str:
+    """``message`` as one JSON record (the :class:`JsonFormatter` keys, time now), without
+    a newline."""
+    doc = {"time": utc_time(time.time()), "level": level, "logger": logger, "message": message}
+    return json.dumps(doc, ensure_ascii=False)
+
+
+def json_line(line: str, logger: str, level: str) -> str:
+    """A line a child process wrote (``embeddb train`` relays its ranks', its validation
+    step's and its cluster's) as one JSON line: a JSON object passes as it is; any other
+    text (a plain log line, gRPC's C core, a traceback's line) becomes a record of
+    ``logger`` at ``level`` whose message is the text."""
+    text = line.rstrip("\r\n")
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        doc = None
+    if isinstance(doc, dict):
+        return json.dumps(doc, ensure_ascii=False) + "\n"
+    return json_record(text, logger=logger, level=level) + "\n"
 
 
 def json_shard_line(line: str) -> str:

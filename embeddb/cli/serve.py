@@ -14,13 +14,13 @@ from embeddb.cli.common import (
     read_token,
     reported_errors,
     setup_logging,
+    store_with_threads,
     with_threads,
 )
 from embeddb.cli.envvars import from_environment
 from embeddb.cli.options import (
     DEFAULT_PORT,
     EXISTING_DIR,
-    EXISTING_FILE,
     NEW_FILE,
     ListenArgs,
     client_auth_options,
@@ -29,6 +29,8 @@ from embeddb.cli.options import (
     listen_options,
     log_options,
 )
+from embeddb.cli.target import ADDRESSES_METAVAR, addresses_option
+from embeddb.config import StoreConfig
 from embeddb.server.app import ServerConfig
 
 __all__ = ["serve", "serve_model"]
@@ -37,7 +39,10 @@ __all__ = ["serve", "serve_model"]
 # --------------------------------------------------------------------------------------- serve
 @from_environment("serve")
 @click.command()
-@config_option("Embedding config YAML (default: the packaged presets/default.yaml).")
+@config_option(
+    "Embedding config YAML (default: the packaged presets/default.yaml; with --follow, the "
+    "primary's tables, and a config given must agree with them)."
+)
 @data_dir_option(
     "Shard data directory; {index} is replaced by the shard index.",
     type=click.STRING,
@@ -52,14 +57,17 @@ __all__ = ["serve", "serve_model"]
 @click.option(
     "--shard-index",
     type=click.IntRange(min=0),
-    default=0,
-    show_default=True,
     envvar="EMBEDDB_SHARD_INDEX",
     show_envvar=True,
-    help="This shard's index; the option wins over the variables (a Kubernetes StatefulSet "
-    "sets EMBEDDB_SHARD_INDEX from the pod ordinal).",
+    help="This shard's index (default: 0; with --follow, the primary's, which a value given "
+    "must equal); the option wins over the variables (a Kubernetes StatefulSet sets "
+    "EMBEDDB_SHARD_INDEX from the pod ordinal).",
 )
-@click.option("--num-shards", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option(
+    "--num-shards",
+    type=click.IntRange(min=1),
+    help="Shards in the cluster (default: 1; with --follow, the primary's cluster's).",
+)
 @listen_options(
     port=click.option(
         "--port",
@@ -182,8 +190,8 @@ def serve(
     config_path: Path | None,
     data_dir: str,
     ephemeral: bool,
-    shard_index: int,
-    num_shards: int,
+    shard_index: int | None,
+    num_shards: int | None,
     listen: ListenArgs,
     port_file: Path | None,
     log_level: str | None,
@@ -220,7 +228,9 @@ def serve(
     from embeddb.server.follower import FollowerOptions
 
     setup_logging(ctx, log_level, log_format, quiet)
-    if shard_index >= num_shards:
+    if follow is None:  # a follower learns the place it is not given from its primary
+        shard_index, num_shards = shard_index or 0, num_shards or 1
+    if shard_index is not None and num_shards is not None and shard_index >= num_shards:
         raise click.BadParameter(
             f"must be less than --num-shards ({num_shards}), got {shard_index}",
             param_hint="--shard-index",
@@ -240,15 +250,17 @@ def serve(
         click.core.ParameterSource.ENVIRONMENT,
     ):
         data_dir = "embeddb-data/follower-{index}"
-    port = DEFAULT_PORT + shard_index if listen.port is None else listen.port
+    index = shard_index or 0  # the default port and data directory
+    port = DEFAULT_PORT + index if listen.port is None else listen.port
     check_bindable(listen.host, port)
     check_bindable(listen.metrics_host or listen.host, listen.metrics_port)
     with reported_errors():
-        config = load_config(config_path)
-        if threads is not None:
+        # a follower without --config serves its primary's tables (embeddb.server.follower)
+        config = None if follow is not None and config_path is None else load_config(config_path)
+        if threads is not None and config is not None:
             config = with_threads(config, threads)
         server_config = ServerConfig(
-            listen=listen.config(DEFAULT_PORT + shard_index if listen.port is None else None),
+            listen=listen.config(DEFAULT_PORT + index if listen.port is None else None),
             shard_index=shard_index,
             num_shards=num_shards,
             max_message_bytes=max_message_mb << 20,
@@ -269,10 +281,11 @@ def serve(
                     credentials=channel_credentials(primary_tls_ca),
                 ),
                 server_name=primary_tls_server_name,
+                store=None if threads is None else store_with_threads(StoreConfig(), threads),
             )
         )
         options = DaemonOptions(
-            data_dir=None if ephemeral else Path(data_dir.replace("{index}", str(shard_index))),
+            data_dir=None if ephemeral else Path(data_dir.replace("{index}", str(index))),
             grace=grace,
             port_file=port_file,
             parent_pid=parent_pid,
@@ -295,25 +308,17 @@ def serve(
     type=EXISTING_DIR,
     help="The exported model directory (model.json, dense.pt, embedding.yaml).",
 )
-@click.option(
-    "--addresses",
-    "address_file",
-    type=EXISTING_FILE,
-    help="File of the shards' HOST:PORT lines in shard order (followers in production).",
-)
-@click.option(
-    "--shard",
-    "shards",
-    multiple=True,
-    metavar="HOST:PORT",
-    help="A shard to read, in shard order (repeat for each); instead of --addresses.",
+@addresses_option(
+    "The shards to read, in shard order (followers in production): HOST:PORT,HOST:PORT "
+    "(repeatable) or @FILE, a cluster address file.",
+    legacy=("--shard",),
 )
 @click.option(
     "--from-checkpoint",
     "checkpoint_dir",
     type=EXISTING_DIR,
     help="A job's checkpoint_dir: serve with the shards of its latest checkpoint opened in "
-    "this process, read-only (no shard servers; a local demo). Instead of --shard/--addresses.",
+    "this process, read-only (no shard servers; a local demo). Instead of --addresses.",
 )
 @listen_options(
     port=click.option(
@@ -371,13 +376,35 @@ def serve(
     show_default=True,
     help="gRPC threads (also the most gRPC requests one micro-batch merges).",
 )
+@click.option(
+    "--max-body-bytes",
+    type=click.IntRange(min=1),
+    default=64 << 20,
+    show_default=True,
+    help="Largest HTTP request body (more: 413).",
+)
+@click.option(
+    "--max-record-bytes",
+    type=click.IntRange(min=1),
+    default=1 << 20,
+    show_default=True,
+    help="Largest record of a JSON body (HTTP, gRPC records_json), measured before parsing "
+    "(more: 413 / RESOURCE_EXHAUSTED).",
+)
+@click.option(
+    "--max-string-bytes",
+    type=click.IntRange(min=1),
+    default=64 << 10,
+    show_default=True,
+    help="Longest string (an id, a value, a key) of a JSON body, measured before parsing "
+    "(more: 413 / RESOURCE_EXHAUSTED).",
+)
 @log_options()
 @click.pass_context
 def serve_model(
     ctx: click.Context,
     model_dir: Path,
-    address_file: Path | None,
-    shards: tuple[str, ...],
+    addresses: tuple[str, ...],
     checkpoint_dir: Path | None,
     listen: ListenArgs,
     http_port: int,
@@ -388,6 +415,9 @@ def serve_model(
     max_batch: int,
     max_delay_ms: float,
     workers: int,
+    max_body_bytes: int,
+    max_record_bytes: int,
+    max_string_bytes: int,
     threads: int,
     log_level: str | None,
     log_format: str | None,
@@ -403,10 +433,9 @@ def serve_model(
     Needs the trainer extra (torch).
     """
     setup_logging(ctx, log_level, log_format, quiet)
-    given = [address_file is not None, bool(shards), checkpoint_dir is not None]
-    if sum(given) != 1:
+    if bool(addresses) == (checkpoint_dir is not None):
         raise click.UsageError(
-            "give --addresses FILE, --shard HOST:PORT or --from-checkpoint DIR (one of them)"
+            f"give --addresses {ADDRESSES_METAVAR} or --from-checkpoint DIR (one of them)"
         )
     if checkpoint_dir is not None and (shard_token_file or shard_tls_ca):
         raise click.UsageError("--shard-token-file and --shard-tls-ca need shards to reach")
@@ -427,14 +456,13 @@ def serve_model(
             max_batch=max_batch,
             max_delay=max_delay_ms / 1e3,
             workers=workers,
+            max_body_bytes=max_body_bytes,
+            max_record_bytes=max_record_bytes,
+            max_string_bytes=max_string_bytes,
         )
         options = ModelDaemonOptions(
             model_dir=model_dir,
-            shards=None
-            if checkpoint_dir is not None
-            else address_file
-            if address_file is not None
-            else list(shards),
+            shards=None if checkpoint_dir is not None else list(addresses),
             checkpoint_dir=checkpoint_dir,
             shard_token=read_token(shard_token_file),
             shard_tls_ca=shard_tls_ca,

@@ -35,6 +35,7 @@ import click
 import yaml
 
 from embeddb import __version__
+from embeddb.cli.target import addresses_option
 from embeddb.errors import EmbeddbError, InvalidArgumentError
 
 __all__ = [
@@ -199,12 +200,10 @@ def _properties(config: ArchiveConfig, archive: Path) -> str:
 )
 @click.option("--name", default=None, help="TorchServe's model name. [default: the archive's stem]")
 @click.option("--model-version", default="1.0", show_default=True)
-@click.option(
-    "--shard",
-    "shards",
-    multiple=True,
-    metavar="HOST:PORT",
-    help="A shard (repeat, in shard order; followers in production).",
+@addresses_option(
+    "The shards, in shard order (followers in production): HOST:PORT,HOST:PORT (repeatable) "
+    "or @FILE, a cluster address file (read now; the archive lists the addresses).",
+    legacy=("--shard",),
 )
 @click.option(
     "--from-checkpoint",
@@ -245,7 +244,7 @@ def torchserve_archive(
     out: Path,
     name: str | None,
     model_version: str,
-    shards: tuple[str, ...],
+    addresses: tuple[str, ...],
     checkpoint_dir: Path | None,
     checkpoint_id: str | None,
     shard_token_file: Path | None,
@@ -263,16 +262,16 @@ def torchserve_archive(
     """Pack an exported MODEL_DIR as a TorchServe archive that real TorchServe (0.12) loads:
 
     \b
-    embeddb torchserve-archive model/ --out store/adult.mar --shard 10.0.0.5:7000
+    embeddb torchserve-archive model/ --out store/adult.mar --addresses 10.0.0.5:7000
     torchserve --start --ncs --model-store store --ts-config store/adult.config.properties
 
-    Without --shard or --from-checkpoint the workers read EMBEDDB_ADDRESSES. embeddb must be
+    Without --addresses or --from-checkpoint the workers read EMBEDDB_ADDRESSES. embeddb must be
     installed in TorchServe's Python.
     """
     from embeddb.trainer.serving.torchserve import ServingSettings
 
-    if shards and checkpoint_dir is not None:
-        raise click.UsageError("give --shard or --from-checkpoint, not both")
+    if addresses and checkpoint_dir is not None:
+        raise click.UsageError("give --addresses or --from-checkpoint, not both")
     if checkpoint_dir is None and checkpoint_id is not None:
         raise click.UsageError("--checkpoint-id needs --from-checkpoint")
     if checkpoint_dir is not None and (shard_token_file or shard_tls_ca):
@@ -282,9 +281,9 @@ def torchserve_archive(
         settings = ServingSettings(
             checkpoint_dir=str(checkpoint_dir.resolve()), checkpoint_id=checkpoint_id
         )
-    elif shards:
+    elif addresses:
         settings = ServingSettings(
-            tuple(shards),
+            addresses,
             tls_ca=CA_FILE if shard_tls_ca is not None else None,
             token_file=None if shard_token_file is None else str(shard_token_file.resolve()),
         )

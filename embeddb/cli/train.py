@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import sys
 import tempfile
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import click
 
 from embeddb import __version__
 from embeddb.cli.common import packaged_config
+from embeddb.cli.logs import json_line, json_record
 from embeddb.cli.options import EXISTING_FILE, config_option, data_dir_option
 from embeddb.config import EmbeddingConfig, StoreConfig
 from embeddb.errors import EmbeddbError
@@ -92,17 +94,39 @@ def demo(
     show_default=True,
     help="After training, answer this many online predictions (the first test rows).",
 )
-def train(job: Path, predict: int) -> None:
+@click.pass_context
+def train(ctx: click.Context, job: Path, predict: int) -> None:
     """Train the job in JOB (YAML; schema in embeddb/trainer/job.py): start local shards
     (unless the job lists addresses), the NN workers under torchrun, show progress, evaluate.
-    Needs the trainer extra (torch)."""
+    A job whose checkpoint_dir holds its last epoch says so and trains nothing (it still
+    exports and predicts). Ctrl-C stops every process it started (exit code 130). Needs the
+    trainer extra (torch).
+
+    With --log-format json every line on stdout and stderr is one JSON object: the
+    launcher's lines, the ranks' and the shards' (relayed), the fatal error."""
     try:
         from embeddb.trainer.launch import launch
     except ImportError as exc:  # pragma: no cover - the launcher itself needs no torch
         raise click.ClickException(f"embeddb train needs the trainer extra: {exc}") from exc
+    json_logs = ctx.find_root().params.get("log_format") == "json"
+
+    def echo(line: str) -> None:
+        if json_logs:
+            line = json_record(line, logger="embeddb.trainer.launch")
+        elif line.startswith("interrupted") and _on_terminal():
+            line = "\n" + line  # after the progress bar's line
+        click.echo(line)
+
     try:
-        code = launch(job, predict=predict, echo=click.echo)
+        code = launch(job, predict=predict, echo=echo, relay=json_line if json_logs else None)
     except EmbeddbError as exc:
         raise click.ClickException(str(exc)) from exc
     if code:
         raise SystemExit(code)
+
+
+def _on_terminal() -> bool:
+    try:
+        return sys.stdout.isatty()
+    except (AttributeError, ValueError):
+        return False

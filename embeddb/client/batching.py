@@ -1,6 +1,6 @@
 """Deduplicate an id batch, split it by shard and merge the answers. No I/O.
 
-A batch is deduplicated once (ARCHITECTURE.md §4), so every shard sees each id at most once per
+A batch is deduplicated once (docs/architecture.md §4), so every shard sees each id at most once per
 request. Worked example with 2 shards, where ``shard_of`` puts 9 on shard 0 and 5, 7 on shard 1::
 
     ids       = [ 7,  5,  7,  9]      the caller's batch, duplicates allowed

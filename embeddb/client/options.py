@@ -25,6 +25,7 @@ __all__ = [
     "SimulatedNetwork",
     "check_address",
     "check_addresses",
+    "parse_addresses",
     "read_address_file",
     "tls_credentials",
 ]
@@ -274,6 +275,35 @@ def read_address_file(path: str | os.PathLike[str]) -> tuple[str, ...]:
     if not addresses:
         raise ConfigError(str(p), "the shard address file lists no 'host:port' address")
     return tuple(addresses)
+
+
+def parse_addresses(values: Sequence[str], key: str = "--addresses") -> tuple[str, ...]:
+    """The shard addresses that ``values`` name, in order: each value is a comma-separated
+    ``HOST:PORT`` list or ``@FILE``, a cluster address file (:func:`read_address_file`). The
+    one spelling of every command's ``--addresses`` (the CLI's and ``embeddb.trainer.run``'s).
+
+    Raises:
+        ConfigError: no address, an item that is not ``HOST:PORT``, or a bad address file.
+    """
+    found: list[str] = []
+    for value in values:
+        if value.startswith("@"):
+            found += read_address_file(value[1:])
+            continue
+        items = [item.strip() for item in value.split(",") if item.strip()]
+        if not items:
+            raise ConfigError(key, f"{value!r} names no address")
+        for item in items:
+            try:
+                check_address(item, key)
+            except ConfigError:
+                raise ConfigError(
+                    key, f"{item!r} is not HOST:PORT (give an address file as @FILE)"
+                ) from None
+        found += items
+    if not found:
+        raise ConfigError(key, "at least one shard address is needed")
+    return tuple(found)
 
 
 def tls_credentials(ca: str | os.PathLike[str] | None) -> grpc.ChannelCredentials | None:

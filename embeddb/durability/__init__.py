@@ -1,4 +1,4 @@
-"""Durability of one shard (ARCHITECTURE.md §5): the update log (:mod:`embeddb.durability.log`)
+"""Durability of one shard (docs/architecture.md §5): the update log (:mod:`embeddb.durability.log`)
 of every acknowledged mutation, in seq order, which restore replays after a snapshot and
 followers read while it grows.
 
@@ -8,8 +8,11 @@ Modules: :mod:`~embeddb.durability.log` (the update log, with its bytes on disk 
 :mod:`~embeddb.durability.records` (what a log record holds),
 :mod:`~embeddb.durability.snapshot` (self-checking snapshots),
 :mod:`~embeddb.durability.manifest` (a snapshot's manifest, its checks, and where the files it
-lists are), :mod:`~embeddb.durability.reshard` (a checkpoint of N shards rewritten into M) and
-:mod:`~embeddb.durability.export` (changed rows exported as numpy files).
+lists are), :mod:`~embeddb.durability.reshard` (a checkpoint of N shards rewritten into M, into
+the root :mod:`~embeddb.durability.reshard_target` checks),
+:mod:`~embeddb.durability.export` (changed rows exported as numpy files),
+:mod:`~embeddb.durability.dirlock` (one process at a time in a data directory) and
+:mod:`~embeddb.durability.unfinished` (markers of an interrupted restore or reshard).
 
 This package is core: it never imports grpc or torch.
 """

@@ -1,4 +1,4 @@
-"""Rewrite a job checkpoint of N shards into M shards (ARCHITECTURE.md §5: restore into a
+"""Rewrite a job checkpoint of N shards into M shards (docs/architecture.md §5: restore into a
 different number of shards).
 
 A **job checkpoint** here is a cluster's data root in which every shard holds a snapshot of
@@ -57,13 +57,12 @@ and ``TO`` is removed again (or emptied, if it existed empty) when anything fail
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import re
 import shutil
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -72,7 +71,16 @@ import numpy as np
 import numpy.typing as npt
 
 from embeddb.arrays import F32, U64
-from embeddb.durability import snapshot
+from embeddb.durability import snapshot, unfinished
+from embeddb.durability.reshard_target import (
+    RESHARD_RECORD,
+    check_target,
+    locked,
+    remove_output,
+    shard_dirs,
+    unfinished_output,
+    write_record,
+)
 from embeddb.errors import CorruptDataError, InvalidArgumentError, NotFoundError, StorageError
 from embeddb.routing import shard_of
 from embeddb.storage import DiskTier
@@ -90,8 +98,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-RESHARD_RECORD = "reshard.json"
-_SHARD_DIR = re.compile(r"shard-(\d+)")
 _CHUNK_ROWS = 65536
 _BUFFER_MB = 16  # memtable budget of each target disk tier
 _READ_CACHE_MB = 8  # block cache of each source disk tier (read once, in order)
@@ -178,18 +184,14 @@ def open_checkpoint(root: Path, snapshot_id: str) -> list[SourceShard]:
     snapshot.check_id(snapshot_id)
     if not root.is_dir():
         raise NotFoundError(f"{root} is not a directory")
-    shard_dirs = {
-        int(found.group(1)): p
-        for p in root.iterdir()
-        if (found := _SHARD_DIR.fullmatch(p.name)) is not None and p.is_dir()
-    }
-    holding = {i: d / "snapshots" / snapshot_id for i, d in shard_dirs.items()}
+    found = shard_dirs(root)
+    holding = {i: d / "snapshots" / snapshot_id for i, d in found.items()}
     holding = {i: p for i, p in holding.items() if p.is_dir()}
     if not holding:
         raise NotFoundError(
             f"no shard directory under {root} holds snapshot {snapshot_id!r} "
             f"(looked for {root}/shard-<i>/snapshots/{snapshot_id}; found "
-            f"{len(shard_dirs)} shard directories)"
+            f"{len(found)} shard directories)"
         )
     manifests = {}
     for i, path in sorted(holding.items()):
@@ -274,26 +276,77 @@ def reshard(
     if chunk_rows < 1 or buffer_mb < 1:
         raise InvalidArgumentError("chunk_rows and buffer_mb must be >= 1")
     source, target = Path(source), Path(target)
-    existed = target.exists()
-    if existed and (not target.is_dir() or any(target.iterdir())):
-        raise InvalidArgumentError(
-            f"{target} exists and is not an empty directory; reshard writes a new data root"
-        )
-    sources = open_checkpoint(source, snapshot_id)
+    check_target(target)
+    with ExitStack() as locks:  # every source and target directory, until the end
+        if source.is_dir():  # a running shard, or another reshard, refuses this one
+            for path in shard_dirs(source).values():
+                locks.enter_context(locked(path, "source shard directory", read_only_ok=True))
+        sources = open_checkpoint(source, snapshot_id)
+        existed = target.exists()
+        target.mkdir(parents=True, exist_ok=True)
+        try:
+            locks.enter_context(locked(target, "reshard target"))
+            check_target(target)  # again, now that no other reshard can start here
+            if unfinished_output(target):
+                for path in shard_dirs(target).values():
+                    locks.enter_context(locked(path, "target shard directory"))
+                remove_output(target, existed=True)
+        except BaseException:
+            if not existed:
+                shutil.rmtree(target, ignore_errors=True)
+            raise
+        plan = _Plan(source, target, num_shards, snapshot_id, chunk_rows, buffer_mb)
+        return _write(plan, sources, existed, locks, began, progress)
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What :func:`reshard` was asked to do (checked)."""
+
+    source: Path
+    target: Path
+    num_shards: int
+    snapshot_id: str
+    chunk_rows: int
+    buffer_mb: int
+
+
+def _write(
+    plan: _Plan,
+    sources: list[SourceShard],
+    existed: bool,
+    locks: ExitStack,
+    began: float,
+    progress: Callable[[ReshardProgress], None] | None,
+) -> ReshardResult:
+    """The second half of :func:`reshard`: every target shard written, or nothing left."""
+    source, target, num_shards, snapshot_id = (
+        plan.source, plan.target, plan.num_shards, plan.snapshot_id
+    )  # fmt: skip
     specs = table_specs(sources)
     total = sum(s.ram_rows(t) + s.disk_rows(t) for s in sources for t in specs)
     writers: list[snapshot.SnapshotWriter] = []
     tiers: list[DiskTier] = []
+    marked = {
+        "snapshot_id": snapshot_id,
+        "source": str(source.resolve()),
+        "target": str(target.resolve()),
+        "num_shards": num_shards,
+    }
     try:
-        target.mkdir(parents=True, exist_ok=True)
+        unfinished.mark(target, unfinished.RESHARDING, operation="reshard", **marked)
         widths = {name: spec.width for name, spec in specs.items()}
         for j in range(num_shards):
-            writer = snapshot.SnapshotWriter(target / f"shard-{j}" / "snapshots", snapshot_id)
+            shard_dir = target / f"shard-{j}"
+            shard_dir.mkdir(mode=0o700)
+            locks.enter_context(locked(shard_dir, "target shard directory"))
+            unfinished.mark(shard_dir, unfinished.RESHARDING, operation="reshard", **marked)
+            writer = snapshot.SnapshotWriter(shard_dir / "snapshots", snapshot_id)
             writers.append(writer)
             tiers.append(
-                DiskTier(writer.disk_dir, widths, _READ_CACHE_MB, write_buffer_mb=buffer_mb)
+                DiskTier(writer.disk_dir, widths, _READ_CACHE_MB, write_buffer_mb=plan.buffer_mb)
             )
-        mover = _Mover(tiers, specs, len(sources), chunk_rows, total, began, progress)
+        mover = _Mover(tiers, specs, len(sources), plan.chunk_rows, total, began, progress)
         for src in sources:
             mover.move_shard(src)
         for tier in tiers:
@@ -328,6 +381,9 @@ def reshard(
             snapshot_id, len(sources), num_shards, mover.rows, mover.stale, seconds
         )
         _write_record(target, source, result, specs)
+        for j in range(num_shards):  # the targets first: the root's marker goes last
+            unfinished.clear(target / f"shard-{j}", unfinished.RESHARDING)
+        unfinished.clear(target, unfinished.RESHARDING)
     except BaseException:
         for tier in tiers:
             try:
@@ -336,7 +392,7 @@ def reshard(
                 logger.exception("closing a target disk tier after a failed reshard")
         for writer in writers:
             writer.abort()
-        _remove_output(target, existed)
+        remove_output(target, existed)
         raise
     return result
 
@@ -486,25 +542,4 @@ def _write_record(
         "seconds": round(result.seconds, 3),
         "created": time.time(),
     }
-    tmp = target / (RESHARD_RECORD + ".tmp")
-    try:
-        with open(tmp, "w") as f:
-            f.write(json.dumps(record, indent=1))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target / RESHARD_RECORD)
-    except OSError as exc:
-        raise StorageError(f"cannot write {target / RESHARD_RECORD}: {exc}") from exc
-
-
-def _remove_output(target: Path, existed: bool) -> None:
-    """Undo a failed reshard: remove ``target`` (or only its contents, if it existed)."""
-    if not existed:
-        shutil.rmtree(target, ignore_errors=True)
-        return
-    if target.is_dir():
-        for entry in target.iterdir():
-            if entry.is_dir() and not entry.is_symlink():
-                shutil.rmtree(entry, ignore_errors=True)
-            else:
-                entry.unlink(missing_ok=True)
+    write_record(target, record)

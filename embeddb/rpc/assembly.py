@@ -207,7 +207,7 @@ class RpcServer:
             self.health.set(name, status)
 
     def stop(self, grace: float | None = 5.0) -> None:
-        """Shut down in the fixed order of STYLE.md §13; idempotent::
+        """Shut down in the fixed order of docs/style.md §13; idempotent::
 
         health NOT_SERVING    on every service: load balancers stop routing here
         stop accepting        in-flight calls get ``grace`` seconds, then are cancelled

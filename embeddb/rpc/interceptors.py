@@ -1,4 +1,4 @@
-"""Cross-cutting server concerns as gRPC interceptors (STYLE.md §12), and a rate-limited log
+"""Cross-cutting server concerns as gRPC interceptors (docs/style.md §12), and a rate-limited log
 for what callers can trigger at will."""
 
 from __future__ import annotations

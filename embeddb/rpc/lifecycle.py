@@ -5,7 +5,7 @@ with server_process(stop, handle_signals):   umask 0o077: every file the process
                                              SIGINT set ``stop``
     with ExitStack() as shutdown:            its callbacks run last-registered first,
                                              each even when an earlier one raised: the
-                                             fixed shutdown order (STYLE.md §13)
+                                             fixed shutdown order (docs/style.md §13)
         shutdown.callback(port_file.unlink, missing_ok=True)
         open what is served; shutdown.callback(close it)
         start the server;    shutdown.callback(server.stop, grace)

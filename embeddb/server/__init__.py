@@ -1,6 +1,7 @@
 """gRPC serving of one shard: servicer (translation only), access policy, shard metrics, health,
 reflection; the daemon (``embeddb serve``), the cluster supervisor, and followers
-(:mod:`.follower`: a read-only replica fed by a primary's update log). What is not specific
+(:mod:`.follower`: a read-only replica fed by a primary's update log, serving the tables and
+place :mod:`.follower_config` learns from the primary). What is not specific
 to a shard (tokens, interceptors, listen config, assembly, process lifecycle) is
 :mod:`embeddb.rpc`."""
 

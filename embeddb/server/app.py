@@ -35,7 +35,7 @@ class ServerConfig:
             (:class:`~embeddb.rpc.listen.ListenConfig`).
         shard_index, num_shards: the shard's place in the cluster (``embeddb serve`` opens the
             shard with them; a served :class:`Shard` reports its own, and a follower reports
-            these until its first bootstrap).
+            these until its first bootstrap, or, when None, none: it learns its primary's).
         max_message_bytes: largest request or response; larger ones get RESOURCE_EXHAUSTED.
         max_ids_per_request: ids one request may carry.
         max_response_bytes: largest answer, computed before gathering (ids x dim x bytes per
@@ -57,8 +57,8 @@ class ServerConfig:
     """
 
     listen: ListenConfig = field(default_factory=ListenConfig)
-    shard_index: int = 0
-    num_shards: int = 1
+    shard_index: int | None = 0
+    num_shards: int | None = 1
     max_message_bytes: int = 256 << 20
     max_ids_per_request: int = 1 << 22
     max_response_bytes: int = 64 << 20

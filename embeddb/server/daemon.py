@@ -22,11 +22,12 @@ A signal that arrives while the shard is still opening is honoured as soon as it
 directory is always left with its clean-shutdown record.
 
 With ``DaemonOptions.follow`` (``embeddb serve --follow ADDRESS``) the process serves a
-read-only follower of that primary instead (:mod:`embeddb.server.follower`): the server starts
-NOT_SERVING with no shard, turns SERVING once the follower has bootstrapped from the primary's
-snapshot, and at shutdown the follower stops after the server (its replica is deleted: a
-follower bootstraps again when it restarts). A follower that cannot go on (its primary serves
-another shard) ends the process with exit code 1.
+read-only follower of that primary instead (:mod:`embeddb.server.follower`; it serves the
+primary's tables and place unless given them): the server starts NOT_SERVING with no shard,
+turns SERVING once the follower has bootstrapped from the primary's snapshot, and at shutdown
+the follower stops after the server (its replica is deleted: a follower bootstraps again when
+it restarts). A follower that cannot go on (its primary serves
+another shard, or other tables than its config) ends the process with exit code 1.
 
 With ``DaemonOptions.parent_pid`` (``embeddb serve --parent-pid``, set by the cluster supervisor)
 the daemon checks every half second that ``os.getppid()`` is still that process, and shuts down
@@ -48,6 +49,7 @@ from pathlib import Path
 
 from embeddb.allocator import limit_arenas
 from embeddb.config import EmbeddingConfig
+from embeddb.errors import ConfigError
 from embeddb.rpc.assembly import RpcServer
 from embeddb.rpc.lifecycle import server_process, wait_for_stop, write_atomically
 from embeddb.server.app import ServerConfig, build_server
@@ -95,7 +97,7 @@ class DaemonOptions:
 
 
 def run_daemon(
-    config: EmbeddingConfig,
+    config: EmbeddingConfig | None,
     server_config: ServerConfig,
     options: DaemonOptions,
     stop: threading.Event | None = None,
@@ -106,7 +108,8 @@ def run_daemon(
     the umask is process-wide, so in-process callers (tests) see it too until this returns.
 
     Args:
-        config: the embedding config of the shard's tables.
+        config: the embedding config of the shard's tables; None only with
+            ``options.follow``: the follower serves its primary's tables.
         server_config: how to serve it (host, port, shard index/count, limits).
         options: data directory, grace period, port file, signal handling, parent process.
         stop: the event that ends serving; a fresh one when ``None``.
@@ -132,6 +135,8 @@ def run_daemon(
     with server_process(stop, options.handle_signals):
         if options.follow is not None:
             return _run_follower(config, server_config, options, options.follow, stop)
+        if config is None:
+            raise ConfigError("config", "a shard that is not a follower needs its config")
         return _run_shard(config, server_config, options, stop)
 
 
@@ -142,15 +147,16 @@ def _run_shard(
     stop: threading.Event,
 ) -> int:
     """:func:`run_daemon` for a shard of our own."""
-    where = f"shard {server_config.shard_index}/{server_config.num_shards}"
+    index, count = server_config.shard_index or 0, server_config.num_shards or 1
+    where = f"shard {index}/{count}"
     with ExitStack() as shutdown:  # runs the callbacks last-registered first
         if options.port_file is not None:
             shutdown.callback(options.port_file.unlink, missing_ok=True)
         shard = Shard(
             config,
             options.data_dir,
-            shard_index=server_config.shard_index,
-            num_shards=server_config.num_shards,
+            shard_index=index,
+            num_shards=count,
             restore=options.restore,
             fallback=options.fallback,
             cut_corrupt_log_tail=options.cut_corrupt_log_tail,
@@ -188,16 +194,16 @@ def _run_shard(
 
 
 def _run_follower(
-    config: EmbeddingConfig,
+    config: EmbeddingConfig | None,
     server_config: ServerConfig,
     options: DaemonOptions,
     follow: FollowerOptions,
     stop: threading.Event,
 ) -> int:
     """:func:`run_daemon` for a follower of ``follow.primary``."""
-    where = (
-        f"follower of {follow.primary} (shard {server_config.shard_index}/"
-        f"{server_config.num_shards})"
+    index, count = server_config.shard_index, server_config.num_shards
+    where = f"follower of {follow.primary}" + (
+        f" (shard {index}/{count})" if index is not None and count is not None else ""
     )
     with ExitStack() as shutdown:  # runs the callbacks last-registered first
         if options.data_dir is None:

@@ -1,4 +1,4 @@
-"""A follower: a read-only replica of one primary shard, fed over gRPC (ARCHITECTURE.md §5).
+"""A follower: a read-only replica of one primary shard, fed over gRPC (docs/architecture.md §5).
 
 The life of a follower (one thread; :meth:`Follower.start`, :meth:`Follower.stop`)::
 
@@ -21,11 +21,17 @@ The follower's shard refuses every mutation, training lookups included, with
 ``ListTables`` and ``DescribeTable``. Its directory holds nothing worth keeping: a restarted
 follower bootstraps again, and ``replica-*`` directories of an earlier run are removed at start.
 
+What it serves comes from the primary (:mod:`embeddb.server.follower_config`): before each
+bootstrap the follower asks it which shard of how many it is (``DescribeShard``) and which
+tables it serves (``ListTables``), and serves those, unless it was given a config and a place
+of its own, which must then agree.
+
 Errors that retrying cannot fix stop the follower (:attr:`Follower.error`; ``embeddb serve``
-then exits 1): the primary serves another shard index or count than the follower was given, a
-verified snapshot that the follower's config cannot open (other tables or dims), or the
-primary refuses the follower's token (UNAUTHENTICATED, or PERMISSION_DENIED: ``Subscribe`` and
-``FetchSnapshot`` need a ``replica`` or ``rw`` token; an ``ro`` token may not stream the log).
+then exits 1): the primary serves another shard index or count than the follower was given,
+other tables than the follower's config names (or a verified snapshot that config cannot
+open), or the primary refuses the follower's token (UNAUTHENTICATED, or PERMISSION_DENIED:
+``Subscribe`` and ``FetchSnapshot`` need a ``replica`` or ``rw`` token; an ``ro`` token may not
+stream the log).
 """
 
 from __future__ import annotations
@@ -43,7 +49,9 @@ from typing import Any
 import grpc
 
 from embeddb.client.options import ClientOptions, check_address
-from embeddb.config import EmbeddingConfig
+from embeddb.client.plans import TableDescription
+from embeddb.config import EmbeddingConfig, StoreConfig
+from embeddb.durability.dirlock import DirectoryLock
 from embeddb.durability.snapshot import Chunk, SnapshotReceiver, read_manifest
 from embeddb.errors import (
     ERROR_BY_STATUS,
@@ -55,6 +63,12 @@ from embeddb.errors import (
     StorageError,
     UnauthenticatedError,
     UnavailableError,
+)
+from embeddb.server.follower_config import (
+    PrimaryLayout,
+    adopted_config,
+    disagreement,
+    topology_disagreement,
 )
 from embeddb.server.served_shard import ServedShard
 from embeddb.server.servicer import HEARTBEAT_S
@@ -86,6 +100,8 @@ class FollowerOptions:
         max_backoff: cap of one reconnect delay, in seconds.
         dead_after: seconds without any message (the primary sends a heartbeat every second
             when idle) after which the feed is considered dead and reopened.
+        store: the store settings of a follower that serves the primary's tables (no config of
+            its own); None: the defaults.
 
     Raises:
         ConfigError: an invalid value.
@@ -97,6 +113,7 @@ class FollowerOptions:
     backoff: float = 0.1
     max_backoff: float = 5.0
     dead_after: float = 5.0
+    store: StoreConfig | None = None
 
     def __post_init__(self) -> None:
         check_address(self.primary, "primary")
@@ -138,24 +155,27 @@ class Follower:
     """Keeps a read-only replica of one primary shard up to date (see the module docstring).
 
     Args:
-        config: the embedding config (the primary's tables).
+        config: the embedding config of the primary's tables; None: the tables the primary
+            describes (:func:`~embeddb.server.follower_config.adopted_config`).
         data_dir: a directory of the follower's own (never a primary's data directory).
         options: how to reach the primary.
-        shard_index, num_shards: the primary's place in its cluster; its snapshots must agree.
+        shard_index, num_shards: the primary's place in its cluster; None: the place the
+            primary reports. Its snapshots must agree.
         served: where to install the shard (the server's); a new one when None.
 
     Raises:
         StorageError: (from :meth:`start`) ``data_dir`` is a shard's data directory or unusable.
+        DirectoryInUseError: (from :meth:`start`) another process uses ``data_dir``.
     """
 
     def __init__(
         self,
-        config: EmbeddingConfig,
+        config: EmbeddingConfig | None,
         data_dir: str | Path,
         options: FollowerOptions,
         *,
-        shard_index: int = 0,
-        num_shards: int = 1,
+        shard_index: int | None = None,
+        num_shards: int | None = None,
         served: ServedShard | None = None,
     ) -> None:
         self.config = config
@@ -163,6 +183,7 @@ class Follower:
         self.options = options
         self.shard_index = shard_index
         self.num_shards = num_shards
+        self.layout: PrimaryLayout | None = None  # the primary, as last described
         self.served = served or ServedShard(
             empty_reason=f"this follower has not bootstrapped from its primary "
             f"{options.primary} yet",
@@ -187,6 +208,7 @@ class Follower:
         self._channel: grpc.Channel | None = None
         self._stub: Any = None
         self._threads: list[threading.Thread] = []
+        self._dir_lock: DirectoryLock | None = None
 
     # ------------------------------------------------------------------ observed state
     @property
@@ -240,9 +262,14 @@ class Follower:
                 )
         try:
             self.data_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StorageError(f"cannot use follower directory {self.data_dir}: {exc}") from exc
+        self._dir_lock = DirectoryLock.acquire(self.data_dir, "follower directory")
+        try:
             for stale in self.data_dir.glob("replica-*"):
                 shutil.rmtree(stale)
         except OSError as exc:
+            self._dir_lock.release()
             raise StorageError(f"cannot use follower directory {self.data_dir}: {exc}") from exc
         self._on_ready = on_ready
         opts = self.options
@@ -279,6 +306,8 @@ class Follower:
         old = self.served.swap(None)
         if old is not None:
             self._discard(old)
+        if self._dir_lock is not None:
+            self._dir_lock.release()
 
     # ------------------------------------------------------------------ the loop
     def _run(self) -> None:
@@ -356,8 +385,56 @@ class Follower:
             self._started(None)
         raise UnavailableError(f"primary {self.options.primary} ended the feed")
 
+    def _describe_primary(self) -> tuple[EmbeddingConfig, int | None, int | None]:
+        """Ask the primary its place and tables; the config and place to serve them with (a
+        place None: the snapshot's, from a primary that does not describe itself).
+
+        Raises:
+            _Fatal: the follower's own config or place disagrees with the primary's, or it has
+                no config and the primary does not describe its tables.
+            EmbeddbError: the primary cannot be asked (retried).
+        """
+        metadata = self.options.client.metadata
+        try:
+            shard = self._stub.DescribeShard(pb.DescribeShardRequest(), metadata=metadata)
+            listed = self._stub.ListTables(pb.ListTablesRequest(), metadata=metadata)
+        except grpc.RpcError as exc:
+            if exc.code() != grpc.StatusCode.UNIMPLEMENTED:
+                raise self._translate(exc, "DescribeShard/ListTables") from exc
+            if self.config is None:  # a server that only streams snapshots and the log
+                raise _Fatal(
+                    ConfigError(
+                        "config",
+                        f"primary {self.options.primary} does not describe its tables "
+                        f"(DescribeShard/ListTables unimplemented): give the follower --config",
+                    )
+                ) from exc
+            return self.config, self.shard_index, self.num_shards
+        layout = PrimaryLayout(
+            self.options.primary,
+            int(shard.shard_index),
+            int(shard.num_shards),
+            tuple(TableDescription.from_proto(t) for t in listed.tables),
+        )
+        self.layout = layout
+        problem = topology_disagreement(layout, self.shard_index, self.num_shards)
+        if problem is not None:
+            raise _Fatal(ConfigError("shard_index", problem))
+        if self.config is None:
+            try:
+                config = adopted_config(layout, self.options.store)
+            except ConfigError as exc:
+                raise _Fatal(exc) from exc
+        else:
+            config = self.config
+            problem = disagreement(config, layout)
+            if problem is not None:
+                raise _Fatal(ConfigError("tables", problem))
+        return config, layout.shard_index, layout.num_shards
+
     def _bootstrap(self, take_new: bool) -> None:
         """Fetch a snapshot into a fresh replica directory, open it, swap it in."""
+        config, shard_index, num_shards = self._describe_primary()
         self._replica += 1
         directory = self.data_dir / f"replica-{self._replica}"
         shutil.rmtree(directory, ignore_errors=True)
@@ -383,23 +460,24 @@ class Follower:
             receiver = None
             manifest = read_manifest(info.path)
             where = (manifest.get("shard_index", 0), manifest.get("num_shards", 1))
-            if where != (self.shard_index, self.num_shards):
+            shard_index = where[0] if shard_index is None else shard_index
+            num_shards = where[1] if num_shards is None else num_shards
+            if where != (shard_index, num_shards):
                 raise _Fatal(
                     ConfigError(
                         "shard_index",
                         f"primary {self.options.primary} serves shard {where[0]} of {where[1]}; "
-                        f"this follower was started as shard {self.shard_index} of "
-                        f"{self.num_shards}",
+                        f"this follower was started as shard {shard_index} of {num_shards}",
                     )
                 )
             try:
                 shard = Shard(
-                    self.config,
+                    config,
                     directory,
                     restore=info.snapshot_id,
                     follower=True,
-                    shard_index=self.shard_index,
-                    num_shards=self.num_shards,
+                    shard_index=shard_index,
+                    num_shards=num_shards,
                 )
             except CorruptDataError as exc:  # verified, so it contradicts our config
                 raise _Fatal(exc) from exc

@@ -81,7 +81,8 @@ class StoreServicer(pb_grpc.EmbeddingStoreServiceServicer):
     Args:
         shard: the open shard, or the ServedShard of a follower (swapped on re-bootstrap).
         shard_index, num_shards: the cluster place reported while a follower serves no shard yet
-            (a shard reports its own).
+            (a shard reports its own); None: not known until the follower has bootstrapped
+            (``DescribeShard`` is UNAVAILABLE meanwhile).
         limits: request limits.
         trimmer: told the size of every large call, to give the memory of a burst back.
     """
@@ -89,13 +90,17 @@ class StoreServicer(pb_grpc.EmbeddingStoreServiceServicer):
     def __init__(
         self,
         shard: Shard | ServedShard,
-        shard_index: int = 0,
-        num_shards: int = 1,
+        shard_index: int | None = 0,
+        num_shards: int | None = 1,
         limits: ServicerLimits | None = None,
         trimmer: Trimmer | None = None,
     ) -> None:
         self._served = shard if isinstance(shard, ServedShard) else ServedShard(shard)
-        self._topology = Topology(shard_index, num_shards)
+        self._topology = (
+            Topology(shard_index, num_shards)
+            if shard_index is not None and num_shards is not None
+            else None
+        )
         self._limits = limits or ServicerLimits()
         self._trimmer = trimmer
         self._stopping = threading.Event()
@@ -311,6 +316,8 @@ class StoreServicer(pb_grpc.EmbeddingStoreServiceServicer):
         """Topology, routing and limits; answered even before a follower has bootstrapped."""
         shard = self._served.current
         topology = shard.topology if shard is not None else self._topology
+        if topology is None:  # a follower learns its place from its primary
+            raise UnavailableError("this follower has not bootstrapped from its primary yet")
         limits = self._limits
         return pb.DescribeShardResponse(
             shard_index=topology.shard_index,

@@ -1,4 +1,4 @@
-"""Files named by stored or received data, confined to their directory (ARCHITECTURE.md §6).
+"""Files named by stored or received data, confined to their directory (docs/architecture.md §6).
 
 A snapshot's manifest, a chunk received from a primary and a RocksDB checkpoint's listing all
 name files *inside* one directory. Such a name is data, not a path to trust: every reader turns
@@ -25,7 +25,7 @@ refuses anything but a regular file (a FIFO would block the reader, a device nev
 :func:`walk_inside` lists a directory's files without following a symbolic link out of it.
 
 It lives in the storage layer, the lowest one that reads files, so that the read-only disk
-tier and :mod:`embeddb.durability` share it (ARCHITECTURE.md §2: dependencies point inward).
+tier and :mod:`embeddb.durability` share it (docs/architecture.md §2: dependencies point inward).
 """
 
 from __future__ import annotations

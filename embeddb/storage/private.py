@@ -1,4 +1,4 @@
-"""Private data: a shard's directory and files are its own user's only (ARCHITECTURE.md §6).
+"""Private data: a shard's directory and files are its own user's only (docs/architecture.md §6).
 
 Two measures, applied together:
 

@@ -296,6 +296,7 @@ class TrainCtx(EmbeddingCtx):
         example: Batch | None = None,
         positive: str | None = None,
         pipeline: FeaturePipeline | None = None,
+        lenient_records: bool = False,
         overwrite: bool = False,
     ) -> Path:
         """Export the dense model for online inference
@@ -315,6 +316,8 @@ class TrainCtx(EmbeddingCtx):
             pipeline: the feature pipeline that built the training batches
                 (:class:`~embeddb.trainer.data.pipeline.FeaturePipeline`), written into the
                 model directory: the served model then scores raw records through it.
+            lenient_records: the served model ignores keys of raw records that no column
+                reads (counted) instead of refusing the record.
             overwrite: replace an existing exported model.
 
         Raises:
@@ -339,6 +342,7 @@ class TrainCtx(EmbeddingCtx):
             positive=positive if positive is not None or pipeline is None else pipeline.positive,
             pooling=self.config.worker.pooling,
             pipeline=pipeline,
+            lenient_records=lenient_records,
             overwrite=overwrite,
         )
 

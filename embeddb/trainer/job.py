@@ -34,10 +34,11 @@ Schema (every key optional except ``model``; relative paths are relative to the 
     addresses: null                # ... or the shards' host:port list (then none is started)
     token_file: null               # private file with the rw bearer token the job's clients send
     workers: 1                     # NN worker processes on this machine (--nproc_per_node)
-    max_restarts: 3                # restarts of all NN workers after one dies (torchrun's)
+    max_restarts: 3                # restarts of every NN worker after a crash (not an error)
     checkpoint_dir: null           # checkpoints here (and the local shards' data in /shards)
     checkpoint_every: 0            # steps between checkpoints; 0: at the end of every epoch
     export_dir: null               # after training rank 0 exports the model here (replaced)
+    lenient_records: false         # the exported model ignores unknown keys of raw records
     metrics_file: null             # a JSON line of the final metrics is appended here
     metrics_port: null             # embedding worker of local rank r: Prometheus on port+r
     simulated_network: null        # {rtt_ms: 20, bandwidth_gbit: 10}: shard calls wait rtt+bytes/bw
@@ -161,6 +162,7 @@ class JobConfig:
     checkpoint_dir: Path | None = None
     checkpoint_every: int = 0
     export_dir: Path | None = None
+    lenient_records: bool = False
     metrics_file: Path | None = None
     metrics_port: int | None = None
     simulated_network: dict[str, Any] | None = None
@@ -179,8 +181,9 @@ class JobConfig:
                 f"must be auto, preset:NAME or a path: {self.embedding_config!r}",
             )
         _positive("embedding_dim", self.embedding_dim)
-        if not isinstance(self.in_memory, bool):
-            raise ConfigError("in_memory", f"must be true or false, got {self.in_memory!r}")
+        for flag in ("in_memory", "lenient_records"):
+            if not isinstance(getattr(self, flag), bool):
+                raise ConfigError(flag, f"must be true or false, got {getattr(self, flag)!r}")
         if self.mode not in _MODES:
             raise ConfigError("mode", f"must be one of {', '.join(_MODES)}, got {self.mode!r}")
         self._check_model()

@@ -11,7 +11,7 @@ import sys
 import tempfile
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,11 +33,11 @@ from .data.pipeline import PIPELINE_FILE, FeaturePipeline, load_pipeline
 from .embedding_worker import EmbeddingWorkerConfig
 from .job import JobConfig
 from .loader import BatchStream, loader_command
+from .resume import record_steps_per_epoch, resume_point
 from .validate import build_job_model, load_model, validate
 
 __all__ = ["load_model", "train"]
 
-EPOCHS_FILE = "epochs.json"
 _PROGRESS_S = 10.0  # a plain progress line this often when stdout is not a terminal
 _FIELDS_S = 0.5  # the fields (loss, AUC over the last batches) refreshed this often
 _WARMUP_STEPS = 10  # left out of the steady-state rate (start-up: first lookups, row inserts)
@@ -136,32 +136,28 @@ class _Epochs:
             self._stream.close()
 
 
-def _resume_point(job: JobConfig, step: int) -> tuple[int, int]:
-    """``(epoch, batches to skip in it)`` of a job resumed at ``step``."""
-    if step == 0 or job.checkpoint_dir is None:
-        return 0, step
-    try:
-        per_epoch = int(json.loads((job.checkpoint_dir / EPOCHS_FILE).read_text())["steps"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return 0, step  # the first epoch never ended: the step lies in it
-    first, skip = divmod(step, max(per_epoch, 1))
-    return min(first, job.epochs), skip
-
-
 def train(
-    job: JobConfig, job_path: Path, addresses: Path, run_dir: Path | None, predict: int
+    job: JobConfig,
+    job_path: Path,
+    addresses: Path | Sequence[str],
+    run_dir: Path | None,
+    predict: int,
+    *,
+    finished: bool = False,
 ) -> dict[str, Any]:
     """Train ``job`` on the shards of the address file; rank 0 returns the final metrics.
 
     ``run_dir``: where ``embeddb train``'s validation step wrote ``features.json`` (and the
     auto ``embedding.yaml``); ``None`` (torchrun started by hand, Kubernetes): this rank fits
     them itself into a private temporary directory (the fit is deterministic, so every rank
-    gets the same pipeline).
+    gets the same pipeline). ``finished``: the launcher found the job finished
+    (:func:`embeddb.trainer.resume.finished`): load the latest checkpoint, export and predict
+    as the job asks, train and evaluate nothing (one rank).
     """
     if run_dir is None:
         with tempfile.TemporaryDirectory(prefix="embeddb-rank-") as own:
             validate(job, Path(own))
-            return train(job, job_path, addresses, Path(own), predict)
+            return train(job, job_path, addresses, Path(own), predict, finished=finished)
     torch.manual_seed(job.seed)
     pipeline = load_pipeline(run_dir / PIPELINE_FILE)
     embedding_config = EmbeddingConfig.from_yaml(job.embedding_config_path(run_dir))
@@ -177,10 +173,19 @@ def train(
             network=job.network(),
         ),
     )
+    if finished:
+        with _started(job, model, optimizer, embedding_config, addresses, config) as ctx:
+            _resume(job, ctx)
+            if ctx.dist_env.rank == 0:
+                _export(ctx, job, pipeline, trained=False)
+                if predict:
+                    with ctx.eval_ctx() as ev:
+                        _predict(ev, job, pipeline, predict)
+        return {}
     # The data loader starts first: it warms up while the embedding worker starts.
     last = latest_checkpoint(job.checkpoint_dir) if job.checkpoint_dir is not None else None
     start_step = last.step if last is not None else 0
-    first, skip = _resume_point(job, start_step)
+    first, skip = resume_point(job, start_step)
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     epochs = _Epochs(
         job,
@@ -194,28 +199,25 @@ def train(
         start_step=start_step,
     )
     epochs.load()
+    began = time.perf_counter()  # start-up: the embedding worker's start + the warm-up steps
     try:
-        return _train(job, model, optimizer, embedding_config, addresses, config, epochs,
-                      pipeline, predict)  # fmt: skip
+        with _started(job, model, optimizer, embedding_config, addresses, config) as ctx:
+            return _train(job, ctx, epochs, pipeline, predict, began)
     finally:
         epochs.close()
 
 
-def _train(
+def _started(
     job: JobConfig,
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
     embedding_config: EmbeddingConfig,
-    addresses: Path,
+    addresses: Path | Sequence[str],
     config: TrainerConfig,
-    epochs: _Epochs,
-    pipeline: FeaturePipeline,
-    predict: int,
-) -> dict[str, Any]:
-    loss_fn = nn.BCEWithLogitsLoss()
-    began = time.perf_counter()  # start-up: the embedding worker's start + the warm-up steps
+) -> TrainCtx:
+    """The training context (its embedding worker started), a refused token explained."""
     try:
-        started_ctx = TrainCtx(model, optimizer, embedding_config, addresses, config)
+        return TrainCtx(model, optimizer, embedding_config, addresses, config)
     except UnauthenticatedError as exc:
         hint = (
             "the shards require a bearer token; set token_file in the job: a private file "
@@ -224,104 +226,105 @@ def _train(
             else f"the shards refused the token of token_file {job.token_file}"
         )
         raise UnauthenticatedError(f"{exc}. {hint}") from exc
-    with started_ctx as ctx:
-        env = ctx.dist_env
-        lead = env.rank == 0
-        if job.checkpoint_dir is not None and latest_checkpoint(job.checkpoint_dir) is not None:
-            info = ctx.load_checkpoint(job.checkpoint_dir)
-            if lead:
-                print(
-                    f"resumed from checkpoint {info.checkpoint_id} (step {info.step})", flush=True
-                )
-        first = epochs.first
-        scores: deque[np.ndarray] = deque(maxlen=20)
-        truth: deque[np.ndarray] = deque(maxlen=20)
-        samples = 0
-        started = last_print = time.perf_counter()
-        warm: tuple[int, float] | None = None  # (samples, time) after the warm-up steps
-        # rank 0's stdout is the launcher's: a bar on a terminal, plain lines in a log
-        progress = Progress(
-            "train", unit="steps", stream=sys.stdout, enabled=None if lead else False,
-            interval_s=_PROGRESS_S,
-        )  # fmt: skip
-        for prepared in ctx.prepare(epochs):
-            output, labels = ctx.forward(prepared)
-            loss = loss_fn(output, labels[0])
-            ctx.backward(loss)
-            samples += prepared.batch.batch_size
-            if warm is None and samples >= _WARMUP_STEPS * job.batch_size:
-                warm = (samples, time.perf_counter())
-            epoch_end = epochs.ends.get(ctx.step)
-            if epoch_end is not None:
-                _epoch_ended(job, ctx, lead, epoch_end)
-            elif (
-                job.checkpoint_dir is not None
-                and job.checkpoint_every
-                and ctx.step % job.checkpoint_every == 0
-            ):
-                ctx.save_checkpoint(job.checkpoint_dir)
-            if lead:
-                scores.append(output.detach().numpy().ravel())
-                truth.append(labels[0].numpy().ravel())
-                now = time.perf_counter()
-                if now - last_print >= _FIELDS_S:  # the loss, the AUC: not on every step
-                    last_print = now
-                    rate = _steady(samples, warm, now, started)[0] * env.world_size
-                    done = len([s for s in epochs.ends if s <= ctx.step])
-                    fields: dict[str, object] = {
-                        "epoch": f"{min(first + done + 1, job.epochs)}/{job.epochs}",
-                        "step": ctx.step,
-                        "rate": f"{rate:,.0f} samples/s" if warm else "warming up",
-                        "loss": f"{loss.item():.4f}",
-                        "AUC": f"{_window_auc(scores, truth):.4f}",
-                    }
-                    progress.update(1, **fields)
-                else:
-                    progress.update(1)
-        progress.update(0, step=ctx.step)  # the last line names the last step
-        progress.close()
-        ctx.flush()
-        elapsed = time.perf_counter() - started
-        if job.checkpoint_dir is not None:
-            last = latest_checkpoint(job.checkpoint_dir)
-            if last is None or last.step < ctx.step:
-                ctx.save_checkpoint(job.checkpoint_dir)
-        if job.export_dir is not None:
-            ctx.dense.flush()  # every rank: async mode's pending dense updates
-        if not lead:
-            return {}
-        if job.export_dir is not None:
-            exported = ctx.export_model(
-                job.export_dir, positive=pipeline.positive, pipeline=pipeline, overwrite=True
-            )
-            print(f"exported model to {exported}", flush=True)
-        with ctx.eval_ctx() as ev:
-            test = job.dataset_spec.reader(pipeline, "test", job.eval_batch_size, train=False)
-            outputs, targets = [], []
-            for prepared in ev.prepare(test):
-                output, labels = ev.forward(prepared)
-                outputs.append(output.numpy().ravel())
-                targets.append(labels[0].numpy().ravel())
-            if not outputs:
-                raise ConfigError("dataset.test", "the test split holds no rows")
-            test_auc = auc(np.concatenate(outputs), np.concatenate(targets))
-            rate = samples * env.world_size / max(elapsed, 1e-9)
-            steady, warm_s = _steady(samples, warm, started + elapsed, started)
-            startup = started - began + warm_s
-            print(
-                f"test AUC {test_auc:.4f}  |  {rate:,.0f} samples/s  "
-                f"({job.mode}, {env.world_size} NN workers, {ctx.step} steps of "
-                f"{job.batch_size} per worker)",
-                flush=True,
-            )
-            print(
-                f"steady state {steady * env.world_size:,.0f} samples/s (after the first "
-                f"{_WARMUP_STEPS} steps)  |  start-up {startup:.1f} s (embedding worker start "
-                f"and the first {_WARMUP_STEPS} steps)",
-                flush=True,
-            )
-            if predict:
-                _predict(ev, job, pipeline, predict)
+
+
+def _resume(job: JobConfig, ctx: TrainCtx) -> None:
+    """Load the latest checkpoint of ``checkpoint_dir``, if any."""
+    if job.checkpoint_dir is not None and latest_checkpoint(job.checkpoint_dir) is not None:
+        info = ctx.load_checkpoint(job.checkpoint_dir)
+        if ctx.dist_env.rank == 0:
+            print(f"resumed from checkpoint {info.checkpoint_id} (step {info.step})", flush=True)
+
+
+def _train(
+    job: JobConfig,
+    ctx: TrainCtx,
+    epochs: _Epochs,
+    pipeline: FeaturePipeline,
+    predict: int,
+    began: float,
+) -> dict[str, Any]:
+    loss_fn = nn.BCEWithLogitsLoss()
+    env = ctx.dist_env
+    lead = env.rank == 0
+    _resume(job, ctx)
+    first = epochs.first
+    scores: deque[np.ndarray] = deque(maxlen=20)
+    truth: deque[np.ndarray] = deque(maxlen=20)
+    samples = 0
+    started = last_print = time.perf_counter()
+    warm: tuple[int, float] | None = None  # (samples, time) after the warm-up steps
+    # rank 0's stdout is the launcher's: a bar on a terminal, plain lines in a log
+    progress = Progress(
+        "train", unit="steps", stream=sys.stdout, enabled=None if lead else False,
+        interval_s=_PROGRESS_S,
+    )  # fmt: skip
+    for prepared in ctx.prepare(epochs):
+        output, labels = ctx.forward(prepared)
+        loss = loss_fn(output, labels[0])
+        ctx.backward(loss)
+        samples += prepared.batch.batch_size
+        if warm is None and samples >= _WARMUP_STEPS * job.batch_size:
+            warm = (samples, time.perf_counter())
+        epoch_end = epochs.ends.get(ctx.step)
+        if epoch_end is not None:
+            _epoch_ended(job, ctx, lead, epoch_end)
+        elif (
+            job.checkpoint_dir is not None
+            and job.checkpoint_every
+            and ctx.step % job.checkpoint_every == 0
+        ):
+            ctx.save_checkpoint(job.checkpoint_dir)
+        if lead:
+            scores.append(output.detach().numpy().ravel())
+            truth.append(labels[0].numpy().ravel())
+            now = time.perf_counter()
+            if now - last_print >= _FIELDS_S:  # the loss, the AUC: not on every step
+                last_print = now
+                rate = _steady(samples, warm, now, started)[0] * env.world_size
+                done = len([s for s in epochs.ends if s <= ctx.step])
+                fields: dict[str, object] = {
+                    "epoch": f"{min(first + done + 1, job.epochs)}/{job.epochs}",
+                    "step": ctx.step,
+                    "rate": f"{rate:,.0f} samples/s" if warm else "warming up",
+                    "loss": f"{loss.item():.4f}",
+                    "AUC": f"{_window_auc(scores, truth):.4f}",
+                }
+                progress.update(1, **fields)
+            else:
+                progress.update(1)
+    progress.update(0, step=ctx.step)  # the last line names the last step
+    progress.close()
+    ctx.flush()
+    elapsed = time.perf_counter() - started
+    if job.checkpoint_dir is not None:
+        last = latest_checkpoint(job.checkpoint_dir)
+        if last is None or last.step < ctx.step:
+            ctx.save_checkpoint(job.checkpoint_dir)
+    if job.export_dir is not None:
+        ctx.dense.flush()  # every rank: async mode's pending dense updates
+    if not lead:
+        return {}
+    _export(ctx, job, pipeline, trained=samples > 0)
+    rate = samples * env.world_size / max(elapsed, 1e-9)
+    steady, warm_s = _steady(samples, warm, started + elapsed, started)
+    startup = started - began + warm_s
+    with ctx.eval_ctx() as ev:
+        test_auc = _test_auc(ev, job, pipeline)
+        print(
+            f"test AUC {test_auc:.4f}  |  {rate:,.0f} samples/s  "
+            f"({job.mode}, {env.world_size} NN workers, {ctx.step} steps of "
+            f"{job.batch_size} per worker)",
+            flush=True,
+        )
+        print(
+            f"steady state {steady * env.world_size:,.0f} samples/s (after the first "
+            f"{_WARMUP_STEPS} steps)  |  start-up {startup:.1f} s (embedding worker start "
+            f"and the first {_WARMUP_STEPS} steps)",
+            flush=True,
+        )
+        if predict:
+            _predict(ev, job, pipeline, predict)
     metrics = {
         "dataset": job.dataset_name,
         "mode": job.mode,
@@ -337,6 +340,54 @@ def _train(
         with open(job.metrics_file, "a") as fh:
             fh.write(json.dumps(metrics) + "\n")
     return metrics
+
+
+def _export(ctx: TrainCtx, job: JobConfig, pipeline: FeaturePipeline, *, trained: bool) -> None:
+    """Rank 0: export the model to ``export_dir``, if the job has one. A job that trained no
+    step here (resumed at its end) gives the first test batch as the example batch."""
+    if job.export_dir is None:
+        return
+    example = None if trained else _first_batch(job, pipeline, job.batch_size)
+    exported = ctx.export_model(
+        job.export_dir, example=example, positive=pipeline.positive, pipeline=pipeline,
+        lenient_records=job.lenient_records, overwrite=True,
+    )  # fmt: skip
+    print(f"exported model to {exported}", flush=True)
+
+
+def _first_batch(job: JobConfig, pipeline: FeaturePipeline, rows: int) -> Batch:
+    """The first ``rows`` rows of the test split (of the training split if it has none)."""
+    for split in ("test", "train"):
+        batch = next(iter(job.dataset_spec.reader(pipeline, split, rows, train=False)), None)
+        if batch is not None:
+            return batch
+    raise ConfigError("dataset", "the dataset holds no rows")
+
+
+def _test_auc(ev: Any, job: JobConfig, pipeline: FeaturePipeline) -> float:
+    """AUC of the model on the test split (streamed).
+
+    Raises:
+        ConfigError: the test split is empty or holds one class only (no AUC exists).
+    """
+    test = job.dataset_spec.reader(pipeline, "test", job.eval_batch_size, train=False)
+    outputs, targets = [], []
+    for prepared in ev.prepare(test):
+        output, labels = ev.forward(prepared)
+        outputs.append(output.numpy().ravel())
+        targets.append(labels[0].numpy().ravel())
+    if not outputs:
+        raise ConfigError("dataset.test", "the test split holds no rows")
+    truth = np.concatenate(targets)
+    positives = int(np.count_nonzero(truth > 0.5))
+    if positives in (0, truth.size):
+        side = "negative" if positives == 0 else "positive"
+        raise ConfigError(
+            "dataset.test",
+            f"every one of the {truth.size} rows of the test split is {side}: a test AUC needs "
+            "both classes (check the test files or the split)",
+        )
+    return auc(labels=truth, scores=np.concatenate(outputs))
 
 
 def _steady(
@@ -355,11 +406,7 @@ def _epoch_ended(job: JobConfig, ctx: TrainCtx, lead: bool, epoch: int) -> None:
     if job.checkpoint_dir is None:
         return
     if lead and epoch == 0 and ctx.step > 0:
-        job.checkpoint_dir.mkdir(parents=True, exist_ok=True)
-        path = job.checkpoint_dir / EPOCHS_FILE
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"steps": ctx.step}))
-        os.replace(tmp, path)
+        record_steps_per_epoch(job.checkpoint_dir, ctx.step)
     if job.checkpoint_every:
         if ctx.step % job.checkpoint_every == 0:
             ctx.save_checkpoint(job.checkpoint_dir)
@@ -372,12 +419,12 @@ def _window_auc(scores: deque[np.ndarray], truth: deque[np.ndarray]) -> float:
     labels = np.concatenate(truth)
     if not 0 < labels.sum() < len(labels):
         return float("nan")
-    return auc(np.concatenate(scores), labels)
+    return auc(labels=labels, scores=np.concatenate(scores))
 
 
 def _predict(ev: Any, job: JobConfig, pipeline: FeaturePipeline, count: int) -> None:
     """Score the first ``count`` test rows online (evaluation lookups on the shards)."""
-    batch = next(iter(job.dataset_spec.reader(pipeline, "test", count, train=False)))
+    batch = _first_batch(job, pipeline, count)
     positive = pipeline.positive or "positive"
     for prepared in ev.prepare([batch]):
         output, labels = ev.forward(prepared)

@@ -1,5 +1,5 @@
 """The NN worker's entry point under torchrun: ``python -m embeddb.trainer.run JOB.yaml
---addresses SHARDS.txt [--run-dir RUN]`` (``embeddb train`` starts it after the validation step
+--addresses @SHARDS.txt [--run-dir RUN]`` (``embeddb train`` starts it after the validation step
 wrote ``RUN/features.json``; see :mod:`embeddb.trainer.launch`).
 
 This module imports no torch at module level: the embedding worker is started with
@@ -15,17 +15,22 @@ a batch or so; the leftover is dropped). ``in_memory: true`` reads the rank's pa
 first instead (the streaming benchmark's baseline).
 
 Checkpoints every ``checkpoint_every`` steps (or at each epoch's end). When the checkpoint
-directory holds a checkpoint the job resumes from it: after torchrun restarts the workers (one
-died) or when the job is started again. The loader is deterministic per (seed, epoch, rank),
-so resuming at step ``s`` restarts epoch ``s // steps_per_epoch`` and drops its first
-``s % steps_per_epoch`` batches (``steps_per_epoch`` is kept in ``CHECKPOINT_DIR/epochs.json``
-once the first epoch has ended).
+directory holds a checkpoint the job resumes from it: after the launcher restarts the
+workers (one crashed) or when the job is started again. The loader is deterministic per
+(seed, epoch, rank), so resuming at step ``s`` restarts epoch ``s // steps_per_epoch`` and drops
+its first ``s % steps_per_epoch`` batches (``steps_per_epoch`` is kept in
+``CHECKPOINT_DIR/epochs.json`` once the first epoch has ended; :mod:`embeddb.trainer.resume`).
 
 Rank 0 draws a progress line (samples/s of the whole job, loss, AUC of the last batches),
 evaluates on the test split (streamed), exports the model with its feature pipeline, prints
-``test AUC`` and ``samples/s`` and answers ``--predict K`` online predictions. A failing rank
-prints one line ``embeddb train: <Type>: <message>`` and writes it to ``RUN/errors/`` (the
-launcher prints the root cause last); ``EMBEDDB_TRACEBACK=1`` prints the traceback too.
+``test AUC`` and ``samples/s`` and answers ``--predict K`` online predictions. ``--finished``
+(the launcher found every epoch trained, :mod:`embeddb.trainer.resume`): load the latest
+checkpoint, export and predict, nothing else.
+
+A failing rank prints one line ``embeddb train: rank R: <Type>: <message>``, writes its record
+to ``RUN/errors/`` and exits with code 1 for a deterministic error or 75 when a peer, a shard
+or its embedding worker went away (:mod:`embeddb.trainer.failures`: the launcher restarts only
+the latter); ``EMBEDDB_TRACEBACK=1`` prints the traceback too.
 """
 
 from __future__ import annotations
@@ -33,56 +38,72 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 import traceback
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from .failures import EXIT_ERROR, EXIT_TRANSIENT, write_failure
 from .job import JobConfig
 
-__all__ = ["ERRORS_DIR", "main", "train"]
-
-ERRORS_DIR = "errors"  # RUN/errors/attempt<A>-rank<R>.txt: "<unix time>\t<Type>: <message>"
+__all__ = ["main", "train"]
 
 
 def train(
     job: JobConfig,
-    addresses: Path,
+    addresses: Path | Sequence[str],
     predict: int,
     *,
     job_path: Path,
     run_dir: Path | None = None,
+    finished: bool = False,
 ) -> dict[str, Any]:
     """Train ``job`` (read from ``job_path``, which the data loaders read again) on the shards
     of the address file: :func:`embeddb.trainer.rank.train`, imported here (it needs torch)."""
     from .rank import train as train_rank
 
-    return train_rank(job, job_path, addresses, run_dir, predict)
+    return train_rank(job, job_path, addresses, run_dir, predict, finished=finished)
 
 
-def _report_failure(run_dir: Path | None, exc: BaseException) -> None:
-    """One line on stderr and in ``RUN/errors/`` (the launcher prints the root cause last)."""
-    message = " ".join(str(exc).split()) or "(no message)"
-    line = f"{type(exc).__name__}: {message}"
+def _report_failure(run_dir: Path | None, exc: BaseException) -> int:
+    """One line on stderr and its record in ``RUN/errors/`` (:mod:`embeddb.trainer.failures`);
+    returns the exit code: :data:`EXIT_TRANSIENT` when a peer, a shard or the embedding worker
+    went away, else :data:`EXIT_ERROR`."""
     if os.environ.get("EMBEDDB_TRACEBACK"):
         traceback.print_exc()
-    print(f"embeddb train: rank {os.environ.get('RANK', '0')}: {line}", file=sys.stderr, flush=True)
-    if run_dir is None:
-        return
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    directory = run_dir / ERRORS_DIR
-    try:
-        directory.mkdir(exist_ok=True)
-        path = directory / f"attempt{attempt}-rank{os.environ.get('RANK', '0')}.txt"
-        path.write_text(f"{time.time():.6f}\t{line}\n")
-    except OSError:
-        pass
+    failure = write_failure(run_dir, exc)
+    print(f"embeddb train: {failure}", file=sys.stderr, flush=True)
+    return EXIT_TRANSIENT if failure.transient else EXIT_ERROR
+
+
+def _shards(values: list[str]) -> tuple[str, ...]:
+    """``--addresses``: the one spelling of every command (``HOST:PORT,...`` or ``@FILE``); a
+    lone existing file without ``@``, the spelling of earlier releases, is read with a
+    warning."""
+    if len(values) == 1 and not values[0].startswith("@") and Path(values[0]).is_file():
+        print(
+            "Warning: --addresses FILE is deprecated and will be removed in the next release; "
+            "use --addresses @FILE",
+            file=sys.stderr,
+            flush=True,
+        )
+        values = [f"@{values[0]}"]
+    from embeddb.client.options import parse_addresses
+
+    return parse_addresses(values)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m embeddb.trainer.run", description=__doc__)
     parser.add_argument("job", type=Path, help="the training job YAML")
-    parser.add_argument("--addresses", type=Path, required=True, help="the shards' address file")
+    parser.add_argument(
+        "--addresses",
+        action="append",
+        required=True,
+        metavar="HOST:PORT,...|@FILE",
+        help="the shards, in shard order: HOST:PORT,HOST:PORT (repeatable) or @FILE, a cluster "
+        "address file (a bare FILE is read too, deprecated)",
+    )
     parser.add_argument(
         "--run-dir",
         type=Path,
@@ -90,15 +111,26 @@ def main(argv: list[str] | None = None) -> int:
         help="the job's run directory (features.json); default: fit the pipeline here",
     )
     parser.add_argument("--predict", type=int, default=0, help="online predictions at the end")
+    parser.add_argument(
+        "--finished",
+        action="store_true",
+        help="the job is finished: load its latest checkpoint, export and predict, train nothing",
+    )
     args = parser.parse_args(argv)
     try:
         job = JobConfig.from_yaml(args.job)
-        train(job, args.addresses, args.predict, job_path=args.job, run_dir=args.run_dir)
+        train(
+            job,
+            _shards(args.addresses),
+            args.predict,
+            job_path=args.job,
+            run_dir=args.run_dir,
+            finished=args.finished,
+        )
     except KeyboardInterrupt:
         return 130
     except Exception as exc:
-        _report_failure(args.run_dir, exc)
-        return 1
+        return _report_failure(args.run_dir, exc)
     return 0
 
 

@@ -6,6 +6,8 @@ What it checks and writes (a job that passes has its data, features and model kn
     JobConfig.from_yaml(JOB)              every key (the launcher has checked them too)
     DatasetSpec.fit()                     a bounded sample of train: columns, values, labels,
                                           standardize statistics, order_by threshold
+    check_label_classes()                 the first 100,000 rows of the training split hold
+                                          both label classes (else: the values seen)
       -> RUN/features.json                the fitted FeaturePipeline (every rank loads it)
       -> RUN/embedding.yaml               with ``embedding_config: auto``: one table per ID
                                           feature, dim ``embedding_dim`` (auto_embedding_yaml)
@@ -40,6 +42,7 @@ from embeddb.errors import ConfigError, CorruptDataError, EmbeddbError
 from .batch import Batch
 from .data.pipeline import PIPELINE_FILE, FeaturePipeline, save_pipeline
 from .job import CONFIG_ERROR, EMBEDDING_FILE, EXIT_CONFIG_ERROR, JobConfig
+from .label_check import check_label_classes
 
 __all__ = [
     "CONFIG_ERROR",
@@ -189,6 +192,7 @@ def validate(job: JobConfig, run_dir: Path) -> FeaturePipeline:
     """
     try:
         pipeline = job.dataset_spec.fit()
+        check_label_classes(job, pipeline)
     except CorruptDataError as exc:
         raise ConfigError("dataset", str(exc)) from exc
     run_dir.mkdir(parents=True, exist_ok=True)

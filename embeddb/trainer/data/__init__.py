@@ -10,9 +10,11 @@ Readers (each an iterable of batches; every ``iter()`` is one pass over the data
 * :class:`MovieLensReader`: MovieLens 100K ratings (any official split) joined with users
   and movies; ``genres`` is ragged.
 * :class:`CsvReader` / :class:`ParquetReader`: any table, driven by a :class:`ColumnSpec`
-  (Parquet needs the ``parquet`` extra: pyarrow).
-* :class:`LibsvmReader`: libSVM / libFM text (``label idx:val ...``): the ragged id feature
-  ``features`` and indexes as numeric columns (:func:`libsvm_spec`).
+  (RFC 4180 quoted fields in text; Parquet needs the ``parquet`` extra: pyarrow), with
+  derived columns (:class:`DerivedColumn`: the hour or weekday of a timestamp column).
+* :class:`LibsvmReader`: libSVM / libFM text (``label idx:val ...``, ``label field:idx:val
+  ...``): the ragged id feature ``features``, one ID feature per field or index range
+  (slots), and indexes as numeric columns (:func:`libsvm_spec`).
 * :class:`DatasetSpec`: the reader of a job file's ``dataset:`` (below).
 * :class:`SyntheticCriteo`: ``.batches(n, batch_size, split)`` and ``.best_auc()``.
 * :class:`RowRange`: rows ``start:stop`` of another reader (a positional train/test split).
@@ -52,6 +54,7 @@ from .pipeline import PIPELINE_FILE, FeaturePipeline, load_pipeline, save_pipeli
 from .spec import (
     ColumnSpec,
     CsvDialect,
+    DerivedColumn,
     IDColumn,
     IdKind,
     LabelColumn,
@@ -83,6 +86,7 @@ __all__ = [
     "CsvDialect",
     "CsvReader",
     "DatasetSpec",
+    "DerivedColumn",
     "FeaturePipeline",
     "HashSplit",
     "HeadRows",

@@ -24,7 +24,7 @@ import numpy.typing as npt
 
 from embeddb.arrays import F64, I64, U8, U64, Bool
 
-__all__ = ["BYTE_MASKS", "Fields", "Lines", "ParseError", "split_lines", "u64_at"]
+__all__ = ["BYTE_MASKS", "Fields", "ParseError", "u64_at"]
 
 
 _SPACE, _TAB, _PLUS, _MINUS, _DOT, _ZERO = 32, 9, 43, 45, 46, 48
@@ -389,76 +389,3 @@ def _python_floats(fields: Fields, rows: npt.NDArray[np.intp]) -> F64:
     if bad:
         raise ParseError("a number", np.array(bad, dtype=np.intp))
     return out
-
-
-def blank_lines_and_comments(
-    buf: U8, line_starts: I64, line_ends: I64, comment: int | None
-) -> Bool:
-    """Lines to keep: not empty and not starting with ``comment``."""
-    keep: Bool = line_ends > line_starts
-    if comment is not None and buf.size:
-        keep &= buf[np.minimum(line_starts, buf.size - 1)] != comment
-    return keep
-
-
-@dataclass(frozen=True)
-class Lines:
-    """A chunk of text split into rows of fields (see :func:`split_lines`).
-
-    Attributes:
-        buf: the chunk's bytes (plus 8 zero bytes, so 8-byte loads never run past the end).
-        starts, ends: ``(columns, rows)`` field offsets, one contiguous array per column.
-        rows: the 0-based line index (within the chunk) of each row.
-        line_count: lines in the chunk, kept or not.
-        bad: ``(line index, field count)`` of each kept line with the wrong number of fields
-            (then ``starts`` and ``ends`` are empty).
-    """
-
-    buf: U8
-    starts: I64
-    ends: I64
-    rows: I64
-    line_count: int
-    bad: I64
-
-
-def split_lines(chunk: bytes, delimiter: int, columns: int, comment: int | None) -> Lines:
-    """Split a chunk of complete lines (each ending in ``\\n``) into fields.
-
-    Empty lines, lines starting with ``comment`` and a ``\\r`` before each ``\\n`` are dropped.
-    """
-    buf = np.frombuffer(chunk + bytes(8), dtype=np.uint8)
-    text = buf[:-8]
-    is_nl = text == 10
-    marks = np.flatnonzero((text == delimiter) | is_nl)
-    mark_is_nl = is_nl[marks]
-    nl = marks[mark_is_nl]
-    line_starts = np.empty_like(nl)
-    if nl.size:
-        line_starts[0] = 0
-        line_starts[1:] = nl[:-1] + 1
-    line_ends = nl - ((nl > line_starts) & (buf[np.maximum(nl - 1, 0)] == 13))
-    keep = blank_lines_and_comments(buf, line_starts, line_ends, comment)
-    rows = np.flatnonzero(keep)
-    fast = (
-        rows.size == nl.size
-        and marks.size == nl.size * columns
-        and bool(mark_is_nl[columns - 1 :: columns].all())
-    )
-    if not fast:
-        line_of_mark = np.cumsum(mark_is_nl) - mark_is_nl
-        delims_per_line = np.bincount(line_of_mark[~mark_is_nl], minlength=nl.size)
-        wrong = keep & (delims_per_line != columns - 1)
-        if wrong.any():
-            bad_lines = np.flatnonzero(wrong)
-            empty = np.zeros((columns, 0), dtype=np.int64)
-            bad = np.stack([bad_lines, delims_per_line[bad_lines] + 1], axis=1)
-            return Lines(buf, empty, empty, rows, int(nl.size), bad)
-        marks = marks[keep[line_of_mark]]
-    ends = np.empty((columns, rows.size), dtype=np.int64)
-    ends[:] = marks.reshape(rows.size, columns).T
-    ends[-1] = line_ends[rows]
-    starts = np.empty_like(ends)
-    starts[0] = line_starts[rows]
-    starts[1:] = ends[:-1] + 1
-    return Lines(buf, starts, ends, rows, int(nl.size), np.zeros((0, 2), dtype=np.int64))

@@ -9,6 +9,7 @@ columns as a :class:`ColumnSpec` says, and the blocks are cut into batches.
 from __future__ import annotations
 
 import abc
+import functools
 from collections.abc import Callable, Iterator, Sequence
 from typing import TypeVar
 
@@ -21,8 +22,9 @@ from embeddb.errors import CorruptDataError, InvalidArgumentError
 from ..batch import Batch
 from ._block import Block, Ids, rebatch
 from ._fields import Fields, ParseError
+from ._time import calendar_part, decimal_fields, parse_timestamps, seconds_of_numbers
 from .hashing import hash_fields, hash_strings, namespace_seed
-from .spec import ColumnSpec, IDColumn, IdKind, LabelColumn, NumericColumn
+from .spec import ColumnSpec, DerivedColumn, IDColumn, IdKind, LabelColumn, NumericColumn
 
 _T = TypeVar("_T")
 
@@ -211,6 +213,76 @@ class MissingMarked(Chunk):
         return self.inner.native_lists(spec, seed)
 
 
+class WithDerived(Chunk):
+    """Another chunk plus derived columns (:class:`~.spec.DerivedColumn`), computed from their
+    source columns' values when first asked for (the same code for a file and for records).
+    """
+
+    def __init__(self, inner: Chunk, derived: Sequence[DerivedColumn]) -> None:
+        self.inner = inner
+        self.derived = {d.name: d for d in derived}
+        self.size = inner.size
+        self._values: dict[str, tuple[I64, Bool]] = {}
+
+    def _value(self, name: str) -> tuple[I64, Bool]:
+        if name not in self._values:
+            column = self.derived[name]
+            native = self.inner.native_floats(column.source)
+            if native is not None:
+                seconds, ok = seconds_of_numbers(native[0], column.unit)
+                present = native[1]
+                bad = present & ~ok
+                if bad.any():
+                    row = int(np.argmax(bad))
+                    raise CorruptDataError(
+                        f"{self.where(row)}: column {column.source!r}: {float(native[0][row])!r} "
+                        "is not a timestamp"
+                    )
+            else:
+                fields = self.inner.text([column.source])
+                parse = functools.partial(parse_timestamps, unit=column.unit)
+                seconds, present = self.checked(fields, [column.source], parse)
+            self._values[name] = (np.where(present, calendar_part(seconds, column), 0), present)
+        return self._values[name]
+
+    def text(self, columns: Sequence[str]) -> Fields:
+        if not any(c in self.derived for c in columns):
+            return self.inner.text(columns)
+        parts = [
+            decimal_fields(*self._value(c)) if c in self.derived else self.inner.text([c]).flat()
+            for c in columns
+        ]
+        if len(parts) == 1:
+            return parts[0]
+        buf = np.concatenate([p.buf for p in parts])
+        shift = np.cumsum([0] + [p.buf.size for p in parts[:-1]])
+        valid = [np.ones(p.starts.size, bool) if p.valid is None else p.valid for p in parts]
+        return Fields(
+            buf,
+            np.stack([p.starts + k for p, k in zip(parts, shift, strict=True)], axis=1),
+            np.stack([p.ends + k for p, k in zip(parts, shift, strict=True)], axis=1),
+            np.stack(valid, axis=1),
+        )
+
+    def where(self, row: int) -> str:
+        return self.inner.where(row)
+
+    def native_floats(self, column: str) -> tuple[F64, Bool] | None:
+        if column in self.derived:
+            values, present = self._value(column)
+            return values.astype(np.float64), present
+        return self.inner.native_floats(column)
+
+    def native_uints(self, column: str) -> tuple[U64, Bool] | None:
+        if column in self.derived:
+            values, present = self._value(column)
+            return values.astype(np.uint64), present
+        return self.inner.native_uints(column)
+
+    def native_lists(self, spec: IDColumn, seed: np.uint64) -> tuple[U64, I64] | None:
+        return None if spec.column in self.derived else self.inner.native_lists(spec, seed)
+
+
 def equal_to_any(fields: Fields, markers: Sequence[bytes]) -> Bool:
     """Fields (any shape) whose bytes equal one of ``markers``; one vectorised pass each."""
     starts, lengths = fields.starts.ravel(), fields.lengths.ravel()
@@ -245,6 +317,8 @@ def build_block(
     markers = tuple(v.encode("utf-8") for v in na_values if v)
     if markers:
         chunk = MissingMarked(chunk, markers)
+    if spec.derived:
+        chunk = WithDerived(chunk, spec.derived)
     ids = {c.feature: _id_column(chunk, c, strip) for c in spec.ids}
     dense = {n.name: _numeric(chunk, n) for n in spec.numeric}
     labels = {lb.label: _label(chunk, lb) for lb in spec.labels}

@@ -8,9 +8,12 @@
       train: data/train*.csv             # a path or glob (or a list), plain or .gz
       test: data/test.csv                # or split: {fraction: 0.2} | {order_by: t, fraction: 0.2}
       label: {column: clicked}           # positive: [...] optional; 1/0 and 1/-1 numbers as is
-      ids: [user, {column: tags, separator: "|"}, {column: ad, kind: hex}]
+      ids: [user, {column: tags, separator: "|"}, {column: ad, kind: hex}, hour]
       numeric: [{column: price, transform: log1p}, {column: age, transform: standardize}]
+      derived: {hour: {from: click_time, extract: hour}}   # hour | weekday | day | month | year
       na_values: ["NA", "null", "?"]     # besides empty fields
+      header: {train: true, test: false} # or true / false for all files
+      quote: '"'                         # RFC 4180 quoting (the default); false: quotes are text
       shuffle: {buffer_rows: 65536, seed: 0}   # or false
 
 :meth:`DatasetSpec.fit` reads a bounded sample of the training files (the first
@@ -32,11 +35,24 @@ Splits:
   use byte ranges; training stops reading at the end of the head.
 
 A rank with no part of the input (fewer ``.gz`` files or Parquet row groups than ranks)
-gets a reader without batches. ``format: libsvm`` (``label idx:val ...``): the label is
-``label``; ``ids`` defaults to ``[features]`` (every index present, int ids; rename it with
-``{column: features, name: apps}``); ``numeric`` names indexes (``[17, {column: 3,
-transform: log1p}]``); the csv keys (``names``, ``header``, ``delimiter``, ``na_values``...)
-are errors.
+gets a reader without batches.
+
+Text files: quoted fields follow RFC 4180 (``quote``); a line break inside a quoted field is
+an error naming its file and line (every newline ends a row, so byte ranges stay exact).
+``header: {train: BOOL, test: BOOL}`` when the splits differ; a headerless split without
+``names`` takes the column names of the other split's header. ``derived`` columns (an hour or
+weekday of a timestamp column: unix time or ISO-8601) are used by name in ``ids`` and
+``numeric``; they are part of the fitted pipeline, so serving computes them from the raw
+record's timestamp.
+
+``format: libsvm`` (``label idx:val ...`` or libFM's ``label field:idx:val ...``): the label
+is ``label``; ``numeric`` names indexes (``[17, {column: 3, transform: log1p}]``); the csv
+keys (``names``, ``header``, ``delimiter``, ``na_values``...) are errors. ID features:
+``slots: {user: {field: 0}, item: {field: 1}}`` (one per field) or ``slots: {user: {indexes:
+[0, 957]}, ...}`` (one per index range) give each its own feature (its own table); without
+``ids`` and ``slots``, a file of ``field:idx:val`` tokens gets one feature per field found by
+``fit`` (``field_0``, ...), any other file the plain libSVM feature ``features`` (every index;
+``ids: [features]`` asks for it explicitly, ``{column: features, name: apps}`` renames it).
 
 Shuffling (on by default, ``buffer_rows`` = 65,536, documented in the README): each rank reads
 its own disjoint part of the training files (byte ranges; whole files for ``.gz`` and
@@ -74,17 +90,16 @@ from embeddb.errors import (
 
 from . import stream
 from ._block import Block
-from ._io import open_binary
 from ._parts import PartsReader
 from ._reader import Reader
 from ._wrappers import Empty, Head, Moments, Shuffled, Striped
 from .dataset_yaml import Keys, ParsedDataset, SplitRule, parse_dataset
-from .delimited import CsvReader
-from .libsvm import LibsvmReader
+from .delimited import CsvReader, header_names
+from .libsvm import LibsvmReader, field_column, sample_fields
 from .movielens import MovieLensReader
 from .parquet import ParquetReader
 from .pipeline import FeaturePipeline
-from .spec import ColumnSpec, IDColumn
+from .spec import ColumnSpec, CsvDialect, IDColumn
 
 __all__ = ["DatasetSpec"]
 
@@ -226,12 +241,19 @@ class DatasetSpec:
         if p.preset == "movielens":
             return self._fit_movielens()
         train = self.train_files()
-        for path in train + self.test_files():
-            self._check_columns(path)
-        stats = Moments({name: None for name in p.standardize})
+        for split, files in (("train", train), ("test", self.test_files())):
+            for path in files:
+                self._check_columns(path, split)
+        columns = self._libsvm_slots(train, sample_rows) if p.auto_slots else p.columns
+        # every numeric feature's moments: the standardize statistics, and the raw means a
+        # server fills missing values with (log1p off in the sample: the mean before it)
+        stats = Moments({n.name: None for n in columns.numeric})
+        raw = tuple(
+            n if n.name in p.standardize else replace(n, log1p=False) for n in columns.numeric
+        )
         rows = 0
         try:
-            for block in self._sample_blocks(train, p.columns, sample_rows):
+            for block in self._sample_blocks(train, replace(columns, numeric=raw), sample_rows):
                 stats.add(block)
                 rows += block.size
         except CorruptDataError as exc:
@@ -242,9 +264,9 @@ class DatasetSpec:
             raise self.keys.error("train", f"the training files hold no rows: {train}")
         numeric = tuple(
             replace(n, standardize=stats.result(n.name)) if n.name in p.standardize else n
-            for n in p.columns.numeric
+            for n in columns.numeric
         )
-        spec = replace(p.columns, numeric=numeric)
+        spec = replace(columns, numeric=numeric)
         label = spec.labels[0] if spec.labels else None
         threshold = None
         if p.split is not None and p.split.order_by is not None:
@@ -256,6 +278,11 @@ class DatasetSpec:
             positive=label.positive[0] if label is not None and label.positive else None,
             strip=p.dialect.strip,
             order_threshold=threshold,
+            means={
+                n.name: tuple(mean for mean, _ in result)
+                for n in columns.numeric
+                if (result := stats.result(n.name)) is not None
+            },
         )
 
     def _fit_movielens(self) -> FeaturePipeline:
@@ -267,9 +294,25 @@ class DatasetSpec:
             raise self.keys.error("data_dir", "the training file holds no rows")
         return FeaturePipeline(self.parsed.columns)
 
-    def _check_columns(self, path: Path) -> None:
-        """Every column the spec reads is in ``path`` (else a ConfigError at its key)."""
-        have = self._file_columns(path)
+    def _libsvm_slots(self, files: Sequence[Path], sample_rows: int) -> ColumnSpec:
+        """The columns of a libSVM dataset without ``ids`` or ``slots``: one ID feature per
+        field (``field_3``) when the sampled rows hold ``field:index:value`` tokens, else
+        ``features`` (the plain libSVM reading)."""
+        try:
+            fields, _ = sample_fields(files, sample_rows)
+        except CorruptDataError as exc:
+            raise self.keys.error("train", str(exc)) from None
+        if not fields:
+            return self.parsed.columns
+        kind = self.parsed.columns.ids[0].kind
+        ids = tuple(IDColumn(field_column(f), name=f"field_{f}", kind=kind) for f in fields)
+        logger.info("libsvm: one ID feature per field of the sampled rows: %s", fields)
+        return replace(self.parsed.columns, ids=ids)
+
+    def _check_columns(self, path: Path, split: str) -> None:
+        """Every column the spec reads is in ``path`` (else a ConfigError at its key), and no
+        derived column has a file column's name."""
+        have = self._file_columns(path, split)
         if have is None:
             return
         for column, key in self.parsed.column_keys:
@@ -278,9 +321,32 @@ class DatasetSpec:
                     key,
                     f"column {column!r} is not in {path}; it has {list(have)}",
                 )
+        for d in self.parsed.columns.derived:
+            if d.name in have:
+                message = f"{path} has a column {d.name!r} already: name the derived one apart"
+                raise self.keys.error(f"derived.{d.name}", message)
 
-    def _file_columns(self, path: Path) -> tuple[str, ...] | None:
-        p, d = self.parsed, self.parsed.dialect
+    def dialect(self, split: str) -> CsvDialect:
+        """The text layout of the ``"train"`` or ``"test"`` files (their own ``header``; a
+        headerless split without ``names`` takes the column names of the other's header).
+
+        Raises:
+            ConfigError: the other split's files are missing or have no header line.
+        """
+        p = self.parsed
+        d = p.dialect
+        header = p.train_header if split == "train" else p.test_header
+        if header or d.names is not None:
+            return d if header == d.header else replace(d, header=header)
+        other = self.test_files() if split == "train" else self.train_files()
+        try:
+            names = header_names(other[0], replace(d, header=True))
+        except CorruptDataError as exc:
+            raise self.keys.error("header", str(exc)) from None
+        return replace(d, header=False, names=names)
+
+    def _file_columns(self, path: Path, split: str) -> tuple[str, ...] | None:
+        p, d = self.parsed, self.dialect(split)
         if p.format == "parquet":
             try:
                 pq = __import__("pyarrow.parquet", fromlist=["ParquetFile"])
@@ -296,20 +362,17 @@ class DatasetSpec:
             return None
         if not d.header:
             return d.names
-        with open_binary(path) as fh:
-            for raw in fh:
-                line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
-                if line and not (d.comment and line.startswith(d.comment)):
-                    names = tuple(line.split(d.delimiter))
-                    names = tuple(n.strip() for n in names) if d.strip else names
-                    if d.names is not None:
-                        if len(d.names) != len(names):
-                            raise self.keys.error(
-                                "names", f"{len(d.names)} names for {len(names)} columns of {path}"
-                            )
-                        return d.names
-                    return names
-        raise self.keys.error("train", f"{path}: no header line")
+        try:
+            names = header_names(path, d)
+        except CorruptDataError as exc:
+            raise self.keys.error(split, str(exc)) from None
+        if d.names is not None:
+            if len(d.names) != len(names):
+                raise self.keys.error(
+                    "names", f"{len(d.names)} names for {len(names)} columns of {path}"
+                )
+            return d.names
+        return names
 
     def _sample_blocks(
         self, files: Sequence[Path], spec: ColumnSpec, sample_rows: int
@@ -455,7 +518,10 @@ class DatasetSpec:
         if not parts:  # no input at all
             logger.info("rank %d of %d has no part of the %s files", rank, world, split)
             return Empty(batch_size, requires_grad=train)
-        reader = self._parts_reader(parts, pipeline.spec, batch_size, train, row_filter, stripe)
+        of = "test" if test_rows and p.split is None else "train"  # whose files (dialect)
+        reader = self._parts_reader(
+            parts, pipeline.spec, batch_size, train, row_filter, stripe, files_of=of
+        )
         if positional and not test_rows:
             assert p.split is not None and p.split.head_rows is not None
             return Head(reader, p.split.head_rows)
@@ -469,15 +535,18 @@ class DatasetSpec:
         train: bool,
         row_filter: stream.RowFilter | None,
         stripe: tuple[int, int] = (0, 1),
+        *,
+        files_of: str = "train",
     ) -> PartsReader:
-        """Byte ranges / whole files of several files, filtered and striped."""
+        """Byte ranges / whole files of several files (the ``files_of`` split's), filtered
+        and striped."""
         p = self.parsed
         if p.format in ("csv", "tsv"):
             return CsvReader(
                 None,
                 spec,
                 batch_size,
-                p.dialect,
+                self.dialect(files_of),
                 parts=parts,
                 row_filter=row_filter,
                 stripe=stripe,
@@ -497,10 +566,10 @@ class DatasetSpec:
         )
 
     def _file_reader(self, path: Path, spec: ColumnSpec, batch_size: int, train: bool) -> Reader:
-        """One whole file, in order (fit, head-rows splits)."""
+        """One whole training file, in order (fit)."""
         p = self.parsed
         if p.format in ("csv", "tsv"):
-            return CsvReader(path, spec, batch_size, p.dialect, requires_grad=train)
+            return CsvReader(path, spec, batch_size, self.dialect("train"), requires_grad=train)
         if p.format == "parquet":
             return ParquetReader(path, spec, batch_size, requires_grad=train)
         return LibsvmReader(path, spec, batch_size, requires_grad=train)

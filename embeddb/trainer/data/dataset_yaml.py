@@ -12,8 +12,8 @@ The presets are the same mechanism: a preset is a ``dataset:`` mapping written h
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +22,25 @@ from embeddb.datasets.adult import COLUMNS as ADULT_COLUMNS
 from embeddb.datasets.adult import NUMERIC as ADULT_NUMERIC
 from embeddb.errors import ConfigError
 
-from .libsvm import FEATURES, LABEL, libsvm_spec
-from .spec import ColumnSpec, CsvDialect, IDColumn, IdKind, LabelColumn, NumericColumn
+from ._yaml_columns import (
+    check_libsvm,
+    derived_columns,
+    id_column,
+    label_column,
+    libsvm_node,
+    libsvm_slots,
+    numeric_column,
+)
+from ._yaml_keys import Keys, as_bool, as_int, as_list, as_string, message_of
+from .spec import (
+    ColumnSpec,
+    CsvDialect,
+    DerivedColumn,
+    IDColumn,
+    IdKind,
+    LabelColumn,
+    NumericColumn,
+)
 
 __all__ = [
     "DEFAULT_SHUFFLE_ROWS",
@@ -38,7 +55,6 @@ __all__ = [
 
 FORMATS = ("csv", "tsv", "parquet", "libsvm")
 PRESETS = ("adult", "criteo", "movielens")
-TRANSFORMS = ("none", "log1p", "standardize")
 DEFAULT_SHUFFLE_ROWS = 65536
 CRITEO_FILES = ("train.txt", "sample.train.txt", "sample.train")
 MOVIELENS_SPLITS = ("u1", "u2", "u3", "u4", "u5", "ua", "ub")
@@ -57,7 +73,7 @@ MOVIELENS_COLUMNS = ColumnSpec(
     numeric=(NumericColumn(("age", "movie_age", "hour", "weekday"), name="dense"),),
     labels=(LabelColumn("label"),),
 )
-_TEXT_KEYS = ("names", "header", "delimiter", "comment", "strip", "chunk_bytes")
+_TEXT_KEYS = ("names", "header", "delimiter", "quote", "comment", "strip", "chunk_bytes")
 _KEYS = (
     "preset",
     "format",
@@ -66,38 +82,15 @@ _KEYS = (
     "split",
     "label",
     "ids",
+    "slots",
     "numeric",
+    "derived",
     "na_values",
     "shuffle",
     "data_dir",
     "train_rows",
     *_TEXT_KEYS,
 )
-
-
-@dataclass(frozen=True)
-class Keys:
-    """Key paths for error messages and where they are in the job file."""
-
-    where: Callable[[str], str] = field(default=lambda key: "", compare=False)
-    legacy: bool = False  # a preset given by the old top-level keys (dataset, data_dir, ...)
-
-    def path(self, key: str) -> str:
-        """The key path of ``dataset.KEY...`` (legacy presets: the old top-level keys)."""
-        full = f"dataset.{key}" if key else "dataset"
-        if self.legacy:
-            head = key.split(".", 1)[0].split("[", 1)[0]
-            if head in ("data_dir", "train_rows", "split"):
-                return key
-            if head in ("preset", ""):
-                return "dataset"
-        return full
-
-    def error(self, key: str, message: str) -> ConfigError:
-        """A ConfigError at ``dataset.KEY`` whose message ends with the key's file:line."""
-        path = self.path(key)
-        at = self.where(path)
-        return ConfigError(path, f"{message} ({at})" if at else message)
 
 
 @dataclass(frozen=True)
@@ -119,7 +112,15 @@ class SplitRule:
 
 @dataclass(frozen=True)
 class ParsedDataset:
-    """Everything the ``dataset:`` node says (paths absolute, columns unfitted)."""
+    """Everything the ``dataset:`` node says (paths absolute, columns unfitted).
+
+    ``dialect`` is the text layout shared by the splits; ``train_header`` and ``test_header``
+    say whether each split's files have a header line (``header: {train: true, test:
+    false}``; a headerless split without ``names`` takes the other split's header names).
+    ``auto_slots``: a libSVM dataset with neither ``ids`` nor ``slots``, whose ID features
+    ``fit`` picks from the data (one per field of ``field:index:value`` files, else
+    ``features``).
+    """
 
     format: str
     train: tuple[str, ...]
@@ -134,6 +135,9 @@ class ParsedDataset:
     data_dir: Path | None
     movielens_split: str | None
     column_keys: tuple[tuple[str, str], ...]
+    train_header: bool = True
+    test_header: bool = True
+    auto_slots: bool = False
 
 
 def preset_node(name: str, data_dir: Path | None, keys: Keys) -> dict[str, Any]:
@@ -195,7 +199,7 @@ def parse_dataset(raw: object, *, base_dir: Path, keys: Keys) -> ParsedDataset:
     preset = node.pop("preset", None)
     data_dir = None
     if node.get("data_dir") is not None:
-        data_dir = (base_dir / _string(node["data_dir"], "data_dir", keys)).resolve()
+        data_dir = (base_dir / as_string(node["data_dir"], "data_dir", keys)).resolve()
     movielens_split = None
     train_rows = node.pop("train_rows", None)
     if preset is not None:
@@ -213,7 +217,7 @@ def parse_dataset(raw: object, *, base_dir: Path, keys: Keys) -> ParsedDataset:
         if preset == "criteo":
             if train_rows is None:
                 raise keys.error("train_rows", "is required for criteo (the rest is the test)")
-            base["split"] = {"head_rows": _int(train_rows, "train_rows", keys, minimum=1)}
+            base["split"] = {"head_rows": as_int(train_rows, "train_rows", keys, minimum=1)}
         node = {**base, **{k: v for k, v in node.items() if k != "data_dir"}}
     elif train_rows is not None:
         raise keys.error("train_rows", "applies to the criteo preset only (use split: head_rows)")
@@ -262,32 +266,44 @@ def _generic(
         raise keys.error("split", "give test files or a split of the train files, not both")
     if not test and split is None:
         raise keys.error("test", "is required unless split: {fraction: F} names the test rows")
-    dialect = _dialect(node, fmt, keys)
+    dialect, train_header, test_header = _dialect(node, fmt, keys)
+    if not test and not train_header and dialect.names is None:
+        raise keys.error("names", "a file without a header needs its column names (the train "
+                         "files have no header line and there are no test files)")  # fmt: skip
+    if not test and isinstance(node.get("header"), Mapping) and "test" in node["header"]:
+        raise keys.error("header.test", "there are no test files (the split takes test rows "
+                         "from the train files)")  # fmt: skip
     column_keys: dict[str, str] = {}
+    auto_slots = fmt == "libsvm" and "ids" not in node and "slots" not in node
     if fmt == "libsvm":
-        node = _libsvm_node(node, keys)
+        node = libsvm_node(node, keys)
+    elif "slots" in node:
+        raise keys.error("slots", "applies to libsvm files (csv columns are ids: entries)")
     ids = tuple(
-        _id_column(e, f"ids[{i}]", keys, column_keys)
-        for i, e in enumerate(_list(node.get("ids", []), "ids", keys))
+        id_column(e, f"ids[{i}]", keys, column_keys)
+        for i, e in enumerate(as_list(node.get("ids", []), "ids", keys))
     )
     numeric: list[NumericColumn] = []
     standardize: list[str] = []
-    for i, e in enumerate(_list(node.get("numeric", []), "numeric", keys)):
-        column, wanted = _numeric_column(e, f"numeric[{i}]", keys, column_keys)
+    for i, e in enumerate(as_list(node.get("numeric", []), "numeric", keys)):
+        column, wanted = numeric_column(e, f"numeric[{i}]", keys, column_keys)
         numeric.append(column)
         if wanted:
             standardize.append(column.name)
     if "label" not in node:
         raise keys.error("label", "is required: {column: NAME} (positive: [...] optional)")
-    label = _label(node["label"], keys, column_keys)
+    label = label_column(node["label"], keys, column_keys)
     if fmt == "libsvm":
-        _check_libsvm(ids, label, keys)
+        check_libsvm(ids, label, keys)
+        if "slots" in node:
+            ids += tuple(libsvm_slots(node["slots"], keys))
+    derived = _derived(node, fmt, keys, column_keys)
     if split is not None and split.order_by is not None:
         column_keys.setdefault(split.order_by, "split.order_by")
     try:
-        columns = ColumnSpec(ids=ids, numeric=tuple(numeric), labels=(label,))
+        columns = ColumnSpec(ids=ids, numeric=tuple(numeric), labels=(label,), derived=derived)
     except ConfigError as exc:
-        raise keys.error(exc.key, _message(exc)) from None
+        raise keys.error(exc.key, message_of(exc)) from None
     rows, seed = _shuffle(node.get("shuffle", True), keys)
     return ParsedDataset(
         format=fmt,
@@ -303,75 +319,25 @@ def _generic(
         data_dir=data_dir,
         movielens_split=None,
         column_keys=tuple(column_keys.items()),
+        train_header=train_header,
+        test_header=test_header,
+        auto_slots=auto_slots,
     )
 
 
-def _libsvm_node(node: dict[str, Any], keys: Keys) -> dict[str, Any]:
-    """A libSVM ``dataset:`` node with its defaults: ``label`` is the label column,
-    ``ids: [features]`` (every index present, as int ids), and ``numeric:`` index numbers
-    (``17``) as the column names ``"17"`` (see :mod:`.libsvm`)."""
-    base = libsvm_spec()
-    out = dict(node)
-    out.setdefault("label", {"column": LABEL})
-    ids = []
-    for i, entry in enumerate(_list(node.get("ids", [FEATURES]), "ids", keys)):
-        if isinstance(entry, Mapping):
-            if "separator" in entry:
-                raise keys.error(f"ids[{i}].separator", "does not apply to a libsvm file")
-            entry = {"kind": base.ids[0].kind.value, **entry}
-        elif entry == FEATURES:
-            entry = {"column": FEATURES, "kind": base.ids[0].kind.value}
-        ids.append(entry)
-    out["ids"] = ids
-    numeric = []
-    for i, entry in enumerate(_list(node.get("numeric", []), "numeric", keys)):
-        key = f"numeric[{i}]"
-        if isinstance(entry, Mapping):
-            entry = dict(entry)
-            if "column" in entry:
-                entry["column"] = _index(entry["column"], f"{key}.column", keys)
-            if "columns" in entry:
-                cols = _list(entry["columns"], f"{key}.columns", keys)
-                entry["columns"] = [
-                    _index(c, f"{key}.columns[{j}]", keys) for j, c in enumerate(cols)
-                ]
-        else:
-            entry = _index(entry, key, keys)
-        numeric.append(entry)
-    out["numeric"] = numeric
-    return out
-
-
-def _index(value: object, key: str, keys: Keys) -> str:
-    """A libSVM feature index (``17`` or ``"17"``) as its column name ``"17"``."""
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-        return str(value)
-    if isinstance(value, str) and value.isascii() and value.isdigit():
-        return str(int(value))
-    raise keys.error(key, f"must be a libsvm feature index (an integer >= 0), got {value!r}")
-
-
-def _check_libsvm(ids: Sequence[IDColumn], label: LabelColumn, keys: Keys) -> None:
-    """The columns a libSVM file has: ``features`` for ids, ``label`` as is."""
-    for i, column in enumerate(ids):
-        if column.column != FEATURES:
-            raise keys.error(
-                f"ids[{i}]",
-                f"a libsvm file has one id column, {FEATURES!r} (every index present), "
-                f"not {column.column!r}",
-            )
-    if label.column != LABEL:
-        message = f"a libsvm file's label column is {LABEL!r}, not {label.column!r}"
-        raise keys.error("label.column", message)
-    if label.positive or label.threshold is not None:
-        message = "a libsvm label is 1/+1 (positive) or 0/-1: no positive or threshold"
-        raise keys.error("label", message)
-
-
-def _message(exc: ConfigError) -> str:
-    text = str(exc)
-    prefix = f"{exc.key}: "
-    return text[len(prefix) :] if text.startswith(prefix) else text
+def _derived(
+    node: Mapping[str, Any], fmt: str, keys: Keys, column_keys: dict[str, str]
+) -> tuple[DerivedColumn, ...]:
+    """The ``derived:`` columns; ``column_keys`` then names their sources, not them."""
+    if "derived" not in node:
+        return ()
+    if fmt == "libsvm":
+        raise keys.error("derived", "applies to csv, tsv and parquet files, not libsvm")
+    derived = derived_columns(node["derived"], keys)
+    for d in derived:
+        column_keys.pop(d.name, None)
+        column_keys.setdefault(d.source, f"derived.{d.name}.from")
+    return derived
 
 
 def _patterns(value: object, key: str, base_dir: Path, keys: Keys) -> tuple[str, ...]:
@@ -379,7 +345,7 @@ def _patterns(value: object, key: str, base_dir: Path, keys: Keys) -> tuple[str,
     if not items:
         raise keys.error(key, "must name at least one path or glob")
     return tuple(
-        str(base_dir / _string(v, f"{key}[{i}]" if isinstance(value, list) else key, keys))
+        str(base_dir / as_string(v, f"{key}[{i}]" if isinstance(value, list) else key, keys))
         for i, v in enumerate(items)
     )
 
@@ -400,7 +366,7 @@ def _split(value: object, keys: Keys) -> SplitRule | None:
     if "head_rows" in value:
         if set(value) != {"head_rows"}:
             raise keys.error("split.head_rows", "is a split of its own (no fraction or order_by)")
-        return SplitRule(head_rows=_int(value["head_rows"], "split.head_rows", keys, minimum=1))
+        return SplitRule(head_rows=as_int(value["head_rows"], "split.head_rows", keys, minimum=1))
     fraction = value.get("fraction")
     if (
         isinstance(fraction, bool)
@@ -411,14 +377,19 @@ def _split(value: object, keys: Keys) -> SplitRule | None:
         raise keys.error("split.fraction", f"must be a number in (0, 1), got {fraction!r}")
     order_by = value.get("order_by")
     if order_by is not None:
-        order_by = _string(order_by, "split.order_by", keys)
+        order_by = as_string(order_by, "split.order_by", keys)
         if "seed" in value:
             raise keys.error("split.seed", "applies to a hash split only, not order_by")
-    seed = _int(value.get("seed", 0), "split.seed", keys, minimum=0)
+    seed = as_int(value.get("seed", 0), "split.seed", keys, minimum=0)
     return SplitRule(fraction=float(fraction), order_by=order_by, seed=seed)
 
 
-def _dialect(node: Mapping[str, Any], fmt: str, keys: Keys) -> CsvDialect:
+def _dialect(node: Mapping[str, Any], fmt: str, keys: Keys) -> tuple[CsvDialect, bool, bool]:
+    """The text layout and whether the train and the test files have a header line.
+
+    ``header`` is true, false, or ``{train: BOOL, test: BOOL}`` (a split left out: true, or
+    false when ``names`` are given); ``quote`` is a character or false (quotes are text).
+    """
     given = [k for k in _TEXT_KEYS if k in node]
     if fmt == "libsvm" and "na_values" in node:
         given.append("na_values")
@@ -426,131 +397,46 @@ def _dialect(node: Mapping[str, Any], fmt: str, keys: Keys) -> CsvDialect:
         raise keys.error(given[0], f"applies to csv and tsv files, not {fmt}")
     kwargs: dict[str, Any] = {"delimiter": "\t" if fmt == "tsv" else ","}
     if "names" in node:
-        names = _list(node["names"], "names", keys)
-        kwargs["names"] = tuple(_string(n, f"names[{i}]", keys) for i, n in enumerate(names))
-    for key in ("header", "strip"):
-        if key in node:
-            kwargs[key] = _bool(node[key], key, keys)
+        names = as_list(node["names"], "names", keys)
+        kwargs["names"] = tuple(as_string(n, f"names[{i}]", keys) for i, n in enumerate(names))
+    train_header, test_header = _headers(node, keys)
+    if "strip" in node:
+        kwargs["strip"] = as_bool(node["strip"], "strip", keys)
     for key in ("delimiter", "comment"):
         if key in node:
             kwargs[key] = node[key]
+    if "quote" in node:
+        quote = node["quote"]
+        if quote is True:
+            raise keys.error("quote", "must be a character (default '\"') or false, got true")
+        kwargs["quote"] = None if quote is False or quote is None else quote
     if "chunk_bytes" in node:
-        kwargs["chunk_bytes"] = _int(node["chunk_bytes"], "chunk_bytes", keys, minimum=1)
-    if "header" not in node and "names" in node:
-        kwargs["header"] = False
+        kwargs["chunk_bytes"] = as_int(node["chunk_bytes"], "chunk_bytes", keys, minimum=1)
+    if not (train_header or test_header) and "names" not in node:
+        raise keys.error("names", "a file without a header needs its column names (neither "
+                         "the train nor the test files have a header line)")  # fmt: skip
+    # A headerless split without names takes the other's header names (DatasetSpec.dialect).
+    kwargs["header"] = train_header or "names" not in node
     kwargs["na_values"] = node.get("na_values", ())
     try:
-        return CsvDialect(**kwargs)
+        return CsvDialect(**kwargs), train_header, test_header
     except ConfigError as exc:
-        raise keys.error(exc.key, _message(exc)) from None
+        raise keys.error(exc.key, message_of(exc)) from None
 
 
-def _id_column(entry: object, key: str, keys: Keys, column_keys: dict[str, str]) -> IDColumn:
-    if isinstance(entry, str):
-        entry = {"column": entry}
-    if not isinstance(entry, Mapping):
-        raise keys.error(key, f"must be a column name or a mapping, got {entry!r}")
-    allowed = {"column", "name", "kind", "separator", "namespace", "missing_id"}
-    unknown = sorted(set(entry) - allowed)
+def _headers(node: Mapping[str, Any], keys: Keys) -> tuple[bool, bool]:
+    default = "names" not in node
+    value = node.get("header", default)
+    if not isinstance(value, Mapping):
+        both = as_bool(value, "header", keys)
+        return both, both
+    unknown = sorted(str(k) for k in set(value) - {"train", "test"})
     if unknown:
         raise keys.error(
-            f"{key}.{unknown[0]}", f"is not an id setting ({', '.join(sorted(allowed))})"
+            f"header.{unknown[0]}", "is not a split: header: {train: BOOL, test: BOOL}"
         )
-    if "column" not in entry:
-        raise keys.error(f"{key}.column", "is required")
-    kind = entry.get("kind", "string")
-    if kind not in [k.value for k in IdKind]:
-        raise keys.error(f"{key}.kind", f"must be string, int or hex, got {kind!r}")
-    try:
-        column = IDColumn(
-            entry["column"],
-            name=entry.get("name"),
-            kind=IdKind(kind),
-            separator=entry.get("separator"),
-            namespace=entry.get("namespace"),
-            missing_id=entry.get("missing_id"),
-        )
-    except ConfigError as exc:
-        raise keys.error(f"{key}.{exc.key}", _message(exc)) from None
-    column_keys.setdefault(column.column, key)
-    return column
-
-
-def _numeric_column(
-    entry: object, key: str, keys: Keys, column_keys: dict[str, str]
-) -> tuple[NumericColumn, bool]:
-    if isinstance(entry, str):
-        entry = {"column": entry}
-    if not isinstance(entry, Mapping):
-        raise keys.error(key, f"must be a column name or a mapping, got {entry!r}")
-    allowed = {"column", "columns", "name", "transform", "fill"}
-    unknown = sorted(set(entry) - allowed)
-    if unknown:
-        raise keys.error(
-            f"{key}.{unknown[0]}", f"is not a numeric setting ({', '.join(sorted(allowed))})"
-        )
-    if ("column" in entry) == ("columns" in entry):
-        raise keys.error(key, "needs column: NAME or columns: [NAME, ...] (one of them)")
-    columns: tuple[str, ...]
-    if "column" in entry:
-        columns = (_string(entry["column"], f"{key}.column", keys),)
-        name = entry.get("name", columns[0])
-    else:
-        cols = _list(entry["columns"], f"{key}.columns", keys)
-        columns = tuple(_string(c, f"{key}.columns[{i}]", keys) for i, c in enumerate(cols))
-        if "name" not in entry:
-            raise keys.error(f"{key}.name", "is required with columns: [...]")
-        name = entry["name"]
-    transform = entry.get("transform", "none")
-    if transform not in TRANSFORMS:
-        raise keys.error(
-            f"{key}.transform", f"must be one of {', '.join(TRANSFORMS)}, got {transform!r}"
-        )
-    fill = entry.get("fill", 0.0)
-    if isinstance(fill, bool) or not isinstance(fill, (int, float)):
-        raise keys.error(f"{key}.fill", f"must be a number, got {fill!r}")
-    try:
-        column = NumericColumn(columns, name=name, log1p=transform == "log1p", fill=float(fill))
-    except ConfigError as exc:
-        raise keys.error(f"{key}.{exc.key}", _message(exc)) from None
-    for c in columns:
-        column_keys.setdefault(c, key)
-    return column, transform == "standardize"
-
-
-def _label(entry: object, keys: Keys, column_keys: dict[str, str]) -> LabelColumn:
-    if isinstance(entry, str):
-        entry = {"column": entry}
-    if not isinstance(entry, Mapping):
-        raise keys.error("label", f"must be {{column: NAME}} or a column name, got {entry!r}")
-    allowed = {"column", "name", "positive", "threshold"}
-    unknown = sorted(set(entry) - allowed)
-    if unknown:
-        raise keys.error(
-            f"label.{unknown[0]}", f"is not a label setting ({', '.join(sorted(allowed))})"
-        )
-    if "column" not in entry:
-        raise keys.error("label.column", "is required")
-    positive = entry.get("positive", ())
-    if isinstance(positive, (str, int, float)) and not isinstance(positive, bool):
-        positive = [positive]
-    positive = _list(positive, "label.positive", keys)
-    threshold = entry.get("threshold")
-    if threshold is not None and (
-        isinstance(threshold, bool) or not isinstance(threshold, (int, float))
-    ):
-        raise keys.error("label.threshold", f"must be a number, got {threshold!r}")
-    try:
-        label = LabelColumn(
-            entry["column"],
-            name=entry.get("name"),
-            positive=tuple(str(p) for p in positive),
-            threshold=None if threshold is None else float(threshold),
-        )
-    except ConfigError as exc:
-        raise keys.error(f"label.{exc.key}", _message(exc)) from None
-    column_keys.setdefault(label.column, "label")
-    return label
+    train = as_bool(value.get("train", default), "header.train", keys)
+    return train, as_bool(value.get("test", default), "header.test", keys)
 
 
 def _shuffle(value: object, keys: Keys) -> tuple[int, int | None]:
@@ -565,30 +451,6 @@ def _shuffle(value: object, keys: Keys) -> tuple[int, int | None]:
     unknown = sorted(set(value) - {"buffer_rows", "seed"})
     if unknown:
         raise keys.error(f"shuffle.{unknown[0]}", "is not a shuffle setting (buffer_rows, seed)")
-    rows = _int(value.get("buffer_rows", DEFAULT_SHUFFLE_ROWS), "shuffle.buffer_rows", keys, 0)
+    rows = as_int(value.get("buffer_rows", DEFAULT_SHUFFLE_ROWS), "shuffle.buffer_rows", keys, 0)
     seed = value.get("seed")
-    return rows, None if seed is None else _int(seed, "shuffle.seed", keys, minimum=0)
-
-
-def _list(value: object, key: str, keys: Keys) -> Sequence[Any]:
-    if not isinstance(value, (list, tuple)):
-        raise keys.error(key, f"must be a list, got {value!r}")
-    return value
-
-
-def _string(value: object, key: str, keys: Keys) -> str:
-    if not isinstance(value, str) or not value:
-        raise keys.error(key, f"must be a non-empty string, got {value!r}")
-    return value
-
-
-def _bool(value: object, key: str, keys: Keys) -> bool:
-    if not isinstance(value, bool):
-        raise keys.error(key, f"must be true or false, got {value!r}")
-    return value
-
-
-def _int(value: object, key: str, keys: Keys, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise keys.error(key, f"must be an integer >= {minimum}, got {value!r}")
-    return value
+    return rows, None if seed is None else as_int(seed, "shuffle.seed", keys, minimum=0)

@@ -12,15 +12,18 @@ from embeddb.arrays import U64, Bool
 from embeddb.errors import ConfigError, CorruptDataError
 
 from ._block import Block
-from ._fields import Fields, Lines, split_lines
+from ._fields import Fields
 from ._io import newlines_before, open_binary, range_chunks
+from ._lines import Lines, QuoteError, split_lines, split_record
 from ._parts import PartsReader, Source, pick_source
 from ._reader import build_block, equal_to_any
 from .hashing import hash_fields
 from .spec import ColumnSpec, CsvDialect
 from .stream import FilterableChunk, Part, RowFilter
 
-__all__ = ["CsvReader", "TextChunk"]
+__all__ = ["UTF8_BOM", "CsvReader", "TextChunk", "header_names"]
+
+UTF8_BOM = b"\xef\xbb\xbf"  # spreadsheets start "CSV UTF-8" files with it; dropped
 
 
 class CsvReader(PartsReader):
@@ -33,6 +36,8 @@ class CsvReader(PartsReader):
     Several files (or byte ranges of files, from :func:`~embeddb.trainer.data.partition`) are
     read in order as one table: they share one set of column names, from the first file's
     header (or ``dialect.names``). A byte range that starts mid-file has no header to skip.
+    Fields may be quoted (RFC 4180, :mod:`._lines`); a UTF-8 byte order mark at the start of
+    a file (spreadsheets write one) is dropped.
 
     Args:
         path: the file (gzip-compressed or plain, told apart by its first bytes), a
@@ -114,19 +119,7 @@ class CsvReader(PartsReader):
         return names
 
     def _header_names(self, path: Path) -> tuple[str, ...]:
-        header = self._header_line(path)
-        if header is None:
-            raise CorruptDataError(f"{path}: no header line")
-        names = tuple(header.split(self.dialect.delimiter))
-        return tuple(n.strip() for n in names) if self.dialect.strip else names
-
-    def _header_line(self, path: Path) -> str | None:
-        with open_binary(path) as fh:
-            for raw in fh:
-                line = raw.decode("utf-8").rstrip("\r\n")
-                if line and not (self.dialect.comment and line.startswith(self.dialect.comment)):
-                    return line
-        return None
+        return header_names(path, self.dialect)
 
     def _part_chunks(
         self, part: Part, columns: Sequence[str] | None
@@ -136,6 +129,8 @@ class CsvReader(PartsReader):
         first_line = 1  # of the chunk, counted from the part's first line
         at: int | None = None  # file offset of the part's first line
         for offset, chunk in range_chunks(part.path, d.chunk_bytes, part.start, part.stop):
+            if at is None and offset == 0:  # the file's start: no byte order mark
+                chunk = chunk.removeprefix(UTF8_BOM)
             at = offset if at is None else at
             if skip_header:
                 chunk, first_line, skip_header = self._drop_header(chunk, first_line)
@@ -145,7 +140,14 @@ class CsvReader(PartsReader):
     def _parse(self, path: Path, chunk: bytes, first_line: int, at: int) -> TextChunk:
         d = self.dialect
         comment = ord(d.comment) if d.comment else None
-        lines = split_lines(chunk, ord(d.delimiter), len(self.names), comment)
+        quote = ord(d.quote) if d.quote else None
+        try:
+            lines = split_lines(
+                chunk, ord(d.delimiter), len(self.names), comment, quote, strip=d.strip
+            )
+        except QuoteError as exc:
+            number = first_line + exc.line + newlines_before(path, at)
+            raise CorruptDataError(f"{path}:{number}: {exc}") from None
         if lines.bad.size:
             line, fields = (int(x) for x in lines.bad[0])
             number = first_line + line + newlines_before(path, at)
@@ -226,16 +228,21 @@ class TextChunk(FilterableChunk):
         return f"{self.path}:{line + newlines_before(self.path, self.line_offset)}"
 
     def row_hashes(self, seed: np.uint64) -> U64:
-        """Hashes of each row's line (without its line end)."""
+        """Hashes of each row's line as read (without its line end; quotes included)."""
         lines = self.lines
-        if not lines.starts.shape[0]:
-            return np.zeros(self.size, dtype=np.uint64)
-        return hash_fields(Fields(lines.buf, lines.starts[0], lines.ends[-1]), seed)
+        return hash_fields(Fields(lines.buf, lines.line_starts, lines.line_ends), seed)
 
     def select(self, keep: Bool) -> TextChunk:
         ln = self.lines
         lines = Lines(
-            ln.buf, ln.starts[:, keep], ln.ends[:, keep], ln.rows[keep], ln.line_count, ln.bad
+            ln.buf,
+            ln.starts[:, keep],
+            ln.ends[:, keep],
+            ln.rows[keep],
+            ln.line_count,
+            ln.bad,
+            ln.line_starts[keep],
+            ln.line_ends[keep],
         )
         return TextChunk(
             self.path,
@@ -246,6 +253,28 @@ class TextChunk(FilterableChunk):
             line_offset=self.line_offset,
             na_values=self.na_values,
         )
+
+
+def header_names(path: Path, dialect: CsvDialect) -> tuple[str, ...]:
+    """The column names in the header line of ``path`` (its first line that is neither empty
+    nor a comment), unquoted, and stripped with ``dialect.strip``.
+
+    Raises:
+        CorruptDataError: no header line, or one with malformed quotes (naming file:line).
+    """
+    comment = dialect.comment.encode("utf-8") if dialect.comment else None
+    with open_binary(path) as fh:
+        for number, raw in enumerate(fh, start=1):
+            line = raw.rstrip(b"\r\n").removeprefix(UTF8_BOM if number == 1 else b"")
+            if not line or (comment is not None and line.startswith(comment)):
+                continue
+            quote = ord(dialect.quote) if dialect.quote else None
+            try:
+                names = split_record(line, ord(dialect.delimiter), quote, strip=dialect.strip)
+            except QuoteError as exc:
+                raise CorruptDataError(f"{path}:{number}: header: {exc}") from None
+            return tuple(n.strip(" \t") for n in names) if dialect.strip else names
+    raise CorruptDataError(f"{path}: no header line")
 
 
 def read_text_table(path: Path, delimiter: str, names: Sequence[str]) -> TextChunk:

@@ -39,8 +39,9 @@ from embeddb.arrays import F64, U64
 from embeddb.errors import ConfigError, CorruptDataError, InvalidArgumentError, NotFoundError
 
 from ._block import Block, Ids
-from ._fields import Fields, split_lines
+from ._fields import Fields
 from ._io import line_chunks
+from ._lines import split_lines
 from ._reader import Chunk, Reader
 from .delimited import TextChunk, read_text_table
 from .hashing import hash_fields, namespace_seed

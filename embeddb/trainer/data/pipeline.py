@@ -19,8 +19,10 @@ The JSON document (``to_json``) lists every setting explicitly::
      "ids": [{"column": "user", "name": null, "kind": "string", "separator": null,
               "namespace": null, "missing_id": null}, ...],     (null: the default)
      "numeric": [{"columns": ["price"], "name": "price", "log1p": false, "fill": 0.0,
-                  "standardize": [[12.1, 3.4]]}, ...],
+                  "standardize": [[12.1, 3.4]], "mean": [12.1]}, ...],
      "labels": [{"column": "clicked", "name": null, "positive": [], "threshold": null}],
+     "derived": [{"name": "hour", "from": "click_time", "extract": "hour",
+                  "unit": "seconds", "utc_offset": 0.0}],          (optional; [] if absent)
      "na_values": ["", "NA"], "strip": false, "positive": null, "order_threshold": null}
 """
 
@@ -30,16 +32,27 @@ import json
 import math
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+import numpy as np
 
 from embeddb.errors import ConfigError, CorruptDataError, InvalidArgumentError, NotFoundError
 
 from ..batch import Batch
 from ._reader import build_block
-from .records import RecordsChunk
-from .spec import ColumnSpec, IDColumn, IdKind, LabelColumn, NumericColumn, check_na_values
+from .records import RecordsChunk, RecordStats, check_finite, check_keys
+from .spec import (
+    ColumnSpec,
+    IDColumn,
+    IdKind,
+    LabelColumn,
+    NumericColumn,
+    check_na_values,
+    derived_from_json,
+    derived_to_json,
+)
 
 __all__ = ["PIPELINE_FILE", "FeaturePipeline", "load_pipeline", "save_pipeline"]
 
@@ -60,6 +73,11 @@ class FeaturePipeline:
         strip: fields are stripped of spaces and tabs (the training file's dialect).
         order_threshold: the order-by split's threshold that ``fit`` measured (the first
             test value of the order column), else None.
+        means: numeric feature name -> the training mean of each of its columns, raw
+            (before ``log1p`` or ``standardize``; missing values counted as their ``fill``,
+            as training saw them), measured by ``fit``. Serving fills a missing value with
+            it (:meth:`batch_from_records`). Pipelines saved before it was recorded have
+            none: see :meth:`missing_fills` for what they fill.
     """
 
     spec: ColumnSpec
@@ -67,9 +85,17 @@ class FeaturePipeline:
     positive: str | None = None
     strip: bool = False
     order_threshold: float | str | None = None
+    means: Mapping[str, tuple[float, ...]] = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "na_values", check_na_values(self.na_values))
+        widths = {n.name: len(n.columns) for n in self.spec.numeric}
+        for name, mean in self.means.items():
+            if widths.get(name) != len(mean) or not all(math.isfinite(m) for m in mean):
+                raise ConfigError(
+                    f"means.{name}",
+                    f"must be one finite number per column of a numeric feature, got {mean!r}",
+                )
 
     @property
     def id_features(self) -> tuple[str, ...]:
@@ -106,6 +132,7 @@ class FeaturePipeline:
                     "standardize": None
                     if n.standardize is None
                     else [list(p) for p in n.standardize],
+                    "mean": list(self.means[n.name]) if n.name in self.means else None,
                 }
                 for n in self.spec.numeric
             ],
@@ -118,6 +145,7 @@ class FeaturePipeline:
                 }
                 for lb in self.spec.labels
             ],
+            "derived": [derived_to_json(d) for d in self.spec.derived],
             "na_values": list(self.na_values),
             "strip": self.strip,
             "positive": self.positive,
@@ -139,7 +167,13 @@ class FeaturePipeline:
             raise CorruptDataError(f"{source}: not a valid feature pipeline: {detail}") from None
 
     def batch_from_records(
-        self, records: Sequence[Mapping[str, object]], *, requires_grad: bool = False
+        self,
+        records: Sequence[Mapping[str, object]],
+        *,
+        requires_grad: bool = False,
+        missing: Literal["mean", "fill"] = "mean",
+        lenient: bool = False,
+        stats: RecordStats | None = None,
     ) -> Batch:
         """The batch of raw records, built by the code that builds training batches.
 
@@ -149,25 +183,67 @@ class FeaturePipeline:
                 missing value (see :mod:`embeddb.trainer.data.records`).
             requires_grad: a training batch: every record needs its labels. Otherwise the
                 labels are included only when every record has them.
+            missing: what a missing numeric value becomes: ``"mean"`` (serving) the
+                training mean of its column (:meth:`missing_fills`), transformed like any
+                value (0 after ``standardize``); ``"fill"`` the column's ``fill``, as
+                training did with an empty field of the file (bit-identical to the text
+                reader's batch of the same values).
+            lenient: ignore keys no column reads (counted in ``stats``) instead of refusing
+                them.
+            stats: where to count the values filled and the unknown keys.
 
         Raises:
-            InvalidArgumentError: no records, a record that is not a mapping, a value of the
-                wrong type or that does not parse, a missing label with ``requires_grad``;
-                naming the record index and the column.
+            InvalidArgumentError: no records, a record that is not a mapping, a key no column
+                reads (unless ``lenient``), a value of the wrong type, that does not parse, a
+                number that is not finite (or gives a non-finite input after the transforms),
+                a string that is not Unicode, a missing label with ``requires_grad``; naming
+                the record index and the column.
         """
         if not isinstance(records, Sequence) or isinstance(records, (str, bytes)):
             raise InvalidArgumentError("records must be a list of objects")
         if not records:
             raise InvalidArgumentError("records must hold at least one record")
+        if missing not in ("mean", "fill"):
+            raise InvalidArgumentError(f"missing must be 'mean' or 'fill', got {missing!r}")
         spec = self.spec
+        check_keys(records, spec.columns(), lenient=lenient, stats=stats)
         if spec.labels and not requires_grad and not self._have_labels(records):
             spec = replace(spec, labels=())
-        chunk = RecordsChunk(records, spec, na_values=self.na_values, strip=self.strip)
+        fills = self.missing_fills() if missing == "mean" else None
         try:
-            block = build_block(chunk, spec, strip=self.strip, na_values=self.na_values)
+            with np.errstate(over="ignore", invalid="ignore"):  # refused below, with a reason
+                chunk = RecordsChunk(
+                    records,
+                    spec,
+                    na_values=self.na_values,
+                    strip=self.strip,
+                    fills=fills,
+                    stats=stats,
+                )
+                block = build_block(chunk, spec, strip=self.strip, na_values=self.na_values)
         except CorruptDataError as exc:
             raise InvalidArgumentError(str(exc)) from None
+        check_finite(block.dense, spec, records)
         return block.to_batch(requires_grad)
+
+    def missing_fills(self) -> dict[str, float]:
+        """Column -> the raw value a missing numeric value becomes when serving: the training
+        mean (:attr:`means`); for a pipeline without recorded means (saved before they were)
+        the ``standardize`` mean where the feature has one (the same number), else the
+        column's ``fill`` (what training gave an empty field). Columns that are also a label
+        or the source of a derived column keep the ``fill``."""
+        spec = self.spec
+        shared = {lb.column for lb in spec.labels} | {d.source for d in spec.derived}
+        shared |= {d.name for d in spec.derived}
+        fills: dict[str, float] = {}
+        for numeric in spec.numeric:
+            means = self.means.get(numeric.name)
+            if means is None and numeric.standardize is not None:
+                means = tuple(mean for mean, _ in numeric.standardize)
+            for k, column in enumerate(numeric.columns):
+                if column not in shared:
+                    fills.setdefault(column, numeric.fill if means is None else means[k])
+        return fills
 
     def _have_labels(self, records: Sequence[Mapping[str, object]]) -> bool:
         na = set(self.na_values) | {""}
@@ -245,6 +321,11 @@ def _from_json(doc: object) -> FeaturePipeline:
         )
         for e in map(_entry, _list(d["numeric"]))
     )
+    means = {  # absent in pipelines saved before the training means were recorded
+        _str(e["name"]): tuple(_number(v) for v in _list(e["mean"]))
+        for e in map(_entry, _list(d["numeric"]))
+        if e.get("mean") is not None
+    }
     labels = tuple(
         LabelColumn(
             _str(e["column"]),
@@ -257,12 +338,14 @@ def _from_json(doc: object) -> FeaturePipeline:
     order = d.get("order_threshold")
     if order is not None and not isinstance(order, str):
         order = _number(order)
+    derived = tuple(derived_from_json(e) for e in _list(d.get("derived", [])))
     return FeaturePipeline(
-        ColumnSpec(ids, numeric, labels),
+        ColumnSpec(ids, numeric, labels, derived),
         na_values=tuple(_str(v) for v in _list(d["na_values"])),
         positive=_opt_str(d["positive"]),
         strip=_bool(d["strip"]),
         order_threshold=order,
+        means=means,
     )
 
 

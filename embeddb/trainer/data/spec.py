@@ -20,6 +20,17 @@ A field equal to one of :attr:`CsvDialect.na_values` (``"NA"``, ``"null"`` ...) 
 
 Numeric transforms, in this order: missing -> ``fill``, ``log1p``, then ``standardize``
 (``(x - mean) / std`` with the per-column statistics a dataset's ``fit`` measured).
+
+Derived columns (:class:`DerivedColumn`) are computed from another column of the same row,
+e.g. the hour of a timestamp, and used by name like any column::
+
+    ColumnSpec(
+        ids=(IDColumn("user"), IDColumn("hour", kind="int")),
+        derived=(DerivedColumn("hour", source="click_time", extract="hour"),),
+    )
+
+They are part of the spec, so the saved feature pipeline computes them from a raw record at
+serving time exactly as training computed them from the file.
 """
 
 from __future__ import annotations
@@ -33,11 +44,16 @@ from embeddb.errors import ConfigError
 __all__ = [
     "ColumnSpec",
     "CsvDialect",
+    "DerivedColumn",
     "IDColumn",
     "IdKind",
     "LabelColumn",
     "NumericColumn",
+    "TimePart",
+    "TimeUnit",
     "check_na_values",
+    "derived_from_json",
+    "derived_to_json",
 ]
 
 
@@ -191,6 +207,73 @@ class LabelColumn:
         return self.name or self.column
 
 
+class TimePart(str, enum.Enum):
+    """What a :class:`DerivedColumn` takes of a timestamp (after its ``utc_offset``)."""
+
+    HOUR = "hour"  # 0 .. 23
+    WEEKDAY = "weekday"  # 0 = Monday .. 6 = Sunday
+    DAY = "day"  # day of the month, 1 .. 31
+    MONTH = "month"  # 1 .. 12
+    YEAR = "year"
+
+
+class TimeUnit(str, enum.Enum):
+    """The unit of a numeric timestamp (ISO-8601 text carries its own)."""
+
+    SECONDS = "seconds"
+    MILLISECONDS = "milliseconds"
+
+
+@dataclass(frozen=True)
+class DerivedColumn:
+    """A column computed from a timestamp column of the same row.
+
+    The source holds unix time (a number, in ``unit``; fractions are floored) or ISO-8601
+    text (``2017-11-07``, ``2017-11-07 09:30``, ``2017-11-07T09:30:38.25Z``,
+    ``...+02:00``; ``T`` or a space; text without an offset is UTC). The instant is shifted
+    by ``utc_offset`` hours, then ``extract`` is taken as a small integer (its decimal text
+    for a string ID column, the number itself for an int ID or a numeric column). An empty
+    source gives an empty value; text that is neither form is an error naming the row.
+
+    Attributes:
+        name: the derived column's name (used in ids and numeric like a file column; it must
+            not be a column of the file).
+        source: the timestamp column.
+        extract: hour, weekday, day, month or year (:class:`TimePart`).
+        unit: seconds or milliseconds, for numeric timestamps.
+        utc_offset: hours added to UTC before extracting (``1`` for CET, ``-5`` for EST;
+            fractions allowed: ``5.5``), between -24 and 24.
+    """
+
+    name: str
+    source: str
+    extract: TimePart
+    unit: TimeUnit = TimeUnit.SECONDS
+    utc_offset: float = 0.0
+
+    def __post_init__(self) -> None:
+        _name(self.name, "name")
+        _name(self.source, "from")
+        for key, kind in (("extract", TimePart), ("unit", TimeUnit)):
+            try:
+                object.__setattr__(self, key, kind(getattr(self, key)))
+            except ValueError:
+                allowed = ", ".join(k.value for k in kind)
+                raise ConfigError(
+                    key, f"must be one of {allowed}, got {getattr(self, key)!r}"
+                ) from None
+        offset = self.utc_offset
+        if (
+            isinstance(offset, bool)
+            or not isinstance(offset, (int, float))
+            or not -24 <= offset <= 24
+        ):
+            raise ConfigError("utc_offset", f"must be hours in [-24, 24], got {offset!r}")
+        object.__setattr__(self, "utc_offset", float(offset))
+        if self.name == self.source:
+            raise ConfigError("name", f"a derived column cannot replace its source {self.source!r}")
+
+
 @dataclass(frozen=True)
 class ColumnSpec:
     """The features and labels a reader makes of a table's columns (see the module docstring).
@@ -202,10 +285,18 @@ class ColumnSpec:
     ids: tuple[IDColumn, ...] = ()
     numeric: tuple[NumericColumn, ...] = ()
     labels: tuple[LabelColumn, ...] = ()
+    derived: tuple[DerivedColumn, ...] = ()
 
     def __post_init__(self) -> None:
-        for key in ("ids", "numeric", "labels"):
+        for key in ("ids", "numeric", "labels", "derived"):
             object.__setattr__(self, key, tuple(getattr(self, key)))
+        derived = [d.name for d in self.derived]
+        dup = sorted({n for n in derived if derived.count(n) > 1})
+        if dup:
+            raise ConfigError("derived", f"duplicate names {dup}")
+        chained = [d.name for d in self.derived if d.source in derived]
+        if chained:
+            raise ConfigError("derived", f"{chained[0]!r}: the source must be a file column")
         if not self.ids and not self.numeric:
             raise ConfigError("ids", "a column spec needs at least one ID or numeric feature")
         for key, names in (
@@ -218,31 +309,39 @@ class ColumnSpec:
                 raise ConfigError(key, f"duplicate names {dup}")
 
     def columns(self) -> list[str]:
-        """Every column the spec reads, in first-use order."""
+        """Every column the spec reads from the source, in first-use order (a derived
+        column's source in its place)."""
+        sources = {d.name: d.source for d in self.derived}
         cols = [c.column for c in self.ids]
         cols += [c for n in self.numeric for c in n.columns]
         cols += [c.column for c in self.labels]
-        return list(dict.fromkeys(cols))
+        return list(dict.fromkeys(sources.get(c, c) for c in cols))
 
 
 @dataclass(frozen=True)
 class CsvDialect:
     """The layout of a delimited text file (gzip-compressed or plain).
 
-    Quoted fields are not supported: a field never contains the delimiter or a newline.
+    Quoted fields follow RFC 4180 (what pandas, R and spreadsheets write): a field that starts
+    with ``quote`` may hold the delimiter, and a doubled quote inside it is one quote; quoted
+    header names are unquoted too. A line break inside a quoted field is not supported (an
+    error naming the file and line), so every newline ends a row.
 
     Attributes:
         delimiter: one character between fields (``"\\t"`` for TSV).
+        quote: the quote character of quoted fields; None: quotes are ordinary text.
         header: whether the first (non-comment) line names the columns.
         names: the column names of a file without a header (or overriding its header).
         comment: lines starting with this character are skipped (empty lines always are).
-        strip: remove spaces and tabs around every field (``"a, b"`` -> ``"a"``, ``"b"``).
+        strip: remove spaces and tabs around every field (``"a, b"`` -> ``"a"``, ``"b"``);
+            blanks may stand around a quoted field, and the ends of its value are stripped too.
         na_values: fields equal to one of these (after ``strip``) are missing, like empty
             ones: no id, ``fill``, an error for a label.
         chunk_bytes: bytes of text parsed at a time (memory vs per-chunk overhead).
     """
 
     delimiter: str = ","
+    quote: str | None = '"'
     header: bool = True
     names: tuple[str, ...] | None = None
     comment: str | None = None
@@ -252,6 +351,9 @@ class CsvDialect:
 
     def __post_init__(self) -> None:
         _single_char(self.delimiter, "delimiter")
+        _single_char(self.quote, "quote", allow_none=True)
+        if self.quote is not None and self.quote == self.delimiter:
+            raise ConfigError("quote", f"must differ from the delimiter {self.delimiter!r}")
         object.__setattr__(self, "na_values", check_na_values(self.na_values))
         _single_char(self.comment, "comment", allow_none=True)
         if self.names is not None:
@@ -281,3 +383,32 @@ def check_na_values(values: object, key: str = "na_values") -> tuple[str, ...]:
     if any("\n" in v for v in values):
         raise ConfigError(key, f"a missing-value marker cannot hold a newline: {values!r}")
     return tuple(dict.fromkeys(values))
+
+
+def derived_to_json(column: DerivedColumn) -> dict[str, object]:
+    """A derived column as the JSON object of a saved feature pipeline."""
+    return {
+        "name": column.name,
+        "from": column.source,
+        "extract": column.extract.value,
+        "unit": column.unit.value,
+        "utc_offset": column.utc_offset,
+    }
+
+
+def derived_from_json(doc: object) -> DerivedColumn:
+    """The derived column of a :func:`derived_to_json` object.
+
+    Raises:
+        TypeError, KeyError, ConfigError: not such an object (the pipeline loader names its
+            file).
+    """
+    if not isinstance(doc, dict):
+        raise TypeError(f"a derived column must be an object, got {doc!r}")
+    return DerivedColumn(
+        doc["name"],
+        source=doc["from"],
+        extract=doc["extract"],
+        unit=doc["unit"],
+        utc_offset=doc["utc_offset"],
+    )

@@ -316,7 +316,7 @@ class SyntheticCriteo:
         """AUC of the teacher's true probabilities against the sampled labels of the first
         ``num_samples`` samples of a stream: the best any model can score on those samples."""
         s = self.generate(num_samples, split)
-        return auc(s.probability, s.label)
+        return auc(labels=s.label, scores=s.probability)
 
     # ---------------------------------------------------------------------------------------
 

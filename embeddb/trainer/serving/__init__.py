@@ -17,8 +17,9 @@ production) and are read with evaluation lookups, so predictions follow training
 
 Modules: :mod:`.spec` (model.json), :mod:`.export` (writing a model directory),
 :mod:`.infer` (:class:`InferCtx`: records → batch → lookups → pooled → dense → scores),
-:mod:`.records` (pre-hashed records), :mod:`.local_shards` (a checkpoint's shards opened
-in-process, read-only), :mod:`.torchserve` (a TorchServe handler).
+:mod:`.records` (pre-hashed records), :mod:`.body` (JSON request bodies, bounded before they
+are parsed), :mod:`.local_shards` (a checkpoint's shards opened in-process, read-only),
+:mod:`.torchserve` (a TorchServe handler).
 """
 
 from __future__ import annotations

@@ -12,13 +12,14 @@ A request of 3 records (``embeddb/proto/embeddb/v1/model.proto``) and the batch 
     NonIdFeature "numeric"  values = f32[18]  shape = [3, 6]
                       -> NonIDTypeFeature(float32 (3, 6), name="numeric")
 
-Decoding validates everything once (STYLE.md §5): every error is an
+Decoding validates everything once (docs/style.md §5): every error is an
 :class:`~embeddb.errors.InvalidArgumentError` naming the feature and what is wrong, or a
 :class:`~embeddb.errors.ResourceExhaustedError` for more records than allowed.
 
 :func:`merge_batches` concatenates batches that the server decoded (every ID feature of the
 model present, non-ID inputs in the model's order) into one; :func:`split_scores` cuts the
-merged scores back into one array per batch.
+merged scores back into one array per batch. :func:`finite_scores` refuses scores with a NaN
+(every frontend checks its answer with it).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ __all__ = [
     "decode_scores",
     "encode_request",
     "encode_scores",
+    "finite_scores",
     "merge_batches",
     "split_scores",
 ]
@@ -201,6 +203,24 @@ def encode_request(batch: Batch) -> mpb.PredictRequest:
             )
         )
     return request
+
+
+def finite_scores(scores: F32) -> F32:
+    """``scores``, if every one is a number: a NaN never reaches an answer (HTTP's JSON has no
+    NaN; gRPC and TorchServe answer the same).
+
+    Raises:
+        InvalidArgumentError: naming the first record whose score is NaN (the model's output
+            for inputs that overflow inside it, or a model that returns NaN).
+    """
+    bad = np.isnan(scores)
+    if bad.any():
+        row = int(np.argmax(bad))
+        raise InvalidArgumentError(
+            f"record {row}: the model's score is NaN (its inputs overflow inside the model, "
+            "or the model returns NaN); the request gets no scores"
+        )
+    return scores
 
 
 def encode_scores(scores: F32) -> mpb.PredictResponse:

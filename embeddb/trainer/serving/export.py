@@ -64,6 +64,7 @@ def export_model(
     non_id_shapes: Mapping[str, Sequence[int]] | None = None,
     pooling: Mapping[str, Pooling] | None = None,
     pipeline: FeaturePipeline | None = None,
+    lenient_records: bool = False,
     overwrite: bool = False,
 ) -> Path:
     """Write ``model`` (its dense part) with its embedding config as a model directory.
@@ -83,6 +84,8 @@ def export_model(
         pooling: the trainer's per-feature pooling overrides (``TrainerConfig.pooling``).
         pipeline: the feature pipeline that built the training batches, written as
             ``features.json``: the served model then scores raw records through it.
+        lenient_records: the served model ignores keys of raw records that no column reads
+            (counted) instead of refusing the record (``model.json``'s ``lenient_records``).
         overwrite: replace an existing complete model directory.
 
     Returns:
@@ -94,7 +97,7 @@ def export_model(
             feature (not supported: the dense part takes one tensor per feature); the model
             can be neither scripted nor traced, or its output is not ``(n, 1)``; a
             ``pipeline`` whose ID features or non-ID inputs (names, widths, order) are not
-            the example's.
+            the example's; ``lenient_records`` without a ``pipeline``.
     """
     target = Path(directory)
     if (target / MODEL_FILE).exists() and not overwrite:
@@ -107,7 +110,11 @@ def export_model(
         from ..data.pipeline import PIPELINE_FILE
 
         check_pipeline(pipeline, spec)
-        spec = dataclasses.replace(spec, pipeline=PIPELINE_FILE)
+        spec = dataclasses.replace(spec, pipeline=PIPELINE_FILE, lenient_records=lenient_records)
+    elif lenient_records:
+        raise InvalidArgumentError(
+            "lenient_records applies to raw records: export the model with its pipeline"
+        )
     non_id, embeddings = _example_inputs(spec, embedding_config, example)
     eager = copy.deepcopy(model).to("cpu").eval()
     compiled, how = _compile(eager, non_id, embeddings)

@@ -20,10 +20,17 @@ of :data:`GRPC_STATUS` (404 NOT_FOUND, 405 UNIMPLEMENTED, 500 INTERNAL, ...).
 
 ``POST /v1/predict`` checks, in order: the bearer token (401) → the framing: one
 ``Content-Length`` (400 if missing, not a number or with ``Transfer-Encoding``; 413 above
-``max_body_bytes``) → the body (400): strict UTF-8 (a leading BOM is skipped), arrays and
-objects nested at most :data:`MAX_JSON_DEPTH` deep (checked before parsing, see
-:func:`json_depth`), JSON with no ``NaN``/``Infinity`` literals → the records
-(400, 413 above ``max_records``) → scoring.
+``max_body_bytes``) → the body, before it is parsed (:mod:`.body`): arrays and objects nested
+at most :data:`MAX_JSON_DEPTH` deep (400), no string over ``max_string_bytes`` and no record
+over ``max_record_bytes`` (413, naming the limit and the record) → the JSON (400): strict
+UTF-8 (a leading BOM is skipped), no ``NaN``/``Infinity`` literals → the records (400, 413
+above ``max_records``; a number that is not finite, ``1e999``, is a 400 naming the record and
+the field) → scoring. A score is never NaN in a body: the model returning one for a record is a
+400 naming the record (``codec.finite_scores``).
+
+Answers go out in one write each (status line, headers and body joined), on sockets with
+``TCP_NODELAY``: a keep-alive connection never waits for the peer's delayed ACK (Nagle's
+algorithm would hold a second write until the first is acknowledged: ~40 ms per request).
 
 The body holds exactly one of two keys: ``"records"``, raw records (column values as in the
 training data, ``{"user": "u17", "price": 12.5}``) when the model was exported with its
@@ -65,13 +72,13 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from embeddb.errors import EmbeddbError, InvalidArgumentError, ResourceExhaustedError, status_of
 from embeddb.rpc.auth import authenticate
 from embeddb.rpc.interceptors import RateLimitedLog
 
 from .batcher import MicroBatcher
+from .body import MAX_JSON_DEPTH, json_depth, parse_json
+from .codec import finite_scores
 from .metrics import ModelMetrics
 
 if TYPE_CHECKING:
@@ -115,10 +122,8 @@ GRPC_STATUS: dict[int, str] = {
     505: "UNIMPLEMENTED",
 }
 
-MAX_JSON_DEPTH = 32
-"""The deepest nesting of arrays and objects a body may have. A request nests 5 levels plus
-the dimensions of a non-ID input (``{"hashed_records": [{"non_id": {"x": [[...]]}}]}``)."""
 _BODY_KEYS = ("records", "hashed_records")
+_RECORD_LEVEL = 3  # records open at depth 3 in {"records": [{...}, ...]}
 
 _ROUTES: dict[str, tuple[str, ...]] = {"/v1/predict": ("POST",), "/healthz": ("GET", "HEAD")}
 _METHODS = frozenset(
@@ -136,68 +141,6 @@ _PARSER_REASON = {
 _REASON_OF_STATUS = {"UNAUTHENTICATED": "unauthenticated", "RESOURCE_EXHAUSTED": "too_large"}
 _DRAIN_BYTES = 64 << 10  # a refused request's unread body up to this size is read and dropped
 _LENGTH = re.compile(r"[0-9]{1,19}")
-_NOT_STRUCTURE = bytes(sorted(set(range(256)) - set(b'"[]{}')))
-
-
-# --------------------------------------------------------------------------------- the body
-def json_depth(text: bytes) -> int:
-    """How deep arrays and objects nest in the JSON text ``text``, without parsing it.
-
-    ``json.loads`` recurses once per level (a RecursionError far below a body size limit:
-    ``[`` * 100,000 is 100 KB), so the depth is measured first, by C-speed byte operations:
-    escape pairs (``\\\\``, ``\\"``) are dropped, then every byte but quotes and brackets; of
-    what remains, brackets inside strings (between two quotes) are dropped; the depth is the
-    highest running count of openers minus closers. Exact for valid JSON; for invalid JSON
-    some number (``json.loads`` then says what is wrong).
-
-    Args:
-        text: UTF-8 JSON (no byte of a multi-byte UTF-8 sequence is a quote or bracket).
-
-    Returns:
-        0 for a scalar, 1 for ``[1, 2]``, 2 for ``{"a": [1]}``.
-    """
-    if b"\\" in text:
-        text = text.replace(b"\\\\", b"").replace(b'\\"', b"")
-    # removing two adjacent quotes (an empty string, or the end of one string and the start
-    # of the next) leaves every other byte as much inside or outside a string as before
-    marks = text.translate(None, _NOT_STRUCTURE).replace(b'""', b"")
-    if b'"' in marks:  # brackets inside strings: keep those outside (even parts)
-        marks = b"".join(marks.split(b'"')[::2])
-    if not marks:
-        return 0
-    codes = np.frombuffer(marks, dtype=np.uint8)
-    opens = (codes == ord("[")) | (codes == ord("{"))
-    steps = np.where(opens, np.int32(1), np.int32(-1))
-    return max(0, int(np.cumsum(steps, dtype=np.int32).max()))
-
-
-def parse_json(body: bytes) -> object:
-    """The JSON document of a request body.
-
-    Raises:
-        InvalidArgumentError: ``body`` is not UTF-8, nests arrays and objects more than
-            :data:`MAX_JSON_DEPTH` deep, is not JSON, holds ``NaN``, ``Infinity`` or
-            ``-Infinity``, or an integer of more digits than Python converts.
-    """
-    try:
-        text = body.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise InvalidArgumentError(
-            f"the body is not UTF-8: {exc.reason} at byte {exc.start}"
-        ) from None
-    depth = json_depth(body)
-    if depth > MAX_JSON_DEPTH:
-        raise InvalidArgumentError(
-            f"the body nests arrays and objects {depth} deep, more than {MAX_JSON_DEPTH}"
-        )
-    try:
-        return json.loads(text, parse_constant=_no_constant)
-    except ValueError as exc:  # JSONDecodeError, _no_constant, too many digits
-        raise InvalidArgumentError(f"the body is not valid JSON: {exc}") from None
-
-
-def _no_constant(name: str) -> object:
-    raise ValueError(f"{name} is not a JSON number")
 
 
 def _preview(value: object, limit: int = 80) -> str:
@@ -254,6 +197,7 @@ class HttpFrontend:
         self.serving = True
         self.stopping = False
         self.errors = RateLimitedLog(logger)
+        self.limits = config.body_limits()
         self._lock = threading.Condition()
         self._in_flight = 0
         self._connections: set[socket.socket] = set()
@@ -270,6 +214,11 @@ class HttpFrontend:
         self._thread.start()
 
     # connection and request bookkeeping, for a graceful stop
+    def connections(self) -> list[socket.socket]:
+        """The client connections open now."""
+        with self._lock:
+            return list(self._connections)
+
     def opened(self, conn: socket.socket) -> None:
         with self._lock:
             self._connections.add(conn)
@@ -340,7 +289,7 @@ class HttpFrontend:
             if key == "records"
             else self.predictor.batch_from_hashed_records(records)
         )
-        scores: list[float] = self.batcher.submit(batch).result().tolist()
+        scores: list[float] = finite_scores(self.batcher.submit(batch).result()).tolist()
         return scores
 
 
@@ -362,6 +311,7 @@ def _handler(front: HttpFrontend) -> type[BaseHTTPRequestHandler]:
 
         protocol_version = "HTTP/1.1"
         server_version = "embeddb-model"
+        disable_nagle_algorithm = True  # TCP_NODELAY (StreamRequestHandler.setup)
         timeout = front.config.http_idle_seconds
         # per request (reset in parse_request): an answer was sent; the body was consumed
         _responded = False
@@ -458,7 +408,7 @@ def _handler(front: HttpFrontend) -> type[BaseHTTPRequestHandler]:
                 front.authenticate(self.headers)
                 body = self._body()
                 invalid = "malformed"
-                doc = parse_json(body)
+                doc = parse_json(body, front.limits, _RECORD_LEVEL)
                 invalid = "invalid_argument"
                 self._send(200, {"scores": front.predict(doc)})
             except EmbeddbError as exc:
@@ -493,11 +443,7 @@ def _handler(front: HttpFrontend) -> type[BaseHTTPRequestHandler]:
             if not values:
                 raise InvalidArgumentError("a Content-Length header is required")
             length = _content_length(values)
-            if length > front.config.max_body_bytes:
-                raise ResourceExhaustedError(
-                    f"the body is {length} bytes, more than this server accepts "
-                    f"({front.config.max_body_bytes}); split the request"
-                )
+            front.limits.check_body_size(length)
             self._body_done = True
             body = self.rfile.read(length)
             if len(body) < length:
@@ -551,21 +497,26 @@ def _handler(front: HttpFrontend) -> type[BaseHTTPRequestHandler]:
         def _send(
             self, code: int, doc: dict[str, Any], headers: Iterable[tuple[str, str]] = ()
         ) -> None:
-            data = json.dumps(doc).encode()
+            """The answer in one write: status line, headers and body joined (with the
+            socket's TCP_NODELAY, no wait for an ACK between two writes)."""
+            data = json.dumps(doc, allow_nan=False).encode()
             self._responded = True
-            self.send_response(code, HTTPStatus(code).phrase)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            for name, value in headers:
-                self.send_header(name, value)
+            self.log_request(code)
+            lines = [
+                f"{self.protocol_version} {code} {HTTPStatus(code).phrase}",
+                f"Server: {self.version_string()}",
+                f"Date: {self.date_time_string()}",
+                "Content-Type: application/json",
+                f"Content-Length: {len(data)}",
+            ]
+            lines += [f"{name}: {value}" for name, value in headers]
             if code == 401:
-                self.send_header("WWW-Authenticate", "Bearer")
+                lines.append("WWW-Authenticate: Bearer")
             if front.stopping:
                 self.close_connection = True
             if self.close_connection:
-                self.send_header("Connection", "close")
-            self.end_headers()
-            if self.command != "HEAD":
-                self.wfile.write(data)
+                lines.append("Connection: close")
+            head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+            self.wfile.write(head if self.command == "HEAD" else head + data)
 
     return Handler

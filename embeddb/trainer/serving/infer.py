@@ -24,6 +24,9 @@ turned into a batch by the code that built the training batches (no training/ser
 
     {"user": "u17", "city": "Zurich", "tags": "a|b", "price": 12.5}
 
+A missing numeric value is the training mean of its column (0 after ``standardize``), a key
+that no column reads is refused unless the model was exported with ``lenient_records``.
+
 A model without one reads **pre-hashed records** (:meth:`InferCtx.batch_from_hashed_records`,
 always available; ids may be decimal strings, JSON-safe 64-bit ids)::
 
@@ -71,6 +74,7 @@ from .spec import DENSE_FILE, EMBEDDING_FILE, ModelSpec, check_pipeline, load_mo
 
 if TYPE_CHECKING:
     from ..data.pipeline import FeaturePipeline
+    from ..data.records import RecordStats
 
 __all__ = [
     "InferCtx",
@@ -213,6 +217,8 @@ class InferCtx:
     ) -> None:
         self.model_dir = Path(model_dir)
         self.on_lookup: Callable[[float], None] | None = None  # seconds of each batch's lookups
+        # what each batch of raw records found (missing values filled, unknown keys)
+        self.on_records: Callable[[RecordStats], None] | None = None
         self.spec: ModelSpec = load_model_spec(self.model_dir)
         self.embedding_config = load_embedding_config(self.model_dir)
         unknown = [n for n in self.spec.id_features if n not in self.embedding_config.features]
@@ -458,25 +464,35 @@ class InferCtx:
         pipeline (:attr:`pipeline`), pre-hashed records otherwise.
 
         A raw record holds column values as in the training data (``{"user": "u17",
-        "tags": "a|b", "price": 12.5}``; a missing key, ``null`` or a missing-value marker is
-        a missing value); it becomes a batch through the pipeline's
+        "tags": "a|b", "price": 12.5}``); it becomes a batch through the pipeline's
         :meth:`~embeddb.trainer.data.pipeline.FeaturePipeline.batch_from_records`, the code
-        that built the training batches (the same hashing, transforms and fill). A pre-hashed
-        record is :meth:`batch_from_hashed_records`'s.
+        that built the training batches (the same hashing and transforms). A missing numeric
+        value (a missing key, ``null`` or a missing-value marker) is the training mean of its
+        column (0 after ``standardize``). A key no column reads is refused, unless the model
+        was exported with ``lenient_records`` (then ignored); both are counted
+        (:attr:`on_records`). A pre-hashed record is :meth:`batch_from_hashed_records`'s.
 
         Raises:
-            InvalidArgumentError: not a non-empty list of records, or a bad record; the
-                message names the record's index and the column (or field).
+            InvalidArgumentError: not a non-empty list of records, or a bad record (an unknown
+                key, a value that does not parse, a number that is not finite, a string that
+                is not Unicode); the message names the record's index and the column (or
+                field).
         """
         if self.pipeline is None:
             return self.batch_from_hashed_records(records)
+        from ..data.records import RecordStats
+
         rows = check_records(records)
-        for i, record in enumerate(rows):
-            if not isinstance(record, Mapping):
-                raise InvalidArgumentError(
-                    f"record {i} must be an object of column -> value, got {type(record).__name__}"
-                )
-        return self.pipeline.batch_from_records(rows)  # type: ignore[arg-type]
+        stats = RecordStats()
+        try:
+            return self.pipeline.batch_from_records(
+                rows,  # type: ignore[arg-type]
+                lenient=self.spec.lenient_records,
+                stats=stats,
+            )
+        finally:
+            if self.on_records is not None:
+                self.on_records(stats)
 
     def batch_from_hashed_records(self, records: object) -> Batch:
         """A batch from pre-hashed records (see :mod:`embeddb.trainer.serving.records`).

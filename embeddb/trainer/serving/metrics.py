@@ -15,6 +15,12 @@
     embeddb_model_bad_requests_total{method,reason}  requests refused for their content
                                                   (gRPC: malformed, bad_enum; HTTP: see the
                                                   HTTP frontend)
+    embeddb_model_record_missing_filled_total     counter: numeric values missing from raw
+                                                  records (a missing key, null, a marker),
+                                                  filled with the training mean
+    embeddb_model_record_unknown_keys_total       counter: keys of raw records that no column
+                                                  reads (refused with 400 / INVALID_ARGUMENT,
+                                                  or ignored by a lenient model)
 
 Not exported: a count of unknown ids. The shards' lookup answer does not say which ids they
 store (an unknown id reads as zeros, see ``infer.py``), so the server cannot count them; a
@@ -26,12 +32,17 @@ The registry also holds the process and Python collectors (``process_*``, ``pyth
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from embeddb.rpc.boundary import RefusedCall
 from embeddb.rpc.metrics import LATENCY_BUCKETS
 from embeddb.rpc.metrics_http import add_runtime_collectors
 from embeddb.v1 import model_pb2 as mpb
+
+if TYPE_CHECKING:
+    from embeddb.trainer.data.records import RecordStats
 
 __all__ = ["BATCH_BUCKETS", "ModelMetrics"]
 
@@ -84,6 +95,23 @@ class ModelMetrics:
             ["method", "reason"],
             registry=registry,
         )
+        self.missing_filled = Counter(
+            f"{prefix}_record_missing_filled",
+            "Numeric values missing from raw records, filled with the training mean.",
+            registry=registry,
+        )
+        self.unknown_keys = Counter(
+            f"{prefix}_record_unknown_keys",
+            "Keys of raw records that no column reads (refused, or ignored by a lenient model).",
+            registry=registry,
+        )
+
+    def observe_records(self, stats: RecordStats) -> None:
+        """What building the batch of one request's raw records found."""
+        if stats.missing_filled:
+            self.missing_filled.inc(stats.missing_filled)
+        if stats.unknown_keys:
+            self.unknown_keys.inc(stats.unknown_keys)
 
     def observe(self, method: str, status: str, seconds: float) -> None:
         """One finished call."""

@@ -200,8 +200,9 @@ def _non_id_column(spec: NonIdInput, column: list[object]) -> F32:
     shape = tuple(int(d) for d in spec.shape)
     scalar = int(np.prod(shape)) == 1
     try:
-        array = np.asarray(column, dtype=np.float32)
-    except (TypeError, ValueError):
+        with np.errstate(over="ignore"):  # out of float32's range: inf, refused below
+            array = np.asarray(column, dtype=np.float32)
+    except (TypeError, ValueError, OverflowError):
         array = None
     if array is not None:
         if array.shape == (n, *shape):
@@ -217,14 +218,22 @@ def _non_id_column(spec: NonIdInput, column: list[object]) -> F32:
             raise InvalidArgumentError(
                 f"record {i}: non_id.{spec.name}: must be numbers, got {_preview(value)}"
             )
-        one = np.asarray(value, dtype=np.float64)
+        try:
+            one = np.asarray(value, dtype=np.float64)
+        except OverflowError:  # an integer beyond float64
+            one = np.asarray(np.inf)
         if one.shape != shape and not (scalar and one.size == 1):
             raise InvalidArgumentError(
                 f"record {i}: non_id.{spec.name}: must have shape {list(shape)}, got "
                 f"{list(one.shape)}"
             )
-        if not np.isfinite(one).all():
-            raise InvalidArgumentError(f"record {i}: non_id.{spec.name}: must be finite numbers")
+        with np.errstate(over="ignore"):
+            finite = bool(np.isfinite(one.astype(np.float32)).all())
+        if not finite:
+            raise InvalidArgumentError(
+                f"record {i}: non_id.{spec.name}: must be finite numbers within float32's "
+                f"range, got {_preview(value)}"
+            )
     raise InvalidArgumentError(f"non_id.{spec.name}: values of mixed shapes")
 
 
@@ -239,5 +248,7 @@ def _is_numeric(value: object) -> bool:
 
 
 def _preview(value: object, limit: int = 60) -> str:
+    if isinstance(value, int) and value.bit_length() > 200:  # no 4,000-digit repr
+        return f"an integer of {len(str(value))} digits"
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."

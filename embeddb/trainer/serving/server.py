@@ -26,9 +26,15 @@ in ``http.py`` (:class:`~embeddb.trainer.serving.http.HttpFrontend`).
 Bad input never stops the server: it is answered INVALID_ARGUMENT / 400 naming the record and
 field, and a request of more than ``max_records`` records (or an HTTP body above
 ``max_body_bytes``, or a gRPC message above ``max_message_bytes``) RESOURCE_EXHAUSTED / 413.
+A JSON body (HTTP, or gRPC's ``records_json``) is measured before it is parsed
+(:mod:`.body`): a string over ``max_string_bytes`` or a record over ``max_record_bytes`` is
+RESOURCE_EXHAUSTED / 413 naming the limit. Raw records: a missing numeric value is the
+training mean, a key no column reads INVALID_ARGUMENT / 400 (ignored by a model exported with
+``lenient_records``), both counted (``embeddb_model_record_missing_filled_total``,
+``embeddb_model_record_unknown_keys_total``); a score is never NaN (``codec.finite_scores``).
 
 :func:`build_model_server` returns a started :class:`ModelServer` (ports bound, 0 picks free
-ones); :meth:`ModelServer.stop` shuts down in the fixed order of STYLE.md §13: health
+ones); :meth:`ModelServer.stop` shuts down in the fixed order of docs/style.md §13: health
 NOT_SERVING → stop accepting, in-flight calls finish within the grace period → the batcher
 scores what is queued → metrics endpoint. Closing the ``InferCtx`` is its owner's job.
 """
@@ -52,8 +58,9 @@ from embeddb.v1 import model_pb2 as mpb
 from embeddb.v1 import model_pb2_grpc as mpb_grpc
 
 from .batcher import MicroBatcher
-from .codec import ModelInputs, batch_from_request, encode_scores
-from .http import HTTP_STATUS, HttpFrontend, parse_json
+from .body import BodyLimits, parse_json
+from .codec import ModelInputs, batch_from_request, encode_scores, finite_scores
+from .http import HTTP_STATUS, HttpFrontend
 from .metrics import ModelMetrics
 
 __all__ = [
@@ -99,6 +106,10 @@ class ModelServerConfig:
         max_records: the most records of one request (more: RESOURCE_EXHAUSTED / 413).
         max_message_bytes: the largest gRPC request or response.
         max_body_bytes: the largest HTTP request body.
+        max_record_bytes: the largest record of a JSON body (HTTP, gRPC ``records_json``), as
+            JSON text, measured before parsing.
+        max_string_bytes: the longest string of a JSON body (an id, a value, a key), measured
+            before parsing.
         http_idle_seconds: an idle HTTP keep-alive connection is closed after this long.
         metrics_registry: where to record metrics; a fresh registry when None.
         warm_up: before binding any port, call the predictor's ``warm_up()`` (if it has one:
@@ -114,6 +125,8 @@ class ModelServerConfig:
     max_records: int = 65536
     max_message_bytes: int = 64 << 20
     max_body_bytes: int = 64 << 20
+    max_record_bytes: int = 1 << 20
+    max_string_bytes: int = 64 << 10
     http_idle_seconds: float = 30.0
     metrics_registry: CollectorRegistry | None = None
     warm_up: bool = True
@@ -126,8 +139,13 @@ class ModelServerConfig:
         for name in ("max_batch", "workers", "max_records", "max_message_bytes", "max_body_bytes"):
             if getattr(self, name) < 1:
                 raise ConfigError(name, f"must be >= 1, got {getattr(self, name)}")
+        self.body_limits()  # the body limits are checked there
         if self.max_delay < 0:
             raise ConfigError("max_delay", f"must be >= 0, got {self.max_delay}")
+
+    def body_limits(self) -> BodyLimits:
+        """The bounds of a JSON request body (:class:`~.body.BodyLimits`)."""
+        return BodyLimits(self.max_body_bytes, self.max_record_bytes, self.max_string_bytes)
 
 
 class _Servicer(mpb_grpc.ModelServiceServicer):
@@ -138,6 +156,7 @@ class _Servicer(mpb_grpc.ModelServiceServicer):
         self._spec = predictor.spec
         self._batcher = batcher
         self._max_records = config.max_records
+        self._limits = config.body_limits()
         self._config = config
 
     def DescribeModel(
@@ -149,11 +168,11 @@ class _Servicer(mpb_grpc.ModelServiceServicer):
         self, request: mpb.PredictRequest, context: grpc.ServicerContext
     ) -> mpb.PredictResponse:
         if request.records_json:
-            records = json_records(request, self._max_records)
+            records = json_records(request, self._max_records, self._limits)
             batch = self._predictor.batch_from_records(records)
         else:
             batch = batch_from_request(request, self._spec, self._max_records)
-        return encode_scores(self._batcher.submit(batch).result())
+        return encode_scores(finite_scores(self._batcher.submit(batch).result()))
 
 
 def describe_model(predictor: Predictor, config: ModelServerConfig) -> mpb.DescribeModelResponse:
@@ -170,20 +189,23 @@ def describe_model(predictor: Predictor, config: ModelServerConfig) -> mpb.Descr
     )
 
 
-def json_records(request: mpb.PredictRequest, max_records: int) -> list[object]:
+def json_records(
+    request: mpb.PredictRequest, max_records: int, limits: BodyLimits | None = None
+) -> list[object]:
     """The records of a request in the JSON form (``records_json``), checked.
 
     Raises:
         InvalidArgumentError: columnar features beside the JSON, JSON that is not an array
-            (see :func:`~embeddb.trainer.serving.http.parse_json`), or ``num_records`` neither
+            (see :func:`~embeddb.trainer.serving.body.parse_json`), or ``num_records`` neither
             0 nor the number of records.
-        ResourceExhaustedError: more than ``max_records`` records.
+        ResourceExhaustedError: more than ``max_records`` records, a string or a record over
+            ``limits`` (measured before parsing).
     """
     if request.id_features or request.non_id_features:
         raise InvalidArgumentError(
             "a request carries records_json or id_features/non_id_features, not both"
         )
-    records = parse_json(request.records_json)
+    records = parse_json(request.records_json, limits, level=2)  # [{...}, ...]
     if not isinstance(records, list):
         raise InvalidArgumentError(
             f"records_json must be a JSON array of records, got a JSON {type(records).__name__}"
@@ -265,6 +287,8 @@ def build_model_server(
     metrics = ModelMetrics(cfg.metrics_registry or CollectorRegistry())
     if hasattr(predictor, "on_lookup"):  # InferCtx: time its lookups
         predictor.on_lookup = metrics.lookup_seconds.observe
+    if hasattr(predictor, "on_records"):  # InferCtx: count filled values and unknown keys
+        predictor.on_records = metrics.observe_records
     batcher = MicroBatcher(
         predictor.predict,
         max_batch=cfg.max_batch,

@@ -7,7 +7,8 @@ Example (the Adult example's model)::
      "non_id": [{"name": "dense", "shape": [6], "dtype": "float32"}],
      "output": "logit", "torch": "2.13.0", "positive": "income >50K",
      "pooling": {},                                          # per-feature pooling overrides
-     "pipeline": "features.json"}                            # the feature pipeline, or null
+     "pipeline": "features.json",                            # the feature pipeline, or null
+     "lenient_records": false}                               # ignore unknown keys of raw records
 
 ``pooling`` is optional (an addition to the issue-6 contract): the trainer's per-feature
 overrides of the config's pooling (``TrainerConfig.pooling``, e.g. ``{"title": "mean"}``),
@@ -17,6 +18,12 @@ which ``embedding.yaml`` cannot express.
 the file of the model directory holding the feature pipeline
 (:class:`~embeddb.trainer.data.pipeline.FeaturePipeline`) that turns raw records into batches
 exactly as training did. A model with one scores raw records; one without, pre-hashed records.
+
+``lenient_records`` is optional (issue 22; absent means false): a raw record with a key that
+no column of the pipeline reads (a misspelt ``"pirce"``) is refused (400 / INVALID_ARGUMENT,
+naming the key) unless the model was exported with ``lenient_records=True``; then such keys
+are ignored. Either way they are counted. Set it in an existing ``model.json`` to make an
+older model lenient.
 """
 
 from __future__ import annotations
@@ -90,6 +97,8 @@ class ModelSpec:
         pooling: per-feature pooling overrides (feature -> :class:`Pooling`).
         pipeline: the file name of the feature pipeline in the model directory, or ``None``
             (the model reads pre-hashed records only).
+        lenient_records: raw records may hold keys no column reads (ignored); false: such a
+            record is refused.
         format: ``embeddb-model/1``.
     """
 
@@ -102,6 +111,7 @@ class ModelSpec:
     torch: str = ""
     pooling: dict[str, Pooling] = field(default_factory=dict)
     pipeline: str | None = None
+    lenient_records: bool = False
     format: str = FORMAT
 
     def to_json(self) -> dict[str, Any]:
@@ -119,6 +129,7 @@ class ModelSpec:
             "positive": self.positive,
             "pooling": {name: p.value for name, p in self.pooling.items()},
             "pipeline": self.pipeline,
+            "lenient_records": self.lenient_records,
         }
 
     @classmethod
@@ -177,6 +188,9 @@ class ModelSpec:
             pipeline in ("", ".", "..") or "/" in pipeline or "\\" in pipeline
         ):
             raise bad(f"pipeline must be a file name in the model directory, got {pipeline!r}")
+        lenient = doc.get("lenient_records", False)
+        if not isinstance(lenient, bool):
+            raise bad(f"lenient_records must be true or false, got {lenient!r}")
         created = doc.get("created", 0.0)
         if not isinstance(created, (int, float)) or isinstance(created, bool):
             raise bad(f"created must be a unix time, got {created!r}")
@@ -194,6 +208,7 @@ class ModelSpec:
             torch=str(doc.get("torch", "")),
             pooling=pooling,
             pipeline=pipeline,
+            lenient_records=lenient,
         )
 
 

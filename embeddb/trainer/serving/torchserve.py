@@ -22,7 +22,9 @@ Without ``serving.json`` the shards come from the environment: ``EMBEDDB_ADDRESS
 the token itself is never in the archive. Relative paths in ``serving.json`` are relative to
 the model directory.
 
-Each request's body is JSON: ``{"records": [record, ...]}``, a list of records, or one record:
+Each request's body is JSON (measured before it is parsed, as the model server does: see
+:mod:`.body`; ``serving.json`` may set ``max_record_bytes`` and ``max_string_bytes``):
+``{"records": [record, ...]}``, a list of records, or one record:
 raw records (column values as in the training data, ``{"user": "u17", "price": 12.5}``) when
 the model was exported with its feature pipeline, else pre-hashed ones; or
 ``{"hashed_records": [record, ...]}``, always pre-hashed records (records as in
@@ -30,7 +32,11 @@ the model was exported with its feature pipeline, else pre-hashed ones; or
 :meth:`InferCtx.predict`; each request gets the list of its records' scores. A bad request
 (not JSON, an unknown feature, a value of the wrong type) raises :class:`BadRequestError`, an
 :class:`InvalidArgumentError` that is also TorchServe's ``PredictionException`` with code 400:
-TorchServe answers every request of that batch with 400 and the precise message.
+TorchServe answers every request of that batch with 400 and the precise message. Raw records
+behave as on the model server: a missing numeric value is the training mean, an unknown key
+is refused unless the model was exported with ``lenient_records``, a number that is not finite
+or a string that is not Unicode is refused naming the record and the column, and a NaN score
+is never answered (:func:`~embeddb.trainer.serving.codec.finite_scores`).
 
 TorchServe's ``ts`` package is optional: when it imports, the handler subclasses its
 ``BaseHandler`` (``EmbeddbHandler()`` then ``initialize(context)`` then
@@ -45,16 +51,17 @@ import logging
 import os
 import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from embeddb.errors import ConfigError, InvalidArgumentError
+from embeddb.errors import ConfigError, InvalidArgumentError, ResourceExhaustedError
 from embeddb.secrets import read_token_file
 from embeddb.trainer.batch import Batch
-from embeddb.trainer.serving.codec import merge_batches
+from embeddb.trainer.serving.body import BodyLimits, check_json, loads
+from embeddb.trainer.serving.codec import finite_scores, merge_batches
 from embeddb.trainer.serving.infer import InferCtx
 
 __all__ = ["SERVING_FILE", "BadRequestError", "EmbeddbHandler", "ServingSettings"]
@@ -63,6 +70,7 @@ logger = logging.getLogger(__name__)
 
 SERVING_FILE = "serving.json"
 BAD_REQUEST = 400
+_KEYS = frozenset(("records", "hashed_records"))
 
 try:  # pragma: no cover - depends on whether TorchServe is installed
     with warnings.catch_warnings():  # ts 0.12's __init__ reads version.txt without closing it
@@ -85,13 +93,13 @@ except ImportError:  # the plain interface
 
 class BadRequestError(InvalidArgumentError, _Prediction):  # type: ignore[misc]
     """A bad request: an :class:`InvalidArgumentError` that is also TorchServe's
-    ``PredictionException`` with code 400 (TorchServe answers it with that code and the
-    message)."""
+    ``PredictionException`` with code 400, also for a body over a limit: TorchServe 0.12's
+    frontend answers a handler's 413 as 507, so the message, which names the limit, says it)."""
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, error_code: int = BAD_REQUEST) -> None:
         InvalidArgumentError.__init__(self, message)
         self.message = message
-        self.error_code = BAD_REQUEST
+        self.error_code = error_code
 
     def __str__(self) -> str:
         return self.message
@@ -107,6 +115,8 @@ class ServingSettings:
         token_file: file holding the shards' bearer token; ``None``: ``EMBEDDB_TOKEN``.
         checkpoint_dir: a job's ``checkpoint_dir`` opened read-only instead of shards.
         checkpoint_id: the checkpoint of ``checkpoint_dir``; ``None``: the latest.
+        limits: the bounds of a request body (``max_record_bytes``, ``max_string_bytes``;
+            TorchServe's own ``max_request_size`` bounds the whole body).
     """
 
     addresses: tuple[str, ...] = ()
@@ -114,13 +124,18 @@ class ServingSettings:
     token_file: str | None = None
     checkpoint_dir: str | None = None
     checkpoint_id: str | None = None
+    limits: BodyLimits = field(default_factory=BodyLimits)
 
     def to_json(self) -> str:
-        """The ``serving.json`` text (``None`` and empty fields left out)."""
+        """The ``serving.json`` text (``None`` and empty fields, default limits left out)."""
         doc: dict[str, Any] = {"addresses": list(self.addresses)} if self.addresses else {}
         for key in ("tls_ca", "token_file", "checkpoint_dir", "checkpoint_id"):
             value = getattr(self, key)
             if value is not None:
+                doc[key] = value
+        for key in _LIMITS:
+            value = getattr(self.limits, key)
+            if value != getattr(BodyLimits(), key):
                 doc[key] = value
         return json.dumps(doc, indent=2) + "\n"
 
@@ -149,6 +164,7 @@ class ServingSettings:
             raise ConfigError(str(path), f"unreadable: {exc}") from exc
         if not isinstance(doc, dict):
             raise ConfigError(str(path), "must be a JSON object")
+        limits = _limits(doc, path)
         strings = {}
         for key in ("tls_ca", "token_file", "checkpoint_dir", "checkpoint_id"):
             value = doc.get(key)
@@ -165,6 +181,7 @@ class ServingSettings:
             return cls(
                 checkpoint_dir=_under(model_dir, checkpoint_dir),
                 checkpoint_id=strings["checkpoint_id"],
+                limits=limits,
             )
         if not (isinstance(listed, list) and listed):
             raise ConfigError(f"{path}: addresses", "must be a non-empty list of host:port")
@@ -174,6 +191,7 @@ class ServingSettings:
             tuple(str(a) for a in listed),
             tls_ca=None if tls_ca is None else _under(model_dir, tls_ca),
             token_file=None if token_file is None else _under(model_dir, token_file),
+            limits=limits,
         )
 
     def open(self, model_dir: Path, environ: Mapping[str, str]) -> InferCtx:
@@ -198,6 +216,7 @@ class EmbeddbHandler(_Base):  # type: ignore[misc]
     def __init__(self) -> None:
         super().__init__()
         self.infer: InferCtx | None = None
+        self.limits = BodyLimits()
         self.initialized = False
 
     def initialize(self, context: Any) -> None:
@@ -210,7 +229,9 @@ class EmbeddbHandler(_Base):  # type: ignore[misc]
         """
         self.context = context
         model_dir = Path(context.system_properties["model_dir"])
-        self.infer = ServingSettings.read(model_dir, os.environ).open(model_dir, os.environ)
+        settings = ServingSettings.read(model_dir, os.environ)
+        self.limits = settings.limits
+        self.infer = settings.open(model_dir, os.environ)
         self.initialized = True
         logger.info("embeddb model %s ready: %r", model_dir, self.infer)
 
@@ -227,7 +248,7 @@ class EmbeddbHandler(_Base):  # type: ignore[misc]
         batches: list[Batch] = []
         counts: list[int] = []
         for i, item in enumerate(data):
-            hashed, mine = _records(item, i)
+            hashed, mine = _records(item, i, self.limits)
             try:
                 batch = (
                     infer.batch_from_hashed_records(mine)
@@ -251,7 +272,14 @@ class EmbeddbHandler(_Base):  # type: ignore[misc]
         """One response per request: the list of its records' scores."""
         scores, counts = data
         bounds = np.cumsum([0, *counts])
-        return [[float(s) for s in scores[bounds[k] : bounds[k + 1]]] for k in range(len(counts))]
+        out: list[list[float]] = []
+        for k in range(len(counts)):
+            try:
+                mine = finite_scores(scores[bounds[k] : bounds[k + 1]])
+            except InvalidArgumentError as exc:
+                raise InvalidArgumentError(f"request {k}: {exc}") from exc
+            out.append([float(s) for s in mine])
+        return out
 
     def handle(self, data: Any, context: Any) -> list[list[float]] | None:
         """preprocess → inference → postprocess (initializing first if TorchServe did not).
@@ -261,7 +289,7 @@ class EmbeddbHandler(_Base):  # type: ignore[misc]
 
         Raises:
             BadRequestError: a bad request (an :class:`InvalidArgumentError` and TorchServe's
-                ``PredictionException`` with code 400).
+                ``PredictionException`` with code 400, over a limit too).
         """
         if not self.initialized:
             self.initialize(context)
@@ -269,7 +297,7 @@ class EmbeddbHandler(_Base):  # type: ignore[misc]
             return None
         try:
             return self.postprocess(self.inference(self.preprocess(data)))
-        except InvalidArgumentError as exc:
+        except (InvalidArgumentError, ResourceExhaustedError) as exc:
             raise BadRequestError(str(exc)) from exc
 
     def close(self) -> None:
@@ -290,18 +318,52 @@ def _under(model_dir: Path, path: str) -> str:
     return path if Path(path).is_absolute() else str(model_dir / path)
 
 
-def _records(item: object, index: int) -> tuple[bool, list[Any]]:
-    """The records of one TorchServe request item, and whether they are pre-hashed."""
+def _limits(doc: Mapping[str, Any], path: Path) -> BodyLimits:
+    """The body limits ``serving.json`` sets (the defaults for those it leaves out)."""
+    given = {key: doc[key] for key in _LIMITS if key in doc}
+    try:
+        return BodyLimits(**given)
+    except ConfigError as exc:
+        raise ConfigError(str(path), str(exc)) from None
+
+
+_LIMITS = ("max_record_bytes", "max_string_bytes")
+
+
+def _measured(raw: bytes, index: int, limits: BodyLimits, parsed: object = None) -> object:
+    """The document of ``raw``, checked against ``limits`` before it is parsed (``parsed``:
+    the document TorchServe already parsed from it, returned as it is)."""
+    # records open at depth 2 in [{...}], 3 in {"records": [{...}]}; a body that is one
+    # record ({"user": ...}: no container at depth 3) is one record's size, checked below
+    level = 2 if raw.lstrip(b" \t\r\n\xef\xbb\xbf")[:1] == b"[" else 3
+    try:
+        scan = check_json(raw, limits, level)
+        body = loads(raw) if parsed is None else parsed
+        if scan is not None and isinstance(body, Mapping) and not _KEYS & body.keys():
+            scan.check_records(limits, 1)
+    except InvalidArgumentError as exc:
+        raise InvalidArgumentError(f"request {index}: {exc}") from exc
+    except ResourceExhaustedError as exc:
+        raise ResourceExhaustedError(f"request {index}: {exc}") from exc
+    return body
+
+
+def _records(item: object, index: int, limits: BodyLimits) -> tuple[bool, list[Any]]:
+    """The records of one TorchServe request item, and whether they are pre-hashed (a body
+    still in bytes is measured against ``limits`` before it is parsed)."""
     body: object = item
     if isinstance(item, Mapping):
         body = item.get("body", item.get("data"))
         if body is None:
             raise InvalidArgumentError(f"request {index} has no body")
     if isinstance(body, (bytes, bytearray, str)):
-        try:
-            body = json.loads(body)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise InvalidArgumentError(f"request {index}: the body is not JSON: {exc}") from exc
+        raw = body.encode("utf-8", "surrogatepass") if isinstance(body, str) else bytes(body)
+        body = _measured(raw, index, limits)
+    elif isinstance(body, (Mapping, list)):
+        # TorchServe parses an application/json body itself (its max_request_size bounded
+        # the body): the same limits apply to the same document, written out again
+        text = json.dumps(body, ensure_ascii=False).encode("utf-8", "surrogatepass")
+        _measured(text, index, limits, body)
     if isinstance(body, Mapping) and ("records" in body or "hashed_records" in body):
         if "records" in body and "hashed_records" in body:
             raise InvalidArgumentError(

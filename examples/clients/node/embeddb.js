@@ -343,7 +343,7 @@ async function connect(addresses, { token, protoDir, credentials } = {}) {
   );
   const problems = [];
   described.forEach((d, k) => {
-    const where = `--address ${addresses[k]} (position ${k} of ${addresses.length})`;
+    const where = `address ${addresses[k]} (position ${k} of ${addresses.length})`;
     if (d.num_shards !== addresses.length) {
       problems.push(`${where} is a shard of ${d.num_shards}, but ${addresses.length} addresses were given`);
     } else if (d.shard_index !== k) {

@@ -1,8 +1,12 @@
 #!/usr/bin/env node
 // Round trip against a running embeddb cluster with the Node client of embeddb.js:
 //
-//   node example.js --address 127.0.0.1:7070 [--address ...] [--token-file F] [--table T]
+//   node example.js --addresses 127.0.0.1:7070,127.0.0.1:7071 [--token-file F] [--table T]
 //                   [--rows N] [--proto-path DIR] [--dump F]
+//
+// --addresses as in every embeddb command: HOST:PORT,HOST:PORT in shard order (repeatable), or
+// @FILE, a cluster address file (HOST:PORT lines, # comments). --address (repeated) still works,
+// deprecated.
 //
 // 1. verifies every routing test vector (routing_test_vectors.json next to the .proto);
 // 2. connects (DescribeShard on every address: topology checked, limits learned);
@@ -53,9 +57,35 @@ function randomVectors(count) {
   return out;
 }
 
+/** The HOST:PORT lines of a cluster address file (blank lines and # comments skipped). */
+function readAddressFile(file) {
+  return fs
+    .readFileSync(file, 'utf8')
+    .split('\n')
+    .map((line) => line.split('#', 1)[0].trim())
+    .filter(Boolean);
+}
+
+/** The shards' addresses, in shard order, from --addresses (and the deprecated --address). */
+function shardAddresses(values) {
+  const out = [];
+  for (const value of values.addresses || []) {
+    if (value.startsWith('@')) out.push(...readAddressFile(value.slice(1)));
+    else out.push(...value.split(',').map((a) => a.trim()).filter(Boolean));
+  }
+  if (values.address && values.address.length) {
+    console.error(
+      'Warning: --address is deprecated and will be removed in the next release; use --addresses HOST:PORT,...'
+    );
+    out.push(...values.address);
+  }
+  return out;
+}
+
 async function main() {
   const { values } = parseArgs({
     options: {
+      addresses: { type: 'string', multiple: true },
       address: { type: 'string', multiple: true },
       'token-file': { type: 'string' },
       table: { type: 'string' },
@@ -64,8 +94,9 @@ async function main() {
       dump: { type: 'string' },
     },
   });
-  if (!values.address || values.address.length === 0) {
-    throw new Error('give at least one --address HOST:PORT (every shard, in shard order)');
+  const addresses = shardAddresses(values);
+  if (addresses.length === 0) {
+    throw new Error('give --addresses HOST:PORT,... or --addresses @FILE (every shard, in shard order)');
   }
   const rows = Number(values.rows);
   if (!Number.isInteger(rows) || rows < 1) throw new Error(`--rows must be a positive integer, got ${values.rows}`);
@@ -73,7 +104,7 @@ async function main() {
   const protoDir = values['proto-path'] || embeddb.defaultProtoDir();
 
   const routingVectors = verifyRoutingVectors(protoDir);
-  const cluster = await embeddb.connect(values.address, { token, protoDir });
+  const cluster = await embeddb.connect(addresses, { token, protoDir });
   try {
     const table = values.table || (await cluster.tables())[0].name;
     const dim = await cluster.dim(table);
