@@ -18,7 +18,9 @@ one type. Errors caused by the caller's input also derive from the matching buil
     ├── UnauthenticatedError                       missing or wrong credentials
     ├── UnavailableError                           the shard is closed or not serving
     └── StorageError                (OSError)      the disk tier or data directory failed
-        └── CorruptDataError                       a stored artefact failed its checks
+        ├── CorruptDataError                       a stored artefact failed its checks
+        ├── StorageFullError  (ResourceExhausted)  the data directory is full (ENOSPC)
+        └── StorageFaultError (Unavailable)        an I/O error or a read-only filesystem
 
 Foreign exceptions (RocksDB, YAML, OS) are translated at the layer that calls them, to the most
 specific type above, with ``raise ... from exc`` so the cause stays visible. The server maps this
@@ -41,6 +43,8 @@ __all__ = [
     "PermissionDeniedError",
     "ResourceExhaustedError",
     "StorageError",
+    "StorageFaultError",
+    "StorageFullError",
     "TableNotFoundError",
     "UnauthenticatedError",
     "UnavailableError",
@@ -112,6 +116,16 @@ class CorruptDataError(StorageError):
     """A stored artefact failed a consistency check; it is never loaded silently."""
 
 
+class StorageFullError(ResourceExhaustedError, StorageError):
+    """A write found the data directory full (ENOSPC, EDQUOT, EFBIG): the call changed
+    nothing; writes resume once there is space (``RESOURCE_EXHAUSTED``)."""
+
+
+class StorageFaultError(UnavailableError, StorageError):
+    """A write or fsync failed with an I/O error, or the filesystem is read-only: the shard
+    refuses writes until it is restarted (``UNAVAILABLE``)."""
+
+
 # The one table between this tree and gRPC status codes (by name, so the core never imports
 # grpc). The server maps an error to the status of its most specific listed class; the client
 # maps a status back to the class listed for it.
@@ -127,6 +141,8 @@ STATUS_BY_ERROR: dict[type[EmbeddbError], str] = {
     UnauthenticatedError: "UNAUTHENTICATED",
     UnavailableError: "UNAVAILABLE",
     CorruptDataError: "DATA_LOSS",
+    StorageFullError: "RESOURCE_EXHAUSTED",
+    StorageFaultError: "UNAVAILABLE",
     StorageError: "INTERNAL",
 }
 ERROR_BY_STATUS: dict[str, type[EmbeddbError]] = {

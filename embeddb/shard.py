@@ -10,14 +10,13 @@ An ID batch as the shard sees it (table ``user``, ``dim = 2``)::
     lookup  → [[a0, a1], [b0, b1], [a0, a1]]    float32 (3, 2), row i is the vector of ids[i]
     grads   = [[g0, g1], [h0, h1], [k0, k1]]    float32 (3, 2); id 7 is updated once with g + k
 
-Durability (docs/architecture.md §5). Every mutation — gradient push, assign, delete, rows created
-by a training lookup — is journaled while its stripe lock is held and appended to the update log
-with the next ``seq`` before the call returns; with ``fsync: always`` the call also waits for
-the fsync (:mod:`embeddb.shard_journal`). On open, a directory without a clean-shutdown record
-is **recovered** from its newest verified snapshot or last clean shutdown, then the log after
-it (:mod:`embeddb.shard_recovery`, which also draws the data directory's layout). A log whose
-append fails puts the shard in read-only mode: reads go on, mutations raise
-:class:`FailedPreconditionError`, nothing stored is touched.
+Durability (docs/architecture.md §5, docs/durability.md). The update log is the commit point:
+each mutating call — gradient push, assign, delete, rows created by a training lookup — is
+prepared under the locks of every stripe it touches, appended to the log as one record and only
+then made visible; a failed append leaves no trace of it (:mod:`embeddb.shard_journal`). A
+directory without a clean-shutdown record is **recovered** from its newest verified snapshot or
+last clean shutdown, then the log after it (:mod:`embeddb.shard_recovery`). A full disk fails
+writes until there is space again; an I/O error stops writes until a restart; reads go on.
 
 :class:`Shard` is a facade: it keeps validation, the data plane and the lifecycle, and
 delegates the rest to parts that each take only the state they need::
@@ -37,7 +36,6 @@ import tempfile
 import threading
 import time
 from collections.abc import Generator, Iterable, Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
@@ -47,6 +45,7 @@ import numpy.typing as npt
 from embeddb.config import EmbeddingConfig
 from embeddb.durability import snapshot
 from embeddb.durability.export import Exporter
+from embeddb.durability.fileio import REAL, FileIO
 from embeddb.durability.log import LogRecord, UpdateLog
 from embeddb.durability.snapshot import SnapshotInfo, SnapshotReader
 from embeddb.errors import (
@@ -60,36 +59,18 @@ from embeddb.shard_feed import LogReaders, RecordApplier, start_export, stop_exp
 from embeddb.shard_journal import Journal
 from embeddb.shard_recovery import (
     BASE,
-    CLEAN_MARKER,
     Recovery,
     Restore,
     ShardOpener,
     read_record,
-    shutdown_record,
-    write_record,
+    shut_down,
 )
 from embeddb.shard_snapshot import ShardSnapshots, SnapshotResult
-from embeddb.storage import DiskTier, TableStats, TieredTable, UpdateResult
+from embeddb.storage import DiskTier, ShardStats, TieredTable, UpdateResult
 from embeddb.storage.parallel import StripePool, default_threads
 from embeddb.storage.scan import ScanPage, scan_table
 
 __all__ = ["Recovery", "Shard", "ShardStats", "SnapshotInfo", "SnapshotResult", "UpdateResult"]
-
-
-@dataclass(frozen=True)
-class ShardStats:
-    """Per-table statistics of one shard."""
-
-    tables: dict[str, TableStats]
-
-    def totals(self) -> dict[str, int]:
-        """Counters summed over tables."""
-        out: dict[str, int] = {}
-        for stats in self.tables.values():
-            for key, value in stats.as_dict().items():
-                if isinstance(value, int) and key != "dim":
-                    out[key] = out.get(key, 0) + value
-        return out
 
 
 class Shard:
@@ -116,6 +97,8 @@ class Shard:
             :class:`FailedPreconditionError`; :meth:`apply_record` applies a primary's log.
         cut_corrupt_log_tail: cut a corrupt tail of the update log (recorded in
             ``log-cuts.jsonl``) instead of refusing to start under ``absolute_consistency``.
+        file_io: the update log's file layer (:mod:`embeddb.durability.fileio`; tests inject
+            storage faults with it).
 
     Raises:
         StorageError: the directory is unusable.
@@ -135,6 +118,7 @@ class Shard:
         fallback: bool = False,
         follower: bool = False,
         cut_corrupt_log_tail: bool = False,
+        file_io: FileIO = REAL,
     ) -> None:
         began = time.perf_counter()
         self.config = config
@@ -162,6 +146,7 @@ class Shard:
             ephemeral=self._ephemeral,
             follower=follower,
             cut_corrupt_log_tail=cut_corrupt_log_tail,
+            file_io=file_io,
         )
         try:
             recovery = opener.open(restore, fallback)
@@ -211,15 +196,15 @@ class Shard:
                     if self.follower:  # a follower re-bootstraps from its primary on start
                         shutil.rmtree(self.data_dir / "disk", ignore_errors=True)
                     return
-                for table in self._tables.values():
-                    table.flush()
-                seq = self.seq
-                stop_export(self._exporter)  # the tail: every record up to seq
-                if self._log is not None:
-                    self._log.close()
-                record = shutdown_record(seq, self._tables)
-                self._disk.close()
-                write_record(self.data_dir, CLEAN_MARKER, record)
+                shut_down(
+                    self.data_dir,
+                    self._disk,
+                    self._tables,
+                    self._log,
+                    lambda: self.seq,
+                    lambda: stop_export(self._exporter),
+                    self._journal.failed,
+                )
             finally:
                 stop_export(self._exporter)
                 if self._log is not None:
@@ -269,9 +254,8 @@ class Shard:
 
     @property
     def read_only(self) -> bool:
-        """Whether the shard refuses mutations because its update log failed (a full disk, an
-        I/O error: :mod:`embeddb.shard_journal`); reads go on."""
-        return self._journal.failed is not None
+        """Whether storage faults fail mutations (:mod:`embeddb.shard_journal`); reads go on."""
+        return self._journal.read_only
 
     @property
     def durable_seq(self) -> int:
@@ -507,7 +491,12 @@ class Shard:
         if not any(train for _, _, train in checked):
             return [t.lookup(ids, False) for t, ids, _ in checked]
         before = self._journal.mutating()
-        out = [t.lookup(ids, train) for t, ids, train in checked]
+        plans = {k: p[0].lookup_begin(p[1], True) for k, p in enumerate(checked) if p[2]}
+        self._journal.commit([checked[k][0].lookup_call(plan) for k, plan in plans.items()])
+        out = [
+            plans[k].out if k in plans else t.lookup(i, False)
+            for k, (t, i, _) in enumerate(checked)
+        ]
         self._journal.acknowledge(before)
         return out
 
@@ -535,7 +524,7 @@ class Shard:
             checked.append((t, id_arr, self._matrix(grads, id_arr.size, t.dim, "grads")))
         self._distinct(table for table, _, _ in parts)
         before = self._journal.mutating()
-        results = [t.apply_gradients(ids, g) for t, ids, g in checked]
+        results = self._journal.commit([t.update_call(ids, g) for t, ids, g in checked])
         self._journal.acknowledge(before)
         return results
 

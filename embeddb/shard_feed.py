@@ -22,7 +22,7 @@ import threading
 from collections.abc import Callable, Generator, Iterator, Mapping
 from pathlib import Path
 
-from embeddb.config import EmbeddingConfig
+from embeddb.config import EmbeddingConfig, FsyncPolicy
 from embeddb.durability.export import Exporter
 from embeddb.durability.log import LogRecord, UpdateLog
 from embeddb.errors import (
@@ -31,6 +31,7 @@ from embeddb.errors import (
     FailedPreconditionError,
     OutOfRangeError,
     StorageError,
+    StorageFaultError,
     UnavailableError,
 )
 from embeddb.routing import Topology
@@ -111,12 +112,17 @@ class LogReaders:
         with ``idle_s``, waits for new ones (yielding None when idle) instead of ending."""
         marker = object()  # alive as long as this generator: its id is a unique pin token
         token = id(marker)
+        # Under fsync: always a call is committed only once its record is fsynced: a record is
+        # fed only then, so a follower never applies a call whose fsync failed (this raises).
+        durable_only = update_log.config.fsync is FsyncPolicy.ALWAYS
         with self._pins_lock:
             self._pins[token] = after_seq
         try:
             last = after_seq
             while True:
                 for record in update_log.read(last):
+                    if durable_only and record.seq > update_log.durable_seq:
+                        _wait_durable(update_log, record.seq)
                     last = record.seq
                     with self._pins_lock:
                         self._pins[token] = last
@@ -130,6 +136,17 @@ class LogReaders:
         finally:
             with self._pins_lock:
                 self._pins.pop(token, None)
+
+
+def _wait_durable(update_log: UpdateLog, seq: int) -> None:
+    try:
+        update_log.wait_durable(seq)
+    except StorageError as exc:
+        logger.error("update log feed stopped before seq %d: %s", seq, exc)
+        raise StorageFaultError(
+            f"the primary's update log failed before seq {seq} was fsynced: records after seq "
+            f"{seq - 1} are not fed until the primary is restarted (see its server log)"
+        ) from exc
 
 
 class RecordApplier:

@@ -49,6 +49,7 @@ from typing import Any
 from embeddb.config import EmbeddingConfig
 from embeddb.durability import records, snapshot, topology, unfinished
 from embeddb.durability.dirlock import DirectoryLock
+from embeddb.durability.fileio import REAL, FileIO
 from embeddb.durability.log import LogConfig, LogCut, UpdateLog
 from embeddb.errors import CorruptDataError, InvalidArgumentError, StorageError
 from embeddb.routing import Topology
@@ -64,6 +65,7 @@ __all__ = [
     "ShardOpener",
     "read_record",
     "replay",
+    "shut_down",
     "shutdown_record",
     "write_record",
 ]
@@ -134,6 +136,44 @@ def write_record(data_dir: Path, name: str, record: dict[str, Any]) -> None:
     os.replace(tmp, data_dir / name)
 
 
+def shut_down(
+    data_dir: Path,
+    disk: DiskTier,
+    tables: Mapping[str, TieredTable],
+    update_log: UpdateLog | None,
+    seq: Callable[[], int],
+    stop_export: Callable[[], None],
+    failed: BaseException | None,
+) -> None:
+    """A primary's clean shutdown: write dirty rows to the disk tier, close it and the log
+    and record a clean shutdown. If the storage failed — a full disk, a failed fsync
+    (``failed``: the shard's fail-stop error) — skip what is left and close without the record:
+    the update log holds every acknowledged write and the next start recovers from it. Never
+    raises for a storage fault (it is logged)."""
+    step = "write-back"
+    try:
+        if failed is not None:
+            raise StorageError(f"the shard stopped taking writes: {failed}")
+        for table in tables.values():
+            table.flush()
+        last = seq()
+        stop_export()  # the tail: every record up to seq
+        if update_log is not None:
+            update_log.close()
+        step = "close"
+        disk.close()
+        step = "clean-shutdown record"
+        write_record(data_dir, CLEAN_MARKER, shutdown_record(last, tables))
+    except OSError as exc:  # StorageError included
+        logger.error("shutdown of %s: %s failed (%s); the next start recovers from the update "
+                     "log", data_dir, step, exc)  # fmt: skip
+        if step == "write-back":
+            try:
+                disk.close(flush=False)
+            except StorageError as close_exc:
+                logger.error("shutdown of %s: disk tier close failed: %s", data_dir, close_exc)
+
+
 def read_record(data_dir: Path, name: str) -> dict[str, Any] | None:
     """The shutdown record ``data_dir/name`` (:data:`CLEAN_MARKER` or :data:`BASE`), if any.
 
@@ -182,7 +222,7 @@ class ShardOpener:
         topology: this shard's place in its cluster, checked against the directory.
         ephemeral: the directory is a private temporary one (no update log, no topology).
         follower: a read-only replica (no update log, no topology check).
-        cut_corrupt_log_tail: see :class:`~embeddb.shard.Shard`.
+        cut_corrupt_log_tail, file_io: see :class:`~embeddb.shard.Shard`.
     """
 
     def __init__(
@@ -195,8 +235,10 @@ class ShardOpener:
         ephemeral: bool,
         follower: bool,
         cut_corrupt_log_tail: bool,
+        file_io: FileIO = REAL,
     ) -> None:
         self._config = config
+        self._file_io = file_io
         self._data_dir = data_dir
         self._topology = topology
         self._follower = follower
@@ -432,7 +474,7 @@ class ShardOpener:
             cut_corrupt_tail=self._cut_corrupt_log_tail,
             cuts_dir=self._data_dir,
         )
-        self.log = UpdateLog(self._data_dir / "log", cfg, start_seq=start_seq)
+        self.log = UpdateLog(self._data_dir / "log", cfg, start_seq=start_seq, io=self._file_io)
 
     def _check_tables(self, record: dict[str, Any], source: str) -> dict[str, int]:
         tables = record["tables"]

@@ -106,6 +106,19 @@ def blocked_in(thread: threading.Thread, function: str) -> bool:
     return function in names
 
 
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    """``python -m embeddb.cli ARGS`` run to the end, without the caller's ``EMBEDDB_*``
+    environment (which would set options)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EMBEDDB_")}
+    return subprocess.run(
+        [sys.executable, "-m", "embeddb.cli", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=START_TIMEOUT_S,
+    )
+
+
 def free_port() -> int:
     """A port that was free a moment ago, for the components that cannot bind port 0 and
     report the port they bound: ``torch.distributed``'s rendezvous (``MASTER_PORT``: every rank

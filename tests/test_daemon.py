@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -151,6 +152,12 @@ def test_a_dirty_data_dir_is_refused_with_the_shards_reason(tmp_path) -> None:
     disk = tmp_path / "d" / "disk"
     disk.mkdir(parents=True)
     (disk / "CURRENT").write_text("left by a crashed shard\n")
+    # the shard's place, as its first start recorded it (a directory holding data without one
+    # is refused for that reason first: tests/test_small_holes.py)
+    (tmp_path / "d" / "topology.json").write_text(
+        '{"format_version": 1, "shard_index": 0, "num_shards": 1,'
+        ' "routing": "splitmix64-lemire-v1"}'
+    )
     result = CliRunner().invoke(main, ["serve", "--data-dir", str(tmp_path / "d"), "--port", "0"])
     assert result.exit_code == 1
     assert "not shut down cleanly" in result.output and "Traceback" not in result.output
@@ -232,3 +239,55 @@ def test_python_dash_m_embeddb_cli_runs() -> None:
     assert proc.returncode == 0
     assert "serve" in proc.stdout and "cluster" in proc.stdout
     assert "Usage: embeddb" in proc.stdout
+
+
+# ----------------------------------------------------------------------- restart on the port
+def time_wait_on(port: int) -> bool:
+    """Whether a TCP connection of local ``port`` is in TIME_WAIT (Linux ``/proc/net/tcp``)."""
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            local, state = line.split()[1], line.split()[3]
+            if int(local.rsplit(":", 1)[1], 16) == port and state == "06":
+                return True
+    return False
+
+
+def test_the_port_check_binds_like_grpc_despite_a_time_wait() -> None:
+    """A connection the server side closed leaves a TIME_WAIT on the server's port for a
+    minute; the pre-bind check must pass as gRPC's own bind does (before: "cannot bind ...:
+    the port is in use" for about 60 s)."""
+    from embeddb.cli.common import check_bindable
+
+    with socket.socket() as listener:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        with socket.create_connection(("127.0.0.1", port)) as client:
+            accepted, _ = listener.accept()
+            accepted.close()  # the server side closes first: its end goes to TIME_WAIT
+            assert client.recv(1) == b""  # the close reached the client
+    assert time_wait_on(port)
+    check_bindable("127.0.0.1", port)  # raised click.ClickException before
+
+
+def test_a_primary_restarts_on_its_port_right_after_a_clean_stop(serve, tmp_path) -> None:
+    """The documented rolling restart: a primary whose port holds a TIME_WAIT (a connection
+    the server closed: here one that sent no HTTP/2 preface) starts again on the same port at
+    once after a clean stop (before: "cannot bind ...: the port is in use" for about 60 s)."""
+    data_dir = tmp_path / "shard"
+    first = serve("--data-dir", str(data_dir), "--grace", "1")
+    port = first.port
+    with socket.create_connection(("127.0.0.1", port)) as raw:
+        raw.sendall(b"not http/2\r\n\r\n" * 4)
+        while raw.recv(4096):  # the server answers (GOAWAY) and closes first
+            pass
+    with grpc.insecure_channel(first.address) as channel:
+        assert health_status(channel) == SERVING
+    assert first.stop() == 0
+    assert time_wait_on(port)
+    second = serve("--data-dir", str(data_dir), "--port", str(port))
+    assert second.port == port
+    with grpc.insecure_channel(second.address) as channel:
+        assert health_status(channel) == SERVING
+    assert second.stop() == 0

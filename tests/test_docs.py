@@ -178,9 +178,14 @@ def test_the_docs_show_commands() -> None:
 @pytest.mark.parametrize(("page", "line", "complete"), _all_commands())
 @pytest.mark.usefixtures("paths_need_not_exist")
 def test_every_command_in_the_docs_parses(page: str, line: str, complete: bool) -> None:
-    words = _words(line)
+    check_parses(page, line, complete)
+
+
+def check_parses(page: str, line: str, complete: bool) -> None:
+    """Fail unless the ``embeddb`` command ``line`` of ``page`` parses (a command shown in
+    part, ``complete`` False, may leave required options out)."""
     try:
-        _parse(words)
+        _parse(_words(line))
     except click.exceptions.Exit:
         pass
     except click.MissingParameter:

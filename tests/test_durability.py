@@ -74,14 +74,14 @@ def test_every_mutation_gets_a_seq_and_reads_do_not(tmp_path: Path) -> None:
         assert shard.seq == 0
         shard.lookup("t", UNIVERSE[:10], train=False)
         assert shard.seq == 0  # an evaluation lookup changes nothing
-        shard.lookup("t", UNIVERSE[:10])  # creates 10 rows: one record per stripe touched
+        shard.lookup("t", UNIVERSE[:10])  # creates 10 rows: one record for the whole call
         after_create = shard.seq
-        assert 1 <= after_create <= 4
+        assert after_create == 1  # before: one record per stripe touched (up to 4)
         shard.lookup("t", UNIVERSE[:10])  # nothing new: nothing logged
         assert shard.seq == after_create
         shard.apply_gradients("t", UNIVERSE[:10], np.ones((10, DIM), np.float32))
         shard.delete("t", UNIVERSE[:1])
-        assert shard.seq > after_create
+        assert shard.seq == after_create + 2
         changes = [c for r in shard.read_log(0) for c in records.decode(r.payload)]
     created = np.concatenate([c.ids for c in changes if c.op is records.Op.PUT][:4])
     assert set(created.tolist()) >= set(range(10))
@@ -320,7 +320,7 @@ _FULL_DISK = textwrap.dedent(
     import resource, signal, sys
     import numpy as np
     from dataclasses import replace
-    from embeddb.errors import FailedPreconditionError, StorageError
+    from embeddb.errors import StorageFullError, status_of
     from embeddb.shard import Shard
     from tests.conftest import one_table_config
 
@@ -332,23 +332,33 @@ _FULL_DISK = textwrap.dedent(
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # writes past the limit fail with EFBIG
     resource.setrlimit(resource.RLIMIT_FSIZE, (4096, resource.RLIM_INFINITY))
     try:
-        for k in range(100):
-            shard.assign("t", np.arange(8, dtype=np.uint64) + 100 * k, np.ones((8, 4), np.float32))
+        for k in range(1, 100):
+            ids = np.arange(8, dtype=np.uint64) + 100 * k
+            shard.assign("t", ids, np.ones((8, 4), np.float32))
         print("no failure")
-    except StorageError as exc:
-        print("failed:", type(exc).__name__)
-    try:
+    except StorageFullError as exc:
+        print("failed:", status_of(exc), "path named:", sys.argv[1] in str(exc))
+        print("failed call visible:", int(shard.peek("t", ids)[0].sum()))
+        print("failed at:", int(ids[0]))
+    print("read-only:", shard.read_only)
+    try:  # the next write retries the append: still full
         shard.apply_gradients("t", np.arange(8, dtype=np.uint64), np.ones((8, 4), np.float32))
         print("mutation accepted")
-    except FailedPreconditionError as exc:
-        print("read-only:", "update log failed" in str(exc))
+    except StorageFullError as exc:
+        print("retry:", status_of(exc))
     now = shard.peek("t", np.arange(8, dtype=np.uint64))[1]
     print("reads intact:", bool(np.array_equal(now, kept)))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+    shard.assign("t", np.array([7], dtype=np.uint64), np.full((1, 4), 2, np.float32))
+    print("resumed:", not shard.read_only)
+    shard.discard()  # as a crash: the next start recovers from the log
     """
 )
 
 
-def test_a_full_disk_makes_the_shard_read_only_and_loses_nothing(tmp_path: Path) -> None:
+def test_a_full_disk_fails_writes_without_a_trace_and_they_resume(tmp_path: Path) -> None:
+    """A write that finds the disk full (EFBIG here, as ENOSPC) fails RESOURCE_EXHAUSTED with
+    none of its rows visible, before or after recovery; writes resume once there is room."""
     out = subprocess.run(
         [sys.executable, "-c", _FULL_DISK, str(tmp_path / "s")],
         capture_output=True,
@@ -358,13 +368,24 @@ def test_a_full_disk_makes_the_shard_read_only_and_loses_nothing(tmp_path: Path)
         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
         check=True,
     ).stdout
-    assert "failed: StorageError" in out
+    assert "failed: RESOURCE_EXHAUSTED path named: False" in out
+    assert "failed call visible: 0" in out
     assert "read-only: True" in out
+    assert "retry: RESOURCE_EXHAUSTED" in out
     assert "reads intact: True" in out
+    assert "resumed: True" in out
+    failed_at = int(out.split("failed at:")[1].split()[0])
     with Shard(one_table_config(dim=4, capacity=64), tmp_path / "s") as recovered:
         assert recovered.recovery.source == "log"
         found, rows = recovered.peek("t", np.arange(8, dtype=np.uint64))
-        assert found.all() and (rows[:, :4] == 1).all()  # what was acknowledged survived
+        assert found.all() and (rows[:7, :4] == 1).all()  # what was acknowledged survived
+        assert (rows[7, :4] == 2).all()  # the write after space came back, too
+        acked = np.concatenate(
+            [np.arange(8, dtype=np.uint64) + k for k in range(100, failed_at, 100)]
+        )
+        assert recovered.peek("t", acked)[0].all()
+        failed = np.arange(failed_at, failed_at + 8, dtype=np.uint64)
+        assert not recovered.peek("t", failed)[0].any()  # the failed call left no trace
 
 
 # ------------------------------------------------------------------------------ deletion

@@ -28,7 +28,8 @@ from tests.test_client import DIM, Cluster, serve_cluster, sgd_tables
 
 RW = "rw-token-0123456789abcdef"
 RO = "ro-token-fedcba9876543210"
-TOKENS = Tokens(read_write=frozenset({RW}), read_only=frozenset({RO}))
+REPLICA = "replica-token-00112233445566"
+TOKENS = Tokens(read_write=frozenset({RW}), read_only=frozenset({RO}), replica=frozenset({REPLICA}))
 CAPACITY = 64  # per shard: most of the rows below live only in the disk tier
 
 
@@ -234,19 +235,29 @@ def test_peek_prints_vectors_and_inserts_nothing(cluster: Cluster) -> None:
 
 
 # ------------------------------------------------------------------------- tokens
-def test_an_ro_token_may_scan_and_no_token_is_refused(tmp_path: Path) -> None:
+def test_scan_needs_a_replica_token_and_ro_or_no_token_is_refused(tmp_path: Path) -> None:
+    """An ro token reads only the ids it names: ``Scan`` (every row) needs replica or rw
+    (before: an ro token scanned every table)."""
     shard = Shard(sgd_tables(), tmp_path / "shard")
     server = build_server(shard, ServerConfig(ListenConfig(tokens=TOKENS)))
     address = f"127.0.0.1:{server.port}"
     try:
         with Client([address], ClientOptions(token=RW)) as client:
             client.assign("t", [4, 8], np.ones((2, DIM), dtype=np.float32))
-        ro_file = tmp_path / "ro-token"
-        ro_file.write_text(RO + "\n")
-        ro_file.chmod(0o600)
+        for role, token in (("ro", RO), ("replica", REPLICA)):
+            token_file = tmp_path / f"{role}-token"
+            token_file.write_text(token + "\n")
+            token_file.chmod(0o600)
         result = invoke(
-            "scan", "--addresses", address, "--table", "t", "--token-file", str(ro_file)
-        )
+            "scan", "--addresses", address, "--table", "t", "--token-file",
+            str(tmp_path / "ro-token"),
+        )  # fmt: skip
+        assert result.exit_code == 1
+        assert "PERMISSION_DENIED" in result.stderr and "replica" in result.stderr
+        result = invoke(
+            "scan", "--addresses", address, "--table", "t", "--token-file",
+            str(tmp_path / "replica-token"),
+        )  # fmt: skip
         assert result.exit_code == 0, result.output
         assert [line.split(",")[0] for line in result.stdout.splitlines()] == ["4", "8"]
 

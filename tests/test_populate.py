@@ -195,7 +195,7 @@ def test_an_ro_token_is_refused_and_an_rw_token_writes(tmp_path: Path) -> None:
         assert code == 1  # the file checks out (a progress line), then Assign is refused
         assert [line for line in err.splitlines() if "Error" in line] == err.splitlines()[-1:]
         assert err.splitlines()[-1].startswith("Error: ") and "PERMISSION_DENIED" in err
-        assert scanned(c, RO) == {}
+        assert scanned(c, RW) == {}  # Scan needs replica or rw
         code, _, err = populate(c, "--token-file", str(tmp_path / "rw-token"), str(path))
         assert code == 0, err
-        assert sorted(scanned(c, RO)) == list(range(1, 21))
+        assert sorted(scanned(c, RW)) == list(range(1, 21))

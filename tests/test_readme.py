@@ -9,13 +9,17 @@ import re
 import shlex
 from pathlib import Path
 
-import click
 import pytest
 import tomllib
 from packaging.requirements import Requirement
 from packaging.version import Version
 
-from tests.test_docs import _commands, _parse, _words, paths_need_not_exist  # noqa: F401
+from tests.test_docs import (  # noqa: F401
+    _commands,
+    _words,
+    check_parses,
+    paths_need_not_exist,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
@@ -134,15 +138,7 @@ def test_readme_claims_of_the_package() -> None:
 @pytest.mark.parametrize(("line", "complete"), _commands(README))
 @pytest.mark.usefixtures("paths_need_not_exist")
 def test_every_command_in_the_readme_parses(line: str, complete: bool) -> None:
-    try:
-        _parse(_words(line))
-    except click.exceptions.Exit:
-        pass
-    except click.MissingParameter:
-        if complete:
-            raise
-    except click.ClickException as exc:
-        pytest.fail(f"README.md: `{line}` does not parse: {exc.format_message()}")
+    check_parses("README.md", line, complete)
 
 
 def test_readme_shows_the_user_paths_commands() -> None:

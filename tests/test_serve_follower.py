@@ -7,9 +7,6 @@ follower naming the difference."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,7 +15,7 @@ import pytest
 
 from embeddb.client import Client, ClientOptions
 from embeddb.routing import shard_of
-from tests.support import START_TIMEOUT_S, StartServe, eventually, serve_processes
+from tests.support import START_TIMEOUT_S, StartServe, eventually, run_cli, serve_processes
 
 CONFIG = "tables: {t: {dim: 4, capacity: 64, optimizer: {type: adam, lr: 0.1}}}\n"
 ONE_SHARD = ClientOptions(verify_topology=False)  # one shard of two
@@ -29,15 +26,7 @@ def serve(tmp_path: Path) -> Iterator[StartServe]:
     yield from serve_processes(tmp_path)
 
 
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("EMBEDDB_")}
-    return subprocess.run(
-        [sys.executable, "-m", "embeddb.cli", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=START_TIMEOUT_S,
-    )
+cli = run_cli
 
 
 def test_a_follower_adopts_its_primarys_tables_and_place(serve: StartServe, tmp_path: Path) -> None:

@@ -10,8 +10,6 @@ from __future__ import annotations
 import os
 import shlex
 import signal
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,7 +23,7 @@ from embeddb.durability import snapshot
 from embeddb.durability.dirlock import DirectoryInUseError, DirectoryLock
 from embeddb.errors import StorageError
 from embeddb.shard import Shard
-from tests.support import START_TIMEOUT_S, ServeProcess, StartServe, serve_processes
+from tests.support import ServeProcess, StartServe, run_cli, serve_processes
 
 CONFIG = "tables: {t: {dim: 4, capacity: 64, optimizer: {type: sgd, lr: 0.1}}}\n"
 ONES = np.ones((1, 4), np.float32)
@@ -43,16 +41,7 @@ def config_file(tmp_path: Path) -> Path:
     return path
 
 
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    """``python -m embeddb.cli ARGS``, run to the end."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("EMBEDDB_")}
-    return subprocess.run(
-        [sys.executable, "-m", "embeddb.cli", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=START_TIMEOUT_S,
-    )
+cli = run_cli
 
 
 def error_line(stderr: str) -> str:

@@ -261,6 +261,7 @@ def test_a_directory_without_a_record_takes_its_snapshots_topology(tmp_path) -> 
         s.assign("t", owned[:5], np.ones((5, 4), np.float32))
         s.snapshot("one")
     (data / "topology.json").unlink()
+    (data / "shard-identity.json").unlink()
     with pytest.raises(ConfigError, match=r"holds shard 0 of 2 \(its snapshot one\)"):
         Shard(one_table_config(), data)
     assert not (data / "topology.json").exists()

@@ -1,7 +1,12 @@
 """What every command does with the values of its options: read the files they name (embedding
 config, PEM, token files), build credentials, set up logging. Errors become
 ``click.ClickException`` here, the boundary where a user's input is checked
-(:func:`reported_errors`: one ``Error:`` line on stderr, exit code 1, no traceback)."""
+(:func:`reported_errors`: one ``Error:`` line on stderr, exit code 1, no traceback).
+
+Strings a server supplies (table names, counter names, error details) are printed through
+:func:`printable`: a control character (a terminal escape sequence, a newline, a bell, a
+bidirectional override) is shown escaped, ``\\x1b`` or ``\\u202e``, never sent to the terminal
+as is."""
 
 from __future__ import annotations
 
@@ -29,6 +34,7 @@ __all__ = [
     "check_bindable",
     "load_config",
     "packaged_config",
+    "printable",
     "read_bytes",
     "read_token",
     "reported_errors",
@@ -40,6 +46,19 @@ __all__ = [
 _EXPLICIT = (click.core.ParameterSource.COMMANDLINE, click.core.ParameterSource.ENVIRONMENT)
 # grpc raises RuntimeError (not OSError) when a server port cannot be bound
 _GRPC_BIND_FAILED = re.compile(r"Failed to bind to address (\S+?);")
+# C0 and C1 controls, DEL, and the invisible characters that reorder or hide text
+_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2066-\u2069\ufeff]")
+
+
+def _escape(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def printable(text: object) -> str:
+    """``str(text)`` with every control or invisible formatting character escaped
+    (``\\x1b``, ``\\u202e``): safe to print to a terminal, and always one line."""
+    return _UNPRINTABLE.sub(_escape, str(text))
 
 
 def packaged_config(name: str) -> EmbeddingConfig:
@@ -161,6 +180,8 @@ def check_bindable(host: str, *ports: int | None) -> None:
         for family, kind, proto, _, sockaddr in infos:
             try:
                 with socket.socket(family, kind, proto) as probe:
+                    # as gRPC binds: a TIME_WAIT left by a closed connection does not block it
+                    probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                     probe.bind(sockaddr)
                 break
             except OSError as exc:
@@ -181,8 +202,8 @@ def reported_errors() -> Iterator[None]:
     """
     try:
         yield
-    except (EmbeddbError, OSError) as exc:
-        raise click.ClickException(str(exc) or type(exc).__name__) from exc
+    except (EmbeddbError, OSError) as exc:  # may carry a server's error details
+        raise click.ClickException(printable(str(exc) or type(exc).__name__)) from exc
     except RuntimeError as exc:
         bind = _GRPC_BIND_FAILED.match(str(exc))
         if bind is None:

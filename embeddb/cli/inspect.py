@@ -1,12 +1,15 @@
 """Look inside a running shard or cluster: ``embeddb tables``, ``embeddb stats``,
-``embeddb peek`` and ``embeddb scan``. All four only read (an ``ro`` token suffices): ``peek`` is
-an evaluation lookup (nothing is inserted or refreshed), ``scan`` pages through the ``Scan`` RPC.
+``embeddb peek`` and ``embeddb scan``. All four only read (an ``ro`` token suffices, except for
+``scan``: it reads every row, which needs a ``replica`` or ``rw`` token): ``peek`` is an
+evaluation lookup (nothing is inserted or refreshed), ``scan`` pages through the ``Scan`` RPC.
 
 Each takes the shards' addresses like every command (``--addresses HOST:PORT,...`` in shard
 order, or ``--addresses @FILE``) and ``--token-file`` / ``--tls-ca`` / ``--tls-server-name``
 (:mod:`embeddb.cli.target`, shared with ``embeddb populate``, which reads these formats back).
 Rows print as CSV (``id,v0,v1,...``; float32 values with 9 significant digits, which read back
-exactly) or JSON lines (``{"id": 7, "vector": [...]}``).
+exactly) or JSON lines (``{"id": 7, "vector": [...]}``). Strings the server supplies (table and
+optimizer names, error details) print with control characters escaped
+(:func:`~embeddb.cli.common.printable`); JSON output escapes them anyway.
 
 One address of a cluster of several shards inspects that shard alone: a line on stderr says
 which shard of how many it is, and the output is that shard's part (its rows and counters;
@@ -22,7 +25,7 @@ import click
 import numpy as np
 
 from embeddb.arrays import F32, U64
-from embeddb.cli.common import reported_errors
+from embeddb.cli.common import printable, reported_errors
 from embeddb.cli.target import ShardPlace, Target, connect, shard_place, target_options
 
 __all__ = ["peek", "scan", "stats", "tables"]
@@ -32,8 +35,9 @@ _ROW_FORMATS = click.Choice(["csv", "jsonl"])
 
 
 def _echo_table(header: tuple[str, ...], rows: list[tuple[Any, ...]]) -> None:
-    """Columns left-aligned, each as wide as its widest cell."""
-    cells = [tuple(str(c) for c in header), *(tuple(str(c) for c in r) for r in rows)]
+    """Columns left-aligned, each as wide as its widest cell; every cell :func:`printable`
+    (table names, optimizer names and counters come from the server)."""
+    cells = [tuple(header), *(tuple(printable(c) for c in r) for r in rows)]
     widths = [max(len(r[k]) for r in cells) for k in range(len(header))]
     for r in cells:
         click.echo("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
@@ -141,7 +145,10 @@ def peek(target: Target, table: str, fmt: str, ids: tuple[int, ...]) -> None:
 
 
 @click.command("scan")
-@target_options(one_shard=True)
+@target_options(
+    one_shard=True,
+    token_help="File holding a bearer token: replica or rw (Scan reads every row; ro may not).",
+)
 @click.option("--table", required=True, help="The table.")
 @click.option(
     "--limit",

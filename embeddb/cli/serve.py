@@ -108,6 +108,15 @@ __all__ = ["serve", "serve_model"]
     "RESOURCE_EXHAUSTED. Clients learn it from DescribeShard.",
 )
 @click.option(
+    "--max-inflight-mb",
+    type=click.IntRange(min=1),
+    default=ServerConfig().max_inflight_bytes >> 20,
+    show_default=True,
+    help="Memory budget of the requests and answers of all calls in flight, in MiB; a call "
+    "that finds no room within 60 s (or its deadline) is RESOURCE_EXHAUSTED before it "
+    "builds its answer.",
+)
+@click.option(
     "--max-streams",
     type=click.IntRange(min=1),
     default=ServerConfig().max_streams,
@@ -200,6 +209,7 @@ def serve(
     max_message_mb: int,
     max_response_mb: int,
     max_ids_per_request: int,
+    max_inflight_mb: int,
     max_streams: int,
     stream_idle_timeout: float,
     max_idle: float,
@@ -266,6 +276,7 @@ def serve(
             max_message_bytes=max_message_mb << 20,
             max_response_bytes=max_response_mb << 20,
             max_ids_per_request=max_ids_per_request,
+            max_inflight_bytes=max_inflight_mb << 20,
             max_streams=max_streams,
             stream_idle_timeout=stream_idle_timeout,
             max_idle_s=max_idle,

@@ -196,7 +196,7 @@ class AsyncClient(ClientBase):
                     yield ids, vectors
                 if r.done:
                     break
-                call.request.after_id = r.last_id
+                plans.advance_scan(call, r)
 
     async def check_topology(self) -> None:
         """See :meth:`Client.check_topology`."""

@@ -22,7 +22,7 @@ import numpy.typing as npt
 
 import embeddb.wire as wire
 from embeddb.arrays import F32
-from embeddb.errors import InvalidArgumentError, TableNotFoundError
+from embeddb.errors import InvalidArgumentError, TableNotFoundError, UnavailableError
 from embeddb.v1 import embeddb_pb2 as pb
 
 from .batching import Budget, IdBatch, Part, as_matrix, split_many
@@ -46,6 +46,7 @@ __all__ = [
     "ShardCall",
     "ShardStatsDict",
     "TableDescription",
+    "advance_scan",
     "apply_gradients",
     "apply_gradients_many",
     "assign",
@@ -455,6 +456,23 @@ def scan_calls(
             request.after_id = after
         calls.append(ShardCall(shard, "Scan", request, idempotent=True))
     return calls
+
+
+def advance_scan(call: ShardCall, response: Any) -> None:
+    """Set ``call``'s cursor to ``response.last_id`` for the shard's next ``Scan`` page.
+
+    Raises:
+        UnavailableError: the cursor does not advance (a ``last_id`` at or below the page's
+            own cursor): asking again would return the same page forever.
+    """
+    request = call.request
+    after = request.after_id if request.HasField("after_id") else None
+    if after is not None and response.last_id <= after:
+        raise UnavailableError(
+            f"shard {call.shard} answered Scan of table {request.table!r} after id {after} with "
+            f"last_id {response.last_id} and done false: its cursor does not advance; stopping"
+        )
+    request.after_id = response.last_id
 
 
 def scan_page(response: Any) -> tuple[npt.NDArray[np.uint64], F32]:

@@ -276,7 +276,7 @@ class Client(ClientBase):
                     yield ids, vectors
                 if r.done:
                     break
-                call.request.after_id = r.last_id
+                plans.advance_scan(call, r)
 
     def check_topology(self) -> None:
         """Ask every shard now (``DescribeShard``, in parallel) which shard of how many it is and

@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 from embeddb.errors import ConfigError
 
 __all__ = [
+    "MAX_NAME_CHARS",
     "MAX_PREFIX_BITS",
     "KindT",
     "as_bool",
@@ -39,6 +40,9 @@ __all__ = [
 KindT = TypeVar("KindT", bound=enum.Enum)
 
 _NAME_RE = re.compile(r"[A-Za-z0-9_.-]+")
+# Names become file and directory names (snapshot files ``<table>.rows``, export directories,
+# RocksDB column families ``table.<table>``): far below the usual 255-byte limit of one name.
+MAX_NAME_CHARS = 128
 MAX_PREFIX_BITS = 32
 
 
@@ -113,7 +117,14 @@ def as_bool(value: object, key: str) -> bool:
 
 
 def as_name(value: object, key: str, what: str) -> str:
-    """``value`` as a name: a non-empty string of ``[A-Za-z0-9_.-]``, not ``.`` or ``..``."""
+    """``value`` as a name: a non-empty string of ``[A-Za-z0-9_.-]``, not ``.`` or ``..``, of
+    at most :data:`MAX_NAME_CHARS` characters."""
+    if isinstance(value, str) and len(value) > MAX_NAME_CHARS:
+        raise ConfigError(
+            key,
+            f"{what} must be at most {MAX_NAME_CHARS} characters, got {len(value)} "
+            f"({value[:40]!r}...)",
+        )
     if not isinstance(value, str) or not _NAME_RE.fullmatch(value) or value in {".", ".."}:
         raise ConfigError(
             key,

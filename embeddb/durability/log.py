@@ -75,6 +75,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from embeddb.config import FsyncPolicy, LogRecovery
+from embeddb.durability.fileio import REAL, FileIO
 from embeddb.durability.log_format import (
     FILE_MODE,
     RECORD_HEADER,
@@ -170,6 +171,8 @@ class UpdateLog(LogReader):
         start_seq: when the directory holds no log, the first record gets ``start_seq + 1``
             (after restoring a snapshot taken at ``start_seq``). An existing log must reach at
             least ``start_seq``.
+        io: the file layer its writes, fsyncs and renames go through (:mod:`.fileio`: tests
+            inject faults there).
 
     Raises:
         StorageError: the directory cannot be created, opened or locked, or an existing log ends
@@ -181,12 +184,17 @@ class UpdateLog(LogReader):
     """
 
     def __init__(
-        self, directory: str | os.PathLike[str], config: LogConfig | None = None, start_seq: int = 0
+        self,
+        directory: str | os.PathLike[str],
+        config: LogConfig | None = None,
+        start_seq: int = 0,
+        io: FileIO = REAL,
     ) -> None:
         if start_seq < 0:
             raise InvalidArgumentError(f"start_seq must be >= 0, got {start_seq}")
         super().__init__(Path(directory))  # the lock, the segments, the readers' state
         self.config = config if config is not None else LogConfig()
+        self._io = io
         self._sync_lock = threading.Lock()  # one fsync at a time; taken before _lock, never after
         self._failed: StorageError | None = None
         self._retired: list[int] = []  # fds of sealed segments, closed by a _sync_lock holder
@@ -241,6 +249,12 @@ class UpdateLog(LogReader):
         return self._cuts
 
     @property
+    def failed(self) -> bool:
+        """Whether the log has failed (a failed fsync, or a write it could not cut back):
+        appends raise until it is reopened."""
+        return self._failed is not None
+
+    @property
     def durable_seq(self) -> int:
         """The highest seq known to be fsynced."""
         return self._durable_seq
@@ -273,7 +287,7 @@ class UpdateLog(LogReader):
                 active = self._roll(seq)
             header = record_header(record, seq)
             try:
-                write_all(self._fd, [header, *record.parts], size)
+                write_all(self._fd, [header, *record.parts], size, self._io)
             except OSError as exc:
                 self._cut_back(active, exc)
                 raise os_error(
@@ -436,7 +450,7 @@ class UpdateLog(LogReader):
         so ``durable_seq`` never covers an unsynced record. Under ``never`` it is closed
         unsynced, as that policy leaves flushing to the OS."""
         old = self._segments[-1]
-        segment, fd = create_segment(self.directory, self._dir_fd, seq, self._fail)
+        segment, fd = create_segment(self.directory, self._dir_fd, seq, self._fail, self._io)
         old.sealed = True
         self._retired.append(self._fd)
         self._fd = fd
@@ -464,7 +478,7 @@ class UpdateLog(LogReader):
             retired, self._retired = self._retired, []
         try:
             for old in retired:  # sealed segments first: their records precede the active's
-                _fdatasync(old)
+                self._io.fsync(old)
                 _close_quietly(old)
                 retired = retired[1:]
         except OSError as exc:
@@ -477,7 +491,7 @@ class UpdateLog(LogReader):
         if target <= self._durable_seq:
             return
         try:
-            _fdatasync(fd)  # stays open: only a _sync_lock holder closes fds
+            self._io.fsync(fd)  # stays open: only a _sync_lock holder closes fds
         except OSError as exc:
             err = os_error(f"update log {self.directory}: fsync failed", exc)
             with self._lock:

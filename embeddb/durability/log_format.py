@@ -64,6 +64,7 @@ from typing import BinaryIO, NamedTuple, TypeAlias
 import crc32c
 import lz4.frame
 
+from embeddb.durability.fileio import REAL, FileIO
 from embeddb.errors import CorruptDataError, InvalidArgumentError, StorageError
 
 __all__ = [
@@ -208,7 +209,11 @@ def check_segment_header(path: Path, head: bytes, first_seq: int) -> int | str:
 
 
 def create_segment(
-    directory: Path, dir_fd: int, first_seq: int, fail: Callable[[StorageError], None]
+    directory: Path,
+    dir_fd: int,
+    first_seq: int,
+    fail: Callable[[StorageError], None],
+    io: FileIO = REAL,
 ) -> tuple[Segment, int]:
     """Create an empty segment of format :data:`VERSION` (header written, directory fsynced);
     returns it and its fd.
@@ -218,6 +223,7 @@ def create_segment(
         first_seq: the seq of the segment's first record.
         fail: called with the error before it is raised when the segment could not be written
             and cannot be removed either: a stray segment would break the seq order on reopen.
+        io: the file layer (:mod:`.fileio`).
 
     Raises:
         StorageError: the segment could not be created.
@@ -230,8 +236,8 @@ def create_segment(
         raise os_error(f"cannot create update log segment {path}", exc) from exc
     try:
         header = segment_header(first_seq)
-        write_all(fd, [header], len(header))
-        os.fsync(dir_fd)
+        write_all(fd, [header], len(header), io)
+        io.fsync_dir(dir_fd)
     except OSError as exc:
         os.close(fd)
         err = os_error(f"cannot create update log segment {path}", exc)
@@ -325,9 +331,9 @@ def _compress(parts: list[bytes | memoryview], length: int) -> bytes | None:
     return packed if len(packed) < 0.9 * length else None
 
 
-def write_all(fd: int, buffers: list[bytes | memoryview], total: int) -> None:
+def write_all(fd: int, buffers: list[bytes | memoryview], total: int, io: FileIO = REAL) -> None:
     """``writev`` all of ``buffers``, resuming after short writes."""
-    done = os.writev(fd, buffers)
+    done = io.writev(fd, buffers)
     while done < total:
         if done == 0:
             raise OSError(errno.EIO, "write(2) wrote nothing")
@@ -340,7 +346,7 @@ def write_all(fd: int, buffers: list[bytes | memoryview], total: int) -> None:
             done = 0
         buffers = rest
         total = sum(len(b) for b in rest)
-        done = os.writev(fd, buffers)
+        done = io.writev(fd, buffers)
 
 
 # ---------------------------------------------------------------------------- reading records

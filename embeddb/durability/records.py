@@ -11,7 +11,9 @@ each for one table::
     op DELETE  ``ids`` no longer exist
 
 A gradient push, an assignment and the rows created by a training lookup all log PUT changes;
-a delete logs DELETE. Because a change carries resulting rows rather than the operation,
+a delete logs DELETE. A record holds every change of one call — all its stripes and, for the
+many-table calls, all its tables — so recovery and followers, which apply whole records, see
+a call entirely or not at all. Because a change carries resulting rows rather than the operation,
 replaying a record is idempotent and needs neither the optimizer nor the initializer, and a
 record applied twice (a follower that reconnects) does no harm.
 

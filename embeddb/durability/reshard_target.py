@@ -11,8 +11,6 @@ no shard changes a source meanwhile.
 
 from __future__ import annotations
 
-import json
-import os
 import re
 import shutil
 from collections.abc import Iterator
@@ -22,7 +20,7 @@ from typing import Any
 
 from embeddb.durability import unfinished
 from embeddb.durability.dirlock import LOCK_FILE, DirectoryLock
-from embeddb.errors import InvalidArgumentError, StorageError
+from embeddb.errors import InvalidArgumentError
 
 __all__ = [
     "RESHARD_RECORD",
@@ -89,15 +87,7 @@ def write_record(target: Path, record: dict[str, Any]) -> None:
     Raises:
         StorageError: it cannot be written.
     """
-    tmp = target / (RESHARD_RECORD + ".tmp")
-    try:
-        with open(tmp, "w") as f:
-            f.write(json.dumps(record, indent=1))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target / RESHARD_RECORD)
-    except OSError as exc:
-        raise StorageError(f"cannot write {target / RESHARD_RECORD}: {exc}") from exc
+    unfinished.write_json(target / RESHARD_RECORD, record)
 
 
 def remove_output(target: Path, existed: bool) -> None:

@@ -26,7 +26,7 @@ from typing import Any
 
 from embeddb.errors import StorageError
 
-__all__ = ["RESHARDING", "RESTORING", "clear", "mark", "read_mark", "unfinished"]
+__all__ = ["RESHARDING", "RESTORING", "clear", "mark", "read_mark", "unfinished", "write_json"]
 
 RESTORING = "restore-in-progress.json"
 RESHARDING = "reshard-in-progress.json"
@@ -40,15 +40,25 @@ def mark(directory: Path, name: str, **fields: Any) -> None:
         StorageError: it cannot be written.
     """
     doc = {"format_version": _FORMAT_VERSION, **fields, "started": time.time()}
-    tmp = directory / f".{name}.tmp"
+    write_json(directory / name, doc)
+
+
+def write_json(path: Path, doc: dict[str, Any]) -> None:
+    """Write ``doc`` as the JSON file ``path``, atomically (a temporary file, fsynced, then
+    renamed over it).
+
+    Raises:
+        StorageError: it cannot be written.
+    """
+    tmp = path.with_name(f".{path.name}.tmp")
     try:
         with open(tmp, "w") as f:
             f.write(json.dumps(doc, indent=1) + "\n")
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, directory / name)
+        os.replace(tmp, path)
     except OSError as exc:
-        raise StorageError(f"cannot write {directory / name}: {exc}") from exc
+        raise StorageError(f"cannot write {path}: {exc}") from exc
 
 
 def clear(directory: Path, name: str) -> None:

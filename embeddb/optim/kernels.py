@@ -10,6 +10,11 @@ Duplicate ids were summed and non-finite gradient rows dropped by the caller. Af
 update each vector element is clamped to ``[-bound, bound]`` when ``bound > 0``. Arithmetic
 is float32, like ``torch.optim`` on float32 parameters.
 
+Finite gradients can still overflow float32 (a huge gradient squared into Adagrad's
+accumulator, ``lr * g`` beyond 3.4e38): :func:`apply_rows` writes back only the rows whose
+updated vector and state are all finite and counts the others, whose stored rows stay as they
+were (like rows with a non-finite gradient).
+
 The formulas follow ``torch.optim`` (SGD with L2 weight decay, Adagrad, Adam with bias
 correction), applied per row; Adam's step counter lives in the row (``state[2 * dim]``), so a
 row updated for the first time gets the full bias correction however long the table has been
@@ -34,6 +39,7 @@ __all__ = [
     "finite_rows",
     "gather_blocks",
     "scatter_blocks",
+    "scatter_finite_blocks",
     "sgd_update",
 ]
 
@@ -72,6 +78,41 @@ def scatter_blocks(rows, slots, w, a, b, c):
             rows[s, nw + na + j] = b[k, j]
         for j in range(nc):
             rows[s, nw + na + nb + j] = c[k, j]
+
+
+@numba.njit(nogil=True, cache=True, inline="always")
+def _block_finite(x, k):
+    """Whether row ``k`` of block ``x`` is all finite: ``v * 0`` is 0 for a finite ``v`` and
+    NaN for NaN or ±Inf, and a NaN makes the sum NaN (a branch-free loop that vectorises)."""
+    acc = np.float32(0.0)
+    zero = np.float32(0.0)
+    for j in range(x.shape[1]):
+        acc += x[k, j] * zero
+    return acc == zero
+
+
+@numba.njit(nogil=True, cache=True)
+def scatter_finite_blocks(rows, slots, w, a, b, c):
+    """:func:`scatter_blocks` for the rows whose blocks are all finite; the other rows of
+    ``rows`` are left unchanged. Returns the number of rows left unchanged."""
+    nw, na, nb, nc = w.shape[1], a.shape[1], b.shape[1], c.shape[1]
+    skipped = 0
+    for k in range(slots.size):
+        ok = _block_finite(w, k) and _block_finite(a, k)
+        ok = ok and _block_finite(b, k) and _block_finite(c, k)
+        if not ok:
+            skipped += 1
+            continue
+        s = slots[k]
+        for j in range(nw):
+            rows[s, j] = w[k, j]
+        for j in range(na):
+            rows[s, nw + j] = a[k, j]
+        for j in range(nb):
+            rows[s, nw + na + j] = b[k, j]
+        for j in range(nc):
+            rows[s, nw + na + nb + j] = c[k, j]
+    return skipped
 
 
 _EXP_MASK = np.uint32(0x7F800000)
@@ -187,10 +228,15 @@ def apply_rows(kind, rows, slots, grads, w, a, b, c, lr, weight_decay, eps, beta
     """Update ``rows[slots[k]]`` with ``grads[k]`` in chunks of ``w.shape[0]`` rows.
 
     Each chunk is gathered into the blocks ``w | a | b | c``, updated, and scattered back while
-    its rows are still in cache, so random rows are read from memory once.
+    its rows are still in cache, so random rows are read from memory once. A row whose update
+    is not all finite (float32 overflow) is not written back.
+
+    Returns:
+        The number of rows left unchanged because their update overflowed.
     """
     n = slots.size
     size = w.shape[0]
+    skipped = 0
     for start in range(0, n, size):
         m = min(size, n - start)
         sl = slots[start : start + m]
@@ -203,4 +249,5 @@ def apply_rows(kind, rows, slots, grads, w, a, b, c, lr, weight_decay, eps, beta
             adagrad_update(wm, am, g, lr, weight_decay, eps, bound)
         else:
             adam_update(wm, am, bm, cm, g, lr, weight_decay, beta1, beta2, eps, bound)
-        scatter_blocks(rows, sl, wm, am, bm, cm)
+        skipped += scatter_finite_blocks(rows, sl, wm, am, bm, cm)
+    return skipped

@@ -60,12 +60,15 @@ class Optimizer:
         index: npt.NDArray[np.int64],
         grads: npt.NDArray[np.float32],
     ) -> int:
-        """Update ``rows[index[k]]`` in place with ``grads[k]``, skipping non-finite gradients.
+        """Update ``rows[index[k]]`` in place with ``grads[k]``, skipping non-finite gradients
+        and updates that would store a non-finite value (float32 overflow): those rows are left
+        unchanged.
 
         ``index`` must be distinct; ``grads`` has shape ``(len(index), dim)``.
 
         Returns:
-            The number of rows skipped because their gradient had a NaN or Inf.
+            The number of rows skipped because their gradient had a NaN or Inf, or their
+            updated vector or state would have.
         """
         finite = np.empty(index.size, dtype=np.bool_)
         good = finite_rows(grads, finite)
@@ -74,11 +77,11 @@ class Optimizer:
         if index.size == 0:
             return int(finite.size - good)
         c = self.config
-        apply_rows(  # type: ignore[call-arg]
+        overflowed = apply_rows(  # type: ignore[call-arg]
             _KIND_CODE[c.kind], rows, index, grads, *self._blocks(min(index.size, CHUNK_ROWS)),
             c.lr, c.weight_decay, c.eps, c.beta1, c.beta2, self._bound,
         )  # fmt: skip
-        return int(finite.size - good)
+        return int(finite.size - good) + int(overflowed)
 
     def _blocks(self, k: int) -> tuple[npt.NDArray[np.float32], ...]:
         """Empty ``(w, a, b, c)`` blocks for ``k`` rows, split per this optimizer's layout."""
@@ -92,7 +95,9 @@ class Optimizer:
     def update_blocks(
         self, blocks: tuple[npt.NDArray[np.float32], ...], grads: npt.NDArray[np.float32]
     ) -> None:
-        """Update gathered ``(w, a, b, c)`` blocks in place with finite ``grads``."""
+        """Update gathered ``(w, a, b, c)`` blocks in place with finite ``grads`` (the blocks
+        may overflow to non-finite values: write them back with
+        :func:`~embeddb.optim.kernels.scatter_finite_blocks`)."""
         c = self.config
         w, a, b, t = blocks
         if c.kind is OptimizerKind.SGD:

@@ -5,6 +5,7 @@ Modules:
     :mod:`.listen`        :class:`ListenConfig`: host, port, TLS, tokens, metrics endpoint
     :mod:`.auth`          bearer tokens, roles, :class:`AccessPolicy`
     :mod:`.boundary`      the interceptor that authenticates, authorizes and decodes first
+    :mod:`.budget`        the memory budget shared by every call in flight
     :mod:`.interceptors`  the error interceptor, a rate-limited log
     :mod:`.metrics`       the request-metrics interceptor, latency buckets
     :mod:`.metrics_http`  the ``/metrics`` HTTP endpoint

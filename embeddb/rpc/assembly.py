@@ -21,6 +21,15 @@ They serve calls on three pools, so that no kind of call can starve another::
     health pool   grpc.health.v1.Health/Check only: a probe is answered while every other
                   thread is busy (orchestrators restart servers whose probes time out)
 
+Memory (docs/operations.md, "Memory bounds"): a caller refused at the boundary is refused
+before its request is read; an admitted request is received whole, up to
+``max_receive_bytes`` (a server derives it from its request limits, far below the send limit);
+at most ``max_concurrent_rpcs`` calls are accepted at once (RESOURCE_EXHAUSTED beyond, before
+anything is read), at most ``max_streams_per_connection`` per connection and
+``max_connections`` connections; and the requests and answers of admitted calls share one
+memory budget of ``max_inflight_bytes`` (:mod:`embeddb.rpc.budget`). gRPC receives a request
+in the pool thread that serves it, so at most ``workers`` requests are being received at once.
+
 Connections (:func:`connection_options`): besides the message-size limits, an HTTP/2 keepalive
 ping every ``keepalive_s`` (a peer that does not answer within ``keepalive_timeout_s`` is
 disconnected: dead clients do not hold streams or memory), and a connection without any call
@@ -41,7 +50,8 @@ from prometheus_client import CollectorRegistry
 
 from embeddb.errors import ConfigError
 from embeddb.rpc.auth import AccessPolicy
-from embeddb.rpc.boundary import Boundary, RefusalObserver
+from embeddb.rpc.boundary import Boundary, Cost, RefusalObserver
+from embeddb.rpc.budget import MemoryBudget
 from embeddb.rpc.interceptors import ErrorInterceptor
 from embeddb.rpc.listen import ListenConfig
 from embeddb.rpc.metrics import MetricsInterceptor, Observe
@@ -74,10 +84,19 @@ class ConnectionConfig:
     """Connection-level settings of a gRPC server.
 
     Attributes:
-        max_message_bytes: largest request or response message.
+        max_message_bytes: largest response message (and request, unless
+            ``max_receive_bytes`` is set).
         keepalive_s: seconds between keepalive pings the server sends on a connection.
         keepalive_timeout_s: seconds a ping may go unanswered before the connection is closed.
         max_idle_s: a connection without any call for this long is closed.
+        max_receive_bytes: largest request message gRPC receives (None: ``max_message_bytes``).
+        max_concurrent_rpcs: calls accepted at once, streams and queued calls included; more
+            are RESOURCE_EXHAUSTED before their request is read.
+        max_streams_per_connection: concurrent calls one HTTP/2 connection may carry.
+        max_connections: connections accepted at once.
+        max_inflight_bytes: the memory budget of the requests and answers of admitted calls
+            (:mod:`embeddb.rpc.budget`); None: unbounded.
+        budget_wait_s: seconds a call waits for room in the budget before RESOURCE_EXHAUSTED.
 
     Raises:
         ConfigError: a value out of range.
@@ -87,10 +106,27 @@ class ConnectionConfig:
     keepalive_s: float = 60.0
     keepalive_timeout_s: float = 20.0
     max_idle_s: float = 300.0
+    max_receive_bytes: int | None = None
+    max_concurrent_rpcs: int = 256
+    max_streams_per_connection: int = 100
+    max_connections: int = 1024
+    max_inflight_bytes: int | None = None
+    budget_wait_s: float = 60.0
 
     def __post_init__(self) -> None:
-        if self.max_message_bytes < 1:
-            raise ConfigError("max_message_bytes", f"must be >= 1, got {self.max_message_bytes}")
+        for name in (
+            "max_message_bytes",
+            "max_receive_bytes",
+            "max_concurrent_rpcs",
+            "max_streams_per_connection",
+            "max_connections",
+            "max_inflight_bytes",
+        ):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ConfigError(name, f"must be >= 1, got {value}")
+        if self.budget_wait_s < 0:
+            raise ConfigError("budget_wait_s", f"must be >= 0 seconds, got {self.budget_wait_s}")
         for name in ("keepalive_s", "keepalive_timeout_s", "max_idle_s"):
             if not getattr(self, name) > 0:
                 raise ConfigError(name, f"must be > 0 seconds, got {getattr(self, name)}")
@@ -98,9 +134,12 @@ class ConnectionConfig:
 
 def connection_options(config: ConnectionConfig) -> list[tuple[str, Any]]:
     """The ``grpc.server`` options of ``config``."""
+    receive = config.max_receive_bytes or config.max_message_bytes
     return [
-        ("grpc.max_receive_message_length", config.max_message_bytes),
+        ("grpc.max_receive_message_length", receive),
         ("grpc.max_send_message_length", config.max_message_bytes),
+        ("grpc.max_concurrent_streams", config.max_streams_per_connection),
+        ("grpc.max_allowed_incoming_connections", config.max_connections),
         ("grpc.so_reuseport", 0),
         ("grpc.keepalive_time_ms", int(config.keepalive_s * 1000)),
         ("grpc.keepalive_timeout_ms", int(config.keepalive_timeout_s * 1000)),
@@ -159,6 +198,9 @@ class Service:
         on_refused: told of every call the boundary refuses; None: none.
         aliases: other full names ``register`` serves the same methods under (a former name):
             guarded, observed and health-checked like ``name``, but not reflected.
+        cost: the expected answer bytes of a call, charged to the memory budget with its
+            request (:data:`~embeddb.rpc.boundary.Cost`); None: the request only.
+        note_bytes: told the size of every request (a malloc trimmer's ``note``).
     """
 
     name: str
@@ -167,6 +209,8 @@ class Service:
     observe: Observe | None = None
     on_refused: RefusalObserver | None = None
     aliases: tuple[str, ...] = ()
+    cost: Cost | None = None
+    note_bytes: Callable[[int], None] | None = None
 
 
 @dataclass
@@ -184,6 +228,7 @@ class RpcServer:
     draining: Callable[[float], None] | None = field(default=None, repr=False)
     release: Callable[[], None] | None = field(default=None, repr=False)
     aliases: tuple[str, ...] = ()
+    budget: MemoryBudget | None = None
     _stopped: bool = field(default=False, repr=False)
 
     @property
@@ -265,6 +310,11 @@ def start_server(
     """
     if listen.plaintext_tokens:
         logger.warning("bearer tokens travel in plain text: serving %s without TLS", listen.host)
+    budget = (
+        MemoryBudget(connection.max_inflight_bytes)
+        if connection.max_inflight_bytes is not None
+        else None
+    )
     interceptors: list[grpc.ServerInterceptor] = [
         Boundary(
             service.policy,
@@ -273,13 +323,20 @@ def start_server(
             on_refused=service.on_refused,
             dedicated_pools=pools.dedicated,
             stream_pool=pools.streams,
+            budget=budget,
+            cost=service.cost,
+            budget_wait_s=connection.budget_wait_s,
+            note_bytes=service.note_bytes,
         )
     ]
     if service.observe is not None:
         interceptors.append(MetricsInterceptor((service.name, *service.aliases), service.observe))
     interceptors.append(ErrorInterceptor())
     server = grpc.server(
-        pools.data, interceptors=interceptors, options=connection_options(connection)
+        pools.data,
+        interceptors=interceptors,
+        options=connection_options(connection),
+        maximum_concurrent_rpcs=connection.max_concurrent_rpcs,
     )
     endpoint: MetricsEndpoint | None = None
     try:
@@ -316,4 +373,5 @@ def start_server(
         draining=draining,
         release=release,
         aliases=service.aliases,
+        budget=budget,
     )

@@ -16,6 +16,7 @@ from embeddb.allocator import Trimmer, limit_arenas, tune_allocator
 from embeddb.errors import ConfigError
 from embeddb.rpc.assembly import ConnectionConfig, RpcServer, ServerPools, Service, start_server
 from embeddb.rpc.listen import ListenConfig
+from embeddb.server.costs import shard_costs
 from embeddb.server.metrics import SERVICE_NAME, ShardMetrics
 from embeddb.server.policy import STORE_POLICY
 from embeddb.server.served_shard import ServedShard
@@ -23,7 +24,10 @@ from embeddb.server.servicer import ServicerLimits, StoreServicer, store_handler
 from embeddb.shard import Shard
 from embeddb.wire import LEGACY_SERVICE_NAME
 
-__all__ = ["SERVICE_NAME", "ServerConfig", "build_server"]
+__all__ = ["REQUEST_OVERHEAD_BYTES", "SERVICE_NAME", "ServerConfig", "build_server"]
+
+REQUEST_OVERHEAD_BYTES = 1 << 20
+"""Room for a request's fields besides its ids and vectors (table names, parts, framing)."""
 
 
 @dataclass(frozen=True)
@@ -36,7 +40,10 @@ class ServerConfig:
         shard_index, num_shards: the shard's place in the cluster (``embeddb serve`` opens the
             shard with them; a served :class:`Shard` reports its own, and a follower reports
             these until its first bootstrap, or, when None, none: it learns its primary's).
-        max_message_bytes: largest request or response; larger ones get RESOURCE_EXHAUSTED.
+        max_message_bytes: largest response, and the ceiling of the largest request; larger
+            ones get RESOURCE_EXHAUSTED. The request limit gRPC enforces is
+            :attr:`max_receive_bytes`, derived from the request limits (reported by
+            ``DescribeShard`` as ``max_message_bytes``).
         max_ids_per_request: ids one request may carry.
         max_response_bytes: largest answer, computed before gathering (ids x dim x bytes per
             value); also the most an LZ4-compressed request tensor may decompress to. Larger:
@@ -51,6 +58,13 @@ class ServerConfig:
             (see :class:`~embeddb.rpc.assembly.ConnectionConfig`).
         metrics_registry: where to record metrics; None with ``listen.metrics_port`` None
             records none. Pass one to read the metrics in-process or to expose them yourself.
+        max_inflight_bytes: the memory budget of the requests and answers of all calls in
+            flight (:mod:`embeddb.rpc.budget`): a call that does not fit within
+            ``budget_wait_s`` seconds is RESOURCE_EXHAUSTED before it builds its answer.
+        budget_wait_s: see ``max_inflight_bytes``.
+        max_concurrent_rpcs: calls accepted at once (streams and queued calls included);
+            more are RESOURCE_EXHAUSTED before their request is read.
+        max_connections: connections accepted at once.
         tune_allocator: raise glibc's mmap and trim thresholds for the whole process, so the
             large buffers of each request are reused instead of page-faulted in again (see
             :mod:`embeddb.allocator`; about 2.5x faster 4 MiB lookups on a small VM).
@@ -69,12 +83,22 @@ class ServerConfig:
     keepalive_timeout_s: float = 20.0
     max_idle_s: float = 300.0
     metrics_registry: CollectorRegistry | None = None
+    max_inflight_bytes: int = 512 << 20
+    budget_wait_s: float = 60.0
+    max_concurrent_rpcs: int = 256
+    max_connections: int = 1024
     tune_allocator: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.listen, ListenConfig):
             raise ConfigError("listen", f"must be a ListenConfig, not {type(self.listen).__name__}")
-        for name in ("max_message_bytes", "max_ids_per_request", "max_response_bytes", "workers"):
+        for name in (
+            "max_message_bytes",
+            "max_ids_per_request",
+            "max_response_bytes",
+            "workers",
+            "max_inflight_bytes",
+        ):
             if getattr(self, name) < 1:
                 raise ConfigError(name, f"must be >= 1, got {getattr(self, name)}")
         if self.max_streams < 1:
@@ -86,10 +110,27 @@ class ServerConfig:
         _ = self.connection  # validates the keepalive and idle settings
 
     @property
+    def max_receive_bytes(self) -> int:
+        """The largest request gRPC receives: the most a request within the limits can
+        carry — ``max_ids_per_request`` ids, vectors up to ``max_response_bytes`` (clients
+        size pushes like answers) and :data:`REQUEST_OVERHEAD_BYTES` — never more than
+        ``max_message_bytes``."""
+        within = self.max_ids_per_request * 8 + self.max_response_bytes + REQUEST_OVERHEAD_BYTES
+        return min(self.max_message_bytes, within)
+
+    @property
     def connection(self) -> ConnectionConfig:
         """The connection-level settings."""
         return ConnectionConfig(
-            self.max_message_bytes, self.keepalive_s, self.keepalive_timeout_s, self.max_idle_s
+            self.max_message_bytes,
+            self.keepalive_s,
+            self.keepalive_timeout_s,
+            self.max_idle_s,
+            max_receive_bytes=self.max_receive_bytes,
+            max_concurrent_rpcs=self.max_concurrent_rpcs,
+            max_connections=self.max_connections,
+            max_inflight_bytes=self.max_inflight_bytes,
+            budget_wait_s=self.budget_wait_s,
         )
 
 
@@ -126,15 +167,16 @@ def build_server(
     roles = 2 if cfg.listen.tokens is not None else 1
     pools = ServerPools.create(cfg.workers, roles * cfg.max_streams + 1)
     trimmer = Trimmer() if cfg.tune_allocator else None
+    served_shard = shard if isinstance(shard, ServedShard) else ServedShard(shard)
     servicer = StoreServicer(
-        shard,
+        served_shard,
         cfg.shard_index,
         cfg.num_shards,
         ServicerLimits(
             max_ids_per_request=cfg.max_ids_per_request,
             max_streams=cfg.max_streams,
             stream_idle_timeout=cfg.stream_idle_timeout,
-            max_message_bytes=cfg.max_message_bytes,
+            max_message_bytes=cfg.max_receive_bytes,
             max_response_bytes=cfg.max_response_bytes,
         ),
         trimmer=trimmer,
@@ -159,6 +201,8 @@ def build_server(
             observe=metrics.observe if metrics is not None else None,
             on_refused=metrics.observe_refused if metrics is not None else None,
             aliases=(LEGACY_SERVICE_NAME,),
+            cost=shard_costs(served_shard, cfg.max_response_bytes),
+            note_bytes=trimmer.note if trimmer is not None else None,
         ),
         pools,
         cfg.connection,

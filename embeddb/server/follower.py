@@ -14,7 +14,15 @@ The life of a follower (one thread; :meth:`Follower.start`, :meth:`Follower.stop
     re-bootstrap  the primary answers OUT_OF_RANGE (the records after our seq were truncated
                   away, or it is behind us: restored from an older snapshot), or a record does
                   not follow the last applied one: bootstrap a fresh shard into replica-<n+1>
-                  while the old one keeps serving, swap it in, close and delete the old one
+                  while the old one keeps serving, swap it in, close and delete the old one;
+                  each re-bootstrap is logged and waits first, twice as long as the one
+                  before (from ``backoff`` up to ``max_bootstrap_backoff``, jittered) until
+                  records flow again, so a primary that keeps refusing the feed is not
+                  copied from in a tight loop
+
+A snapshot the follower receives is bounded (``limits``,
+:class:`~embeddb.server.follower_config.SnapshotLimits`: file count, bytes per file, bytes in
+all); a primary sending more is treated like one sending a corrupt snapshot.
 
 The follower's shard refuses every mutation, training lookups included, with
 ``FailedPreconditionError`` (FAILED_PRECONDITION); it serves evaluation lookups, ``Stats``,
@@ -66,6 +74,7 @@ from embeddb.errors import (
 )
 from embeddb.server.follower_config import (
     PrimaryLayout,
+    SnapshotLimits,
     adopted_config,
     disagreement,
     topology_disagreement,
@@ -98,6 +107,10 @@ class FollowerOptions:
         backoff: the first reconnect waits about this many seconds, each further one twice as
             long up to ``max_backoff`` (jittered); reset once records flow again.
         max_backoff: cap of one reconnect delay, in seconds.
+        max_bootstrap_backoff: cap of the wait before a re-bootstrap, in seconds (the waits
+            start at ``backoff`` and double while re-bootstraps follow each other without
+            records applied in between).
+        limits: bounds on a snapshot received from the primary.
         dead_after: seconds without any message (the primary sends a heartbeat every second
             when idle) after which the feed is considered dead and reopened.
         store: the store settings of a follower that serves the primary's tables (no config of
@@ -114,6 +127,8 @@ class FollowerOptions:
     max_backoff: float = 5.0
     dead_after: float = 5.0
     store: StoreConfig | None = None
+    max_bootstrap_backoff: float = 60.0
+    limits: SnapshotLimits = field(default_factory=SnapshotLimits)
 
     def __post_init__(self) -> None:
         check_address(self.primary, "primary")
@@ -121,6 +136,11 @@ class FollowerOptions:
             raise ConfigError(
                 "backoff",
                 f"need 0 < backoff <= max_backoff, got {self.backoff}, {self.max_backoff}",
+            )
+        if not self.backoff <= self.max_bootstrap_backoff:
+            raise ConfigError(
+                "max_bootstrap_backoff",
+                f"must be at least backoff {self.backoff}, got {self.max_bootstrap_backoff}",
             )
         if not self.dead_after > HEARTBEAT_S:
             raise ConfigError(
@@ -311,12 +331,13 @@ class Follower:
 
     # ------------------------------------------------------------------ the loop
     def _run(self) -> None:
-        delay = self.options.backoff
+        delay = boot_delay = self.options.backoff
         bootstrap, take_new = True, False
         failures = 0  # in a row, without progress: only some are logged as warnings
         try:
             while not self._stop.is_set():
                 self._progress = False
+                applied = self.applied_records
                 try:
                     if bootstrap:
                         try:
@@ -349,8 +370,18 @@ class Follower:
                     break
                 if self._progress:
                     delay = self.options.backoff
+                if self.applied_records > applied:
+                    boot_delay = self.options.backoff
+                wait = delay
+                if bootstrap and self.bootstraps:  # a re-bootstrap: back off between copies
+                    wait = max(delay, boot_delay)
+                    logger.warning(
+                        "bootstrapping again from %s in %.2fs (%d bootstraps so far)",
+                        self.options.primary, wait, self.bootstraps,
+                    )  # fmt: skip
+                    boot_delay = min(self.options.max_bootstrap_backoff, boot_delay * 2)
                 self.reconnects += 1
-                self._stop.wait(delay * (0.5 + 0.5 * random.random()))
+                self._stop.wait(wait * (0.5 + 0.5 * random.random()))
                 delay = min(self.options.max_backoff, delay * 2)
         except _Fatal as exc:
             self.error = exc.error
@@ -439,6 +470,7 @@ class Follower:
         directory = self.data_dir / f"replica-{self._replica}"
         shutil.rmtree(directory, ignore_errors=True)
         receiver: SnapshotReceiver | None = None
+        budget = self.options.limits.budget(self.data_dir)
         began = time.perf_counter()
         try:
             call = self._stub.FetchSnapshot(
@@ -447,11 +479,15 @@ class Follower:
             self._started(call, watched=False)
             try:
                 for chunk in call:
+                    budget.take(chunk.path, chunk.offset, len(chunk.data))
                     if receiver is None:
                         receiver = SnapshotReceiver(directory / "snapshots", chunk.snapshot_id)
                     receiver.write(Chunk(chunk.path, chunk.offset, chunk.data))
             except grpc.RpcError as exc:
                 raise self._translate(exc, "FetchSnapshot") from exc
+            except CorruptDataError:
+                call.cancel()  # over a limit: stop the primary's stream too
+                raise
             finally:
                 self._started(None)
             if receiver is None:

@@ -9,18 +9,116 @@ which the optimizer kind and the state width fix. A ``--config`` given anyway mu
 the primary on every table's name, dim and row layout (:func:`disagreement`; the capacity may
 differ: the follower's own RAM budget), and a ``--shard-index`` / ``--num-shards`` given must
 name the primary's place (:func:`topology_disagreement`).
+
+What a follower accepts from its primary is bounded (:class:`SnapshotLimits`): a snapshot of
+more files, a larger file or more bytes in all than the limits allow is refused while it
+arrives (:class:`CorruptDataError`, the partial copy removed), so a broken or hostile primary
+cannot fill the follower's disk. The total defaults to the free space of the follower's data
+directory (less a reserve), measured when each bootstrap starts.
 """
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from embeddb.client.plans import TableDescription
 from embeddb.config import EmbeddingConfig, OptimizerConfig, OptimizerKind, StoreConfig, TableConfig
-from embeddb.errors import ConfigError
+from embeddb.errors import ConfigError, CorruptDataError
 
-__all__ = ["PrimaryLayout", "adopted_config", "disagreement", "topology_disagreement"]
+__all__ = [
+    "PrimaryLayout",
+    "ReceiveBudget",
+    "SnapshotLimits",
+    "adopted_config",
+    "disagreement",
+    "topology_disagreement",
+]
+
+_GIB = 1 << 30
+
+
+@dataclass(frozen=True)
+class SnapshotLimits:
+    """Bounds on one snapshot a follower receives from its primary.
+
+    Attributes:
+        max_files: files in the snapshot (its RocksDB checkpoint's SST files, three per table
+            for the RAM tier, the manifest).
+        max_file_bytes: bytes of one file (the largest is usually a table's RAM rows).
+        max_total_bytes: bytes of the whole snapshot; None: the free space of the follower's
+            data directory when the bootstrap starts, less ``reserve_bytes``.
+        reserve_bytes: space left free when ``max_total_bytes`` is None.
+
+    Raises:
+        ConfigError: a limit below 1 (the key names it).
+    """
+
+    max_files: int = 100_000
+    max_file_bytes: int = 1024 * _GIB
+    max_total_bytes: int | None = None
+    reserve_bytes: int = _GIB
+
+    def __post_init__(self) -> None:
+        for key in ("max_files", "max_file_bytes", "max_total_bytes"):
+            value = getattr(self, key)
+            if value is not None and value < 1:
+                raise ConfigError(key, f"must be at least 1, got {value}")
+        if self.reserve_bytes < 0:
+            raise ConfigError("reserve_bytes", f"must be at least 0, got {self.reserve_bytes}")
+
+    def budget(self, data_dir: Path) -> ReceiveBudget:
+        """A fresh budget for one snapshot received into ``data_dir``."""
+        total = self.max_total_bytes
+        if total is None:
+            try:
+                free = shutil.disk_usage(data_dir).free
+            except OSError:
+                free = self.max_file_bytes
+            total = max(1, free - self.reserve_bytes)
+        return ReceiveBudget(self, total)
+
+
+class ReceiveBudget:
+    """Counts one snapshot's files and bytes as its chunks arrive (see :class:`SnapshotLimits`).
+
+    Args:
+        limits: the bounds.
+        total_bytes: the bound on the snapshot's bytes.
+    """
+
+    def __init__(self, limits: SnapshotLimits, total_bytes: int) -> None:
+        self.limits = limits
+        self.total_bytes = total_bytes
+        self.bytes = 0
+        self._sizes: dict[str, int] = {}
+
+    def take(self, path: str, offset: int, size: int) -> None:
+        """Account for ``size`` bytes of ``path`` at ``offset`` before they are written.
+
+        Raises:
+            CorruptDataError: a bound would be exceeded (the message names it).
+        """
+        limits = self.limits
+        if path not in self._sizes and len(self._sizes) >= limits.max_files:
+            raise CorruptDataError(
+                f"the primary's snapshot has more than {limits.max_files} files (max_files)"
+            )
+        end = max(self._sizes.get(path, 0), offset + size)
+        if end > limits.max_file_bytes:
+            raise CorruptDataError(
+                f"the primary's snapshot file {path!r} exceeds {limits.max_file_bytes} bytes "
+                f"(max_file_bytes)"
+            )
+        if self.bytes + size > self.total_bytes:
+            raise CorruptDataError(
+                f"the primary's snapshot exceeds {self.total_bytes} bytes (max_total_bytes, "
+                f"by default the free space of the follower's data directory)"
+            )
+        self._sizes[path] = end
+        self.bytes += size
 
 
 @dataclass(frozen=True)

@@ -63,9 +63,10 @@ Durability metrics (read from the shard at scrape time by :class:`DurabilityColl
                                         slow or stuck; ``fsync`` is the policy (always,
                                         interval: stays near fsync_interval_ms; never: grows
                                         until the kernel writes back, do not alert on it)
-    embeddb_read_only            gauge  1 once an update log append failed (full or unwritable
-                                        disk): mutations answer FAILED_PRECONDITION until a
-                                        restart; a follower, read-only by design, reads 0
+    embeddb_read_only            gauge  1 while writes fail because of storage: a full disk
+                                        (RESOURCE_EXHAUSTED until space is freed) or an I/O
+                                        error (UNAVAILABLE until a restart); a follower,
+                                        read-only by design, reads 0
 
 Follower metrics (read from a :class:`~embeddb.server.follower.Follower` at scrape time by
 :class:`FollowerCollector`; only on a server started with ``embeddb serve --follow``)::
@@ -261,8 +262,8 @@ class DurabilityCollector(_ShardCollector):
         gauges = (
             ("log_seq", "Seq of the last mutation logged (followers: the last applied).", seq),
             ("log_durable_seq", "The last seq known fsynced.", durable),
-            ("read_only", "1 once an update log append failed: mutations are refused until a "
-             "restart.", int(read_only)),
+            ("read_only", "1 while writes fail because of storage: a full disk (until space "
+             "is freed) or an I/O error (until a restart).", int(read_only)),
         )  # fmt: skip
         for name, text, value in gauges:
             yield GaugeMetricFamily(f"{p}_{name}", text, value=value)

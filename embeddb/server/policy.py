@@ -5,17 +5,20 @@ enforced by :class:`~embeddb.rpc.boundary.Boundary`; tokens and roles: :mod:`emb
 role                       may call (``EmbeddingStore``)
 =========================  ==============================================================
 ``Role.READ_WRITE`` (rw)   everything
-``Role.REPLICA`` (replica) what ``ro`` may, plus ``Subscribe`` (the update log) and
+``Role.REPLICA`` (replica) what ``ro`` may, plus the bulk reads: ``Scan`` (every row of a
+                           table, page by page), ``Subscribe`` (the update log) and
                            ``FetchSnapshot`` (snapshot files, ``take_new`` included): a
-                           follower's token
+                           follower's token, or an export's
 ``Role.READ_ONLY`` (ro)    ``Lookup`` with ``train=false``, ``LookupMany`` whose every part
-                           has ``train=false``, ``ListTables``, ``DescribeTable``,
-                           ``DescribeShard``, ``Stats``, ``Scan`` (pages of vectors, like evaluation
-                           lookups), ``ListSnapshots``
+                           has ``train=false`` (the rows of the ids it names, no others),
+                           ``ListTables``, ``DescribeTable``, ``DescribeShard``, ``Stats``,
+                           ``ListSnapshots``
 =========================  ==============================================================
 
 A training lookup is a write: it creates admitted rows, promotes disk rows and refreshes
-recency, so a read-only caller gets ``PERMISSION_DENIED`` for it. ``Subscribe`` and
+recency, so a read-only caller gets ``PERMISSION_DENIED`` for it. An ``ro`` token reads only
+the ids it names: ``Scan`` would hand it every row of a table without knowing a single id, so
+it needs a ``replica`` or ``rw`` token (``embeddb scan`` too). ``Subscribe`` and
 ``FetchSnapshot`` read far more than evaluation lookups can — every logged row since any seq
 (rows deleted since included), every row of a snapshot with its optimizer state — and
 ``FetchSnapshot`` may make the primary take a snapshot (a pause of the mutations): only
@@ -32,6 +35,7 @@ from embeddb.rpc.auth import AccessPolicy, Role
 __all__ = ["STORE_POLICY"]
 
 _WHY = {
+    "Scan": " (it reads every row of a table: a replica or read-write token is needed)",
     "Subscribe": " (it streams every logged row: a replica token is needed)",
     "FetchSnapshot": " (it streams every row of a snapshot: a replica token is needed)",
     "Snapshot": " (taking a snapshot pauses mutations: a read-write token is needed)",
@@ -45,7 +49,6 @@ _READS = frozenset(
         "DescribeTable",
         "DescribeShard",
         "Stats",
-        "Scan",
         "ListSnapshots",
     }
 )
@@ -67,7 +70,7 @@ def _refuse_training_lookups(request: Any) -> None:
 STORE_POLICY = AccessPolicy(
     allowed={
         Role.READ_WRITE: None,
-        Role.REPLICA: _READS | {"Subscribe", "FetchSnapshot"},
+        Role.REPLICA: _READS | {"Scan", "Subscribe", "FetchSnapshot"},
         Role.READ_ONLY: _READS,
     },
     checks={

@@ -29,7 +29,12 @@ import numpy.typing as npt
 from embeddb import wire
 from embeddb.allocator import Trimmer
 from embeddb.durability.log import LogRecord
-from embeddb.errors import InvalidArgumentError, ResourceExhaustedError, UnavailableError
+from embeddb.errors import (
+    FailedPreconditionError,
+    InvalidArgumentError,
+    ResourceExhaustedError,
+    UnavailableError,
+)
 from embeddb.routing import ROUTING_ALGORITHM, SHARD_SALT, Topology
 from embeddb.server.served_shard import ServedShard
 from embeddb.server.streams import StreamSlots
@@ -336,6 +341,7 @@ class StoreServicer(pb_grpc.EmbeddingStoreServiceServicer):
         self, request: pb.SnapshotRequest, context: grpc.ServicerContext
     ) -> pb.SnapshotResponse:
         with self._served.use() as shard:
+            _refuse_on_follower(shard, "Snapshot")
             result = shard.snapshot(request.snapshot_id or None)
         return pb.SnapshotResponse(
             snapshot_id=result.info.snapshot_id,
@@ -401,6 +407,8 @@ class StoreServicer(pb_grpc.EmbeddingStoreServiceServicer):
         """The files of a complete snapshot in chunks, the manifest last (see the proto)."""
         with self.streams.hold(context) as ticket:
             with self._served.use() as shard:
+                if request.take_new:
+                    _refuse_on_follower(shard, "FetchSnapshot with take_new")
                 reader = shard.open_snapshot(request.snapshot_id or None, request.take_new)
             with reader:
                 info = reader.info
@@ -460,6 +468,16 @@ def store_handlers(servicer: StoreServicer) -> tuple[grpc.GenericRpcHandler, ...
         grpc.method_handlers_generic_handler(name, handlers)
         for name in (service.full_name, wire.LEGACY_SERVICE_NAME)
     )
+
+
+def _refuse_on_follower(shard: Shard, what: str) -> None:
+    """A follower's snapshots are its primary's: it takes none when asked (it serves the one
+    its bootstrap fetched)."""
+    if shard.follower:
+        raise FailedPreconditionError(
+            f"{what} refused: this server is a follower, whose snapshots follow its primary's; "
+            "call its primary"
+        )
 
 
 def _serialize(message: pb.LookupResponse | wire.Encoded) -> bytes:

@@ -5,6 +5,6 @@ that stored data gives (a manifest's, a checkpoint's listing) to their directory
 from __future__ import annotations
 
 from embeddb.storage.disk_tier import DiskTier
-from embeddb.storage.table import TableStats, TieredTable, UpdateResult
+from embeddb.storage.table import ShardStats, TableStats, TieredTable, UpdateResult
 
-__all__ = ["DiskTier", "TableStats", "TieredTable", "UpdateResult"]
+__all__ = ["DiskTier", "ShardStats", "TableStats", "TieredTable", "UpdateResult"]

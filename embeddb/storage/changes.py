@@ -1,9 +1,10 @@
 """The changes a table's mutations make, as handed to its journal (the shard's update log).
 
-Each mutating call of :class:`~embeddb.storage.TieredTable` passes, per stripe and while it
-still holds the stripe's lock, the **resulting rows** it wrote (``PUT``) or the ids it removed
-(``DELETE``) to ``table.journal``. Journaling under the lock keeps the journal's order of the
-changes of a row equal to the order they were applied in, so replaying it rebuilds each row.
+Each mutating call of :class:`~embeddb.storage.TieredTable` passes, once, while it holds the
+locks of every stripe it touches and before any of it is visible, the **resulting rows** it
+will write (``PUT``) or the ids it will remove (``DELETE``) to ``table.journal``
+(:mod:`embeddb.storage.writes`). Journaling under the locks keeps the journal's order of the
+changes of a row equal to the order they are applied in, so replaying it rebuilds each row.
 """
 
 from __future__ import annotations

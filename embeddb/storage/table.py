@@ -30,8 +30,11 @@ clean eviction — a disk hit costs one multi-get instead of a get, a delete and
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import threading
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass
+from functools import partial
+from typing import TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -41,14 +44,18 @@ from embeddb.config import RamTierConfig, TableConfig
 from embeddb.errors import CorruptDataError
 from embeddb.initializers import initial_vectors, table_key
 from embeddb.optim import Optimizer
-from embeddb.storage import hash_index
+from embeddb.storage import hash_index, writes
 from embeddb.storage.changes import Change, Op
 from embeddb.storage.disk_tier import DiskTier
 from embeddb.storage.parallel import StripePool
 from embeddb.storage.ram_tier import DIRTY, ON_DISK, Counters, RamStripe
 from embeddb.storage.tiering import Tiers
+from embeddb.storage.writes import Prepared, commit, hold
 
-__all__ = ["TableStats", "TieredTable", "UpdateResult"]
+T = TypeVar("T")
+Call = tuple["TieredTable", list[threading.Lock], Callable[[], Prepared[T]]]
+
+__all__ = ["LookupPlan", "ShardStats", "TableStats", "TieredTable", "UpdateResult"]
 
 
 @dataclass(frozen=True)
@@ -99,6 +106,22 @@ class TableStats:
 
 
 @dataclass(frozen=True)
+class ShardStats:
+    """Per-table statistics of one shard."""
+
+    tables: dict[str, TableStats]
+
+    def totals(self) -> dict[str, int]:
+        """Counters summed over tables."""
+        out: dict[str, int] = {}
+        for stats in self.tables.values():
+            for key, value in stats.as_dict().items():
+                if isinstance(value, int) and key != "dim":
+                    out[key] = out.get(key, 0) + value
+        return out
+
+
+@dataclass(frozen=True)
 class _Misses:
     """One stripe's RAM misses from phase 1 of a lookup."""
 
@@ -107,6 +130,28 @@ class _Misses:
     where: I64  # their positions in the caller's ids
     tick: int
     disk_generation: int
+
+
+@dataclass(frozen=True)
+class LookupPlan:
+    """A lookup after phases 1 and 2: its answer so far, and the misses phase 3 settles."""
+
+    out: F32
+    pending: list[_Misses]
+    uniq: U64  # the distinct missed ids of every stripe, sorted
+    inverse: I64  # the pending misses' ids (concatenated) as indices into uniq
+    found: npt.NDArray[np.bool_]  # uniq has a disk copy (as phase 2 read it)
+    values: F32  # uniq's disk rows (zeros where not found)
+    starts: I64  # pending[k]'s ids are inverse[starts[k] : starts[k + 1]]
+
+
+_NO_MISSES = (
+    np.empty(0, np.uint64),
+    np.empty(0, np.int64),
+    np.empty(0, bool),
+    np.empty((0, 0), np.float32),
+    np.zeros(1, np.int64),
+)
 
 
 def _stripe_count(requested: int, capacity: int, min_rows: int) -> int:
@@ -120,8 +165,9 @@ def _stripe_count(requested: int, capacity: int, min_rows: int) -> int:
 class TieredTable:
     """One table on one shard. Callers validate inputs; this class trusts them.
 
-    Each call is atomic per stripe, not across stripes: if the disk tier fails (``StorageError``)
-    while a call works on its third stripe, the first two stripes' work stands.
+    Each mutating call holds the locks of every stripe it touches, hands all its changes to
+    :attr:`journal` at once and publishes them only then (:mod:`embeddb.storage.writes`): a
+    journal that raises leaves no trace of the call.
 
     Args:
         config: the table's settings.
@@ -140,8 +186,10 @@ class TieredTable:
     ) -> None:
         self.config = config
         self._pool = pool or StripePool(1, 0)
-        # Called with each stripe's changes while its lock is held (see embeddb.storage.changes).
+        # Called with each call's changes before any is visible (embeddb.storage.writes), and
+        # with the error when publishing logged changes failed.
         self.journal: Callable[[list[Change]], object] | None = None
+        self.on_failure: Callable[[BaseException], None] | None = None
         self.name = config.name
         self.dim = config.dim
         self.optimizer = Optimizer(config.optimizer, config.dim, config.weight_bound)
@@ -180,10 +228,27 @@ class TieredTable:
         Three phases, so that RocksDB sees one multi-get per call rather than one per stripe
         (about 25% cheaper per key) and no stripe lock is held while it runs: (1) per stripe,
         under its lock, copy resident vectors and collect the misses; (2) read every miss from
-        the disk tier; (3) per stripe, under its lock, settle the misses — re-checking RAM and,
-        if the stripe wrote to disk meanwhile, the disk copies, since another thread may have
-        promoted, updated, evicted or deleted one of these ids between the phases.
+        the disk tier; (3) settle the misses — re-checking RAM and, if the stripe wrote to disk
+        meanwhile, the disk copies, since another thread may have promoted, updated, evicted or
+        deleted one of these ids between the phases. An evaluation lookup settles each stripe
+        under its lock in turn; a training lookup holds the locks of every missed stripe at once
+        and publishes the rows it admits only once they are logged, as one record
+        (:mod:`embeddb.storage.writes`).
         """
+        plan = self.lookup_begin(ids, train)
+        if not plan.pending:
+            return plan.out
+        if not train:
+            for k, m in enumerate(plan.pending):
+                with self.stripes[m.stripe].lock:
+                    self._settle(plan, k, train=False)
+            return plan.out
+        with hold(self.lookup_locks(plan)):
+            (out,) = commit([self.prepare_lookup(plan)], self.journal, self.on_failure)
+        return out
+
+    def lookup_begin(self, ids: U64, train: bool) -> LookupPlan:
+        """Phases 1 and 2 of :meth:`lookup` (each stripe's lock taken in turn)."""
         out = np.empty((ids.size, self.dim), dtype=np.float32)
 
         def gather(part: tuple[int, U64, I64]) -> _Misses | None:
@@ -195,59 +260,122 @@ class TieredTable:
         gathered = self._pool.map(gather, list(self._split(ids)), ids.size)
         pending = [m for m in gathered if m is not None]
         if not pending:
-            return out
+            return LookupPlan(out, [], *_NO_MISSES)
         uniq, inverse = np.unique(
             np.concatenate([m.ids for m in pending]), return_inverse=True
         )  # sorted: RocksDB's multi-get is fastest on ordered keys
         found, disk_rows = self._disk.get(self.name, uniq)
         values = np.zeros((uniq.size, self.width), dtype=np.float32)
         values[found] = disk_rows
-        start = 0
-        for m in pending:
-            mine = inverse[start : start + m.ids.size]
-            start += m.ids.size
-            local, local_inv = np.unique(mine, return_inverse=True)
-            stripe = self.stripes[m.stripe]
-            with stripe.lock:
-                rows = self._settle_stripe(
-                    m, stripe, uniq[local], values[local], found[local], local_inv, train
-                )
-            out[m.where] = rows[local_inv, : self.dim]
-        return out
+        starts = np.cumsum([0] + [m.ids.size for m in pending], dtype=np.int64)
+        return LookupPlan(out, pending, uniq, inverse, found, values, starts)
+
+    def lookup_locks(self, plan: LookupPlan) -> list[threading.Lock]:
+        """The locks phase 3 of a training lookup holds (its missed stripes, ascending)."""
+        return [self.stripes[s].lock for s in sorted(m.stripe for m in plan.pending)]
+
+    def prepare_lookup(self, plan: LookupPlan) -> Prepared[F32]:
+        """Phase 3 of a training lookup, prepared (locks of :meth:`lookup_locks` held): the
+        rows it admits are published once logged."""
+        parts = [self._settle(plan, k, train=True) for k in range(len(plan.pending))]
+        return writes.combine(parts, lambda _: plan.out)
+
+    def _settle(self, plan: LookupPlan, k: int, train: bool) -> Prepared[F32]:
+        m = plan.pending[k]
+        mine = plan.inverse[plan.starts[k] : plan.starts[k + 1]]
+        local, local_inv = np.unique(mine, return_inverse=True)
+        stripe = self.stripes[m.stripe]
+        rows, prepared = self._settle_stripe(
+            m,
+            stripe,
+            plan.uniq[local],
+            plan.values[local],
+            plan.found[local],
+            local_inv,
+            train,
+        )
+        plan.out[m.where] = rows[local_inv, : self.dim]
+        return prepared
 
     def apply_gradients(self, ids: U64, grads: F32) -> UpdateResult:
         """Sum duplicate ids' gradients, skip non-finite rows, run the optimizer."""
-
-        def update(part: tuple[int, U64, I64]) -> tuple[int, int, int]:
-            s, sub, where = part
-            stripe = self.stripes[s]
-            with stripe.lock:
-                return self._update_stripe(stripe, sub, grads, where)
-
-        counts = self._pool.map(update, list(self._split(ids)), ids.size)
-        applied, skipped, missing = (sum(c[k] for c in counts) for k in range(3))
-        return UpdateResult(applied, skipped, missing)
+        parts = list(self._split(ids))
+        with hold(self.locks(parts)):
+            (result,) = commit([self.prepare_update(parts, grads)], self.journal, self.on_failure)
+        return result
 
     def assign(self, ids: U64, vectors: F32) -> int:
         """Overwrite vectors (creating rows as needed) and reset their optimizer state.
 
         For duplicate ids the last vector wins. Returns the number of distinct ids written.
         """
-        written = 0
-        for s, sub, where in self._split(ids):
-            stripe = self.stripes[s]
-            with stripe.lock:
-                written += self._assign_stripe(stripe, sub, vectors[where])
+        parts = list(self._split(ids))
+        with hold(self.locks(parts)):
+            (written,) = commit(
+                [self.prepare_assign(parts, vectors)], self.journal, self.on_failure
+            )
         return written
 
     def delete(self, ids: U64) -> int:
         """Remove rows from both tiers. Returns how many existed."""
-        deleted = 0
-        for s, sub, _ in self._split(ids):
-            stripe = self.stripes[s]
-            with stripe.lock:
-                deleted += self._delete_stripe(stripe, sub)
+        parts = list(self._split(ids))
+        with hold(self.locks(parts)):
+            (deleted,) = commit([self.prepare_delete(parts)], self.journal, self.on_failure)
         return deleted
+
+    # ------------------------------------------------------------------ the write path
+    def split(self, ids: U64) -> list[tuple[int, U64, I64]]:
+        """``(stripe, its ids, their positions)`` of each stripe ``ids`` touch, ascending."""
+        return list(self._split(ids))
+
+    def locks(self, parts: Iterable[tuple[int, U64, I64]]) -> list[threading.Lock]:
+        """The locks of the stripes of ``parts`` (as :meth:`split` gives them), ascending."""
+        return [self.stripes[s].lock for s in sorted(p[0] for p in parts)]
+
+    def update_call(self, ids: U64, grads: F32) -> Call[UpdateResult]:
+        """:meth:`apply_gradients` as one table's part of a call spanning tables
+        (:func:`~embeddb.storage.writes.commit_ordered`)."""
+        parts = self.split(ids)
+        return self, self.locks(parts), partial(self.prepare_update, parts, grads)
+
+    def lookup_call(self, plan: LookupPlan) -> Call[F32]:
+        """Phase 3 of a training lookup as one table's part of a call spanning tables."""
+        return self, self.lookup_locks(plan), partial(self.prepare_lookup, plan)
+
+    def prepare_update(
+        self, parts: list[tuple[int, U64, I64]], grads: F32
+    ) -> Prepared[UpdateResult]:
+        """:meth:`apply_gradients`, prepared (:mod:`embeddb.storage.writes`; locks held)."""
+
+        logged = self.journal is not None
+
+        def one(part: tuple[int, U64, I64]) -> Prepared[writes.Counts]:
+            s, sub, where = part
+            return writes.prepare_update(
+                self._tiers, self.optimizer, self.stripes[s], sub, grads, where, logged
+            )
+
+        size = sum(p[1].size for p in parts)
+        prepared = self._pool.map(one, parts, size)  # the caller's thread holds the locks
+
+        def publish() -> UpdateResult:  # stripes in parallel too (each its own rows)
+            counts = self._pool.map(lambda p: p.publish(), prepared, size)
+            return UpdateResult(*(sum(c[k] for c in counts) for k in range(3)))
+
+        return Prepared([c for p in prepared for c in p.changes], publish)
+
+    def prepare_assign(self, parts: list[tuple[int, U64, I64]], vectors: F32) -> Prepared[int]:
+        """:meth:`assign`, prepared (locks held)."""
+        prepared = [
+            writes.prepare_assign(self._tiers, self.optimizer, self.stripes[s], sub, vectors[where])
+            for s, sub, where in parts
+        ]
+        return writes.combine(prepared, sum)
+
+    def prepare_delete(self, parts: list[tuple[int, U64, I64]]) -> Prepared[int]:
+        """:meth:`delete`, prepared (locks held)."""
+        prepared = [writes.prepare_delete(self._tiers, self.stripes[s], sub) for s, sub, _ in parts]
+        return writes.combine(prepared, sum)
 
     def peek(self, ids: U64) -> tuple[npt.NDArray[np.bool_], F32]:
         """Full rows ``[vector | state]`` of ``ids`` without any side effect.
@@ -316,9 +444,9 @@ class TieredTable:
             with stripe.lock:
                 if change.op is Op.PUT:
                     assert change.rows is not None
-                    self._put_stripe(stripe, sub, change.rows[where])
+                    self._tiers.put(stripe, sub, change.rows[where])
                 else:
-                    self._remove_stripe(stripe, sub)
+                    self._tiers.remove(stripe, sub)
 
     def capture_buffers(self) -> list[tuple[F32, npt.NDArray[np.uint8], U64]]:
         """Buffers for :meth:`capture_into`, allocated and touched now — before the caller
@@ -413,11 +541,11 @@ class TieredTable:
         found: npt.NDArray[np.bool_],
         inverse: I64,
         train: bool,
-    ) -> F32:
+    ) -> tuple[F32, Prepared[F32]]:
         """Phase 3 of :meth:`lookup` for one stripe's distinct missed ids ``uniq``.
 
         ``values``/``found`` are what phase 2 read from disk. Returns the full rows to answer
-        with; on a training lookup, admitted new rows are created and disk rows promoted.
+        with, and (a training lookup) the admitted new rows, prepared; disk rows are promoted.
         """
         c = stripe.counters
         slots = np.empty(uniq.size, dtype=np.int64)
@@ -436,7 +564,7 @@ class TieredTable:
         c.disk_hits += int(occurrences[absent & found].sum())
         c.misses += int(occurrences[absent & ~found].sum())
         if not train:
-            return values
+            return values, Prepared([], lambda: values)
         new = absent & ~found
         admitted = new.copy()
         p = self.config.admit_probability
@@ -444,128 +572,19 @@ class TieredTable:
             admitted[new] = self._rngs[m.stripe].random(int(new.sum())) < p
         if admitted.any():
             values[admitted] = self._new_rows(uniq[admitted])
-        c.admitted += int(admitted.sum())
-        c.rejected += int(new.sum()) - int(admitted.sum())
-        keep = absent & (found | admitted)
-        self._tiers.store(stripe, uniq[keep], values[keep], found[keep], m.tick, dirty=False)
-        if admitted.any() and self.journal is not None:
-            self._journal([Change(Op.PUT, self.name, uniq[admitted], values[admitted])])
-        return values
+        promoted = absent & found  # clean: no reader can tell
+        self._tiers.store(stripe, uniq[promoted], values[promoted], found[promoted], m.tick, False)
+        ids, rows = uniq[admitted], values[admitted]
+        n_new = int(new.sum())
 
-    def _update_stripe(
-        self, stripe: RamStripe, ids: U64, grads: F32, where: I64
-    ) -> tuple[int, int, int]:
-        """``grads[where[i]]`` is the gradient of ``ids[i]``."""
-        c = stripe.counters
-        c.update_ids += ids.size
-        tick = stripe.next_tick()
-        slots = np.empty(ids.size, dtype=np.int64)
-        n_miss = hash_index.probe(stripe.index, ids, tick, True, slots)
-        missing = 0
-        skipped = 0
-        applied = 0
-        changes: list[Change] = []
-        if n_miss:
-            miss = np.flatnonzero(slots < 0)
-            uniq = np.unique(ids[miss])
-            found, disk_rows = self._disk.get(self.name, uniq)
-            missing = int((~found).sum())
-            self._tiers.store(stripe, uniq[found], disk_rows, found[found], tick, dirty=False)
-            sub_slots = np.empty(miss.size, dtype=np.int64)
-            hash_index.probe(stripe.index, ids[miss], tick, False, sub_slots)
-            slots[miss] = sub_slots
-            still = sub_slots < 0  # overflow rows (on disk) and ids that exist nowhere
-            if still.any():
-                a, k, change = self._update_on_disk(
-                    stripe, ids[miss[still]], grads[where[miss[still]]]
-                )
-                applied += a
-                skipped += k
-                changes.append(change)
-        uniq_slots = np.empty(ids.size, dtype=np.int64)
-        sums = np.empty((ids.size, self.dim), dtype=np.float32)
-        k = hash_index.dedup_sum(slots, grads, where, stripe.scratch, uniq_slots, sums)
-        touched = uniq_slots[:k]
-        nan = self.optimizer.apply(stripe.rows, touched, sums[:k])
-        stripe.flags[touched] |= DIRTY
-        skipped += nan
-        applied += k - nan
-        c.updated_rows += applied
-        c.nan_skipped += skipped
-        c.missing_updates += missing
-        if k and self.journal is not None:  # skipped rows are logged unchanged: harmless
-            # take() gathers ~3x faster than fancy indexing on these shapes (the log's largest copy)
-            changes.append(
-                Change(
-                    Op.PUT, self.name, stripe.ids.take(touched), stripe.rows.take(touched, axis=0)
-                )
-            )
-        self._journal(changes)
-        return applied, skipped, missing
+        def publish() -> F32:
+            self._tiers.store(stripe, ids, rows, np.zeros(ids.size, bool), m.tick, dirty=False)
+            c.admitted += ids.size
+            c.rejected += n_new - ids.size
+            return values
 
-    def _update_on_disk(self, stripe: RamStripe, ids: U64, grads: F32) -> tuple[int, int, Change]:
-        """Apply gradients to rows that stay on disk (overflow); ids absent everywhere are
-        ignored (they were counted as missing). Returns applied, skipped and the change."""
-        uniq, inv = np.unique(ids, return_inverse=True)
-        found, rows = self._disk.get(self.name, uniq)
-        sums = np.zeros((uniq.size, self.dim), dtype=np.float32)
-        np.add.at(sums, inv, grads)
-        sums = sums[found]
-        nan = self.optimizer.apply(rows, np.arange(rows.shape[0], dtype=np.int64), sums)
-        self._disk.put(self.name, uniq[found], rows)  # skipped rows are rewritten unchanged
-        stripe.disk_generation += 1
-        return int(rows.shape[0]) - nan, nan, Change(Op.PUT, self.name, uniq[found], rows)
-
-    def _assign_stripe(self, stripe: RamStripe, ids: U64, vectors: F32) -> int:
-        n = ids.size
-        uniq, first_in_reversed = np.unique(ids[::-1], return_index=True)
-        vecs = vectors[n - 1 - first_in_reversed]
-        rows = np.empty((uniq.size, self.width), dtype=np.float32)
-        rows[:, : self.dim] = vecs
-        rows[:, self.dim :] = self.optimizer.initial_state(uniq.size)
-        self._put_stripe(stripe, uniq, rows)
-        stripe.counters.assigned_rows += uniq.size
-        self._journal([Change(Op.PUT, self.name, uniq, rows)])
-        return int(uniq.size)
-
-    def _put_stripe(self, stripe: RamStripe, uniq: U64, rows: F32) -> None:
-        """Overwrite the full rows of distinct ``uniq`` (created as needed), as most recent."""
-        tick = stripe.next_tick()
-        slots = np.empty(uniq.size, dtype=np.int64)
-        hash_index.probe(stripe.index, uniq, tick, True, slots)
-        resident = slots >= 0
-        stripe.rows[slots[resident]] = rows[resident]
-        stripe.flags[slots[resident]] |= DIRTY
-        absent = ~resident
-        if absent.any():
-            on_disk, _ = self._disk.get(self.name, uniq[absent])
-            self._tiers.store(stripe, uniq[absent], rows[absent], on_disk, tick, dirty=True)
-
-    def _delete_stripe(self, stripe: RamStripe, ids: U64) -> int:
-        uniq = np.unique(ids)
-        deleted = self._remove_stripe(stripe, uniq)
-        self._journal([Change(Op.DELETE, self.name, uniq)])
-        return deleted
-
-    def _remove_stripe(self, stripe: RamStripe, uniq: U64) -> int:
-        c = stripe.counters
-        freed = np.empty(uniq.size, dtype=np.int64)
-        n_ram = hash_index.remove(stripe.index, uniq, freed)
-        resident = freed >= 0
-        had_copy = (stripe.flags[freed[resident]] & ON_DISK) != 0
-        stripe.release_slots(freed[resident])
-        rest = uniq[~resident]
-        found, _ = self._disk.get(self.name, rest)
-        on_disk = np.concatenate([uniq[resident][had_copy], rest[found]])
-        self._disk.delete(self.name, on_disk)
-        stripe.disk_generation += 1
-        c.disk_rows -= on_disk.size
-        c.deleted_rows += int(n_ram) + int(found.sum())
-        return int(n_ram) + int(found.sum())
-
-    def _journal(self, changes: list[Change]) -> None:
-        if self.journal is not None and changes:
-            self.journal(changes)
+        changes = [Change(Op.PUT, self.name, ids, rows)] if ids.size else []
+        return values, Prepared(changes, publish)
 
     # ------------------------------------------------------------------ new rows
     def _new_rows(self, ids: U64) -> F32:

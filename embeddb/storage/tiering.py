@@ -99,3 +99,33 @@ class Tiers:
         hash_index.remove(stripe.index, keys, freed)
         stripe.release_slots(slots)
         stripe.counters.evicted += n
+
+    def put(self, stripe: RamStripe, uniq: U64, rows: F32) -> None:
+        """Overwrite the full rows of distinct ``uniq`` (created as needed), as most recent."""
+        tick = stripe.next_tick()
+        slots = np.empty(uniq.size, dtype=np.int64)
+        hash_index.probe(stripe.index, uniq, tick, True, slots)
+        resident = slots >= 0
+        stripe.rows[slots[resident]] = rows[resident]
+        stripe.flags[slots[resident]] |= DIRTY
+        absent = ~resident
+        if absent.any():
+            on_disk, _ = self.disk.get(self.table, uniq[absent])
+            self.store(stripe, uniq[absent], rows[absent], on_disk, tick, dirty=True)
+
+    def remove(self, stripe: RamStripe, uniq: U64) -> int:
+        """Remove distinct ``uniq`` from both tiers; returns how many existed."""
+        c = stripe.counters
+        freed = np.empty(uniq.size, dtype=np.int64)
+        n_ram = hash_index.remove(stripe.index, uniq, freed)
+        resident = freed >= 0
+        had_copy = (stripe.flags[freed[resident]] & ON_DISK) != 0
+        stripe.release_slots(freed[resident])
+        rest = uniq[~resident]
+        found, _ = self.disk.get(self.table, rest)
+        on_disk = np.concatenate([uniq[resident][had_copy], rest[found]])
+        self.disk.delete(self.table, on_disk)
+        stripe.disk_generation += 1
+        c.disk_rows -= on_disk.size
+        c.deleted_rows += int(n_ram) + int(found.sum())
+        return int(n_ram) + int(found.sum())

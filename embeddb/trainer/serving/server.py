@@ -111,6 +111,11 @@ class ModelServerConfig:
         max_string_bytes: the longest string of a JSON body (an id, a value, a key), measured
             before parsing.
         http_idle_seconds: an idle HTTP keep-alive connection is closed after this long.
+        max_inflight_bytes: the gRPC port's memory budget: the requests of every ``Predict``
+            in flight, twice (received and decoded), share it; a call that does not fit
+            within 60 s (or its deadline) is RESOURCE_EXHAUSTED (:mod:`embeddb.rpc.budget`).
+        max_concurrent_rpcs: gRPC calls accepted at once (queued ones included); more are
+            RESOURCE_EXHAUSTED before their request is read.
         metrics_registry: where to record metrics; a fresh registry when None.
         warm_up: before binding any port, call the predictor's ``warm_up()`` (if it has one:
             :meth:`InferCtx.warm_up <embeddb.trainer.serving.InferCtx.warm_up>` compiles the
@@ -128,6 +133,8 @@ class ModelServerConfig:
     max_record_bytes: int = 1 << 20
     max_string_bytes: int = 64 << 10
     http_idle_seconds: float = 30.0
+    max_inflight_bytes: int = 512 << 20
+    max_concurrent_rpcs: int = 256
     metrics_registry: CollectorRegistry | None = None
     warm_up: bool = True
 
@@ -136,7 +143,15 @@ class ModelServerConfig:
             raise ConfigError("listen", f"must be a ListenConfig, not {type(self.listen).__name__}")
         if self.http_port is not None and not 0 <= self.http_port <= 65535:
             raise ConfigError("http_port", f"must be in 0..65535, got {self.http_port}")
-        for name in ("max_batch", "workers", "max_records", "max_message_bytes", "max_body_bytes"):
+        for name in (
+            "max_batch",
+            "workers",
+            "max_records",
+            "max_message_bytes",
+            "max_body_bytes",
+            "max_inflight_bytes",
+            "max_concurrent_rpcs",
+        ):
             if getattr(self, name) < 1:
                 raise ConfigError(name, f"must be >= 1, got {getattr(self, name)}")
         self.body_limits()  # the body limits are checked there
@@ -316,7 +331,11 @@ def build_model_server(
         cfg.listen,
         Service(MODEL_SERVICE, register, _POLICY, observe, metrics.observe_refused),
         ServerPools.create(cfg.workers, prefix="embeddb-model"),
-        ConnectionConfig(max_message_bytes=cfg.max_message_bytes),
+        ConnectionConfig(
+            max_message_bytes=cfg.max_message_bytes,
+            max_concurrent_rpcs=cfg.max_concurrent_rpcs,
+            max_inflight_bytes=cfg.max_inflight_bytes,
+        ),
         metrics_registry=metrics.registry,
         before_start=start_http if cfg.http_port is not None else None,
         draining=stop_http,
