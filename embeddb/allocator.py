@@ -16,8 +16,10 @@ applies it at start (``ServerConfig.tune_allocator``), and so does the client
 The memory kept is bounded: a server lets its threads share one malloc arena
 (:func:`limit_arenas`) and hands what a burst of large calls left behind back to the kernel
 once the burst is over (:class:`Trimmer`), so its resident size returns to its level before
-the burst (measured: 193 MiB before eight concurrent 60 MiB lookups, 1.5-1.6 GiB at their end,
-197-206 MiB a few seconds later; ``tests/test_boundaries.py``).
+the burst (``tests/test_boundaries.py``; measured before the in-flight budget of
+:mod:`embeddb.rpc.budget`: 193 MiB before eight concurrent 60 MiB lookups, 1.5-1.6 GiB at their
+end, 197-206 MiB a few seconds later; with the default budget they run two at a time and the
+peak is about 618 MiB).
 """
 
 from __future__ import annotations

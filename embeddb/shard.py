@@ -158,7 +158,12 @@ class Shard:
             self._readers = LogReaders(self._log, self._table_check_open)
             self._applier = RecordApplier(self._tables, opener.applied_seq)
             self._snapshots = ShardSnapshots(
-                self.data_dir / "snapshots", self._disk, self._tables, self._pool, self.topology
+                self.data_dir / "snapshots",
+                self._disk,
+                self._tables,
+                self._pool,
+                self.topology,
+                file_io,
             )
             if not follower:  # a follower's primary exports
                 self._exporter = start_export(

@@ -56,6 +56,7 @@ from embeddb.routing import Topology
 from embeddb.storage import DiskTier, TieredTable
 from embeddb.storage.parallel import StripePool
 from embeddb.storage.private import private_dir
+from embeddb.storage.writes import hold
 
 __all__ = [
     "BASE",
@@ -195,16 +196,26 @@ def read_record(data_dir: Path, name: str) -> dict[str, Any] | None:
 
 
 def replay(tables: Mapping[str, TieredTable], payload: bytes, where: str) -> None:
-    """Apply one update log record's changes to ``tables`` (recovery, followers).
+    """Apply one update log record's changes to ``tables`` (recovery, followers), atomically
+    for readers: with the locks of every stripe it touches held, taken in the order the
+    primary takes them (tables in the shard's order, stripes ascending:
+    :mod:`embeddb.storage.writes`), so no reader sees part of a record.
 
     Raises:
         CorruptDataError: an unreadable record, or one that changes a table not configured.
     """
-    for change in records.decode(payload, where):
-        table = tables.get(change.table)
-        if table is None:
+    changes = records.decode(payload, where)
+    rank = {name: k for k, name in enumerate(tables)}
+    stripes: set[tuple[int, int]] = set()
+    for change in changes:
+        if change.table not in rank:
             raise CorruptDataError(f"{where} changes table {change.table!r}, not configured")
-        table.replay(change)
+        table = tables[change.table]
+        stripes.update((rank[change.table], p[0]) for p in table.split(change.ids))
+    names = list(tables)
+    with hold(tables[names[t]].stripes[s].lock for t, s in sorted(stripes)):
+        for change in changes:
+            tables[change.table].replay(change, locked=True)
 
 
 # ---------------------------------------------------------------------- opening

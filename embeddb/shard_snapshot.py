@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from embeddb.durability import snapshot
+from embeddb.durability.fileio import REAL, FileIO
 from embeddb.durability.snapshot import SnapshotInfo, SnapshotReader
 from embeddb.errors import NotFoundError
 from embeddb.routing import Topology
@@ -40,6 +41,11 @@ class ShardSnapshots:
         root: the ``snapshots/`` directory.
         disk: the shard's disk tier. tables: its tables. pool: its stripe pool.
         topology: the shard's place in its cluster, recorded in each manifest.
+        file_io: the file layer the snapshot files are written through (the update log's).
+
+    A failed snapshot (a full disk, an I/O error) fails only that call: no snapshot is left,
+    the older ones stay, and the shard keeps serving — its update log, the commit point, is
+    untouched, so the shard stops taking writes only if the log itself fails.
     """
 
     def __init__(
@@ -49,12 +55,14 @@ class ShardSnapshots:
         tables: Mapping[str, TieredTable],
         pool: StripePool,
         topology: Topology,
+        file_io: FileIO = REAL,
     ) -> None:
         self.root = root
         self._disk = disk
         self._tables = tables
         self._pool = pool
         self._topology = topology
+        self._io = file_io
 
     def complete(self) -> list[SnapshotInfo]:
         """Complete snapshots, oldest first."""
@@ -70,8 +78,8 @@ class ShardSnapshots:
             The snapshot and how long mutations paused (seconds).
 
         Raises:
-            InvalidArgumentError: a bad or existing id. StorageError: the write failed (no
-                partial snapshot is left).
+            InvalidArgumentError: a bad or existing id. StorageFullError (RESOURCE_EXHAUSTED),
+                StorageFaultError (UNAVAILABLE): a write failed (no partial snapshot is left).
         """
         name = snapshot_id
         if name is None:
@@ -79,7 +87,7 @@ class ShardSnapshots:
             name = time.strftime("snap-%Y%m%dT%H%M%S", time.gmtime(now)) + (
                 f"{now % 1:.6f}"[1:] + "Z"
             )
-        writer = snapshot.SnapshotWriter(self.root, name)
+        writer = snapshot.SnapshotWriter(self.root, name, self._io)
         try:
             # Deleted rows must leave the files the checkpoint hard-links, not only be masked
             # by tombstones: compact their key ranges (again under the locks, for deletes that

@@ -15,6 +15,7 @@ time::
     hash_index.remove              writable, or read-only ids of a replayed log record
     hash_index.insert              writable keys
     hash_index.collect_victims     the stripe's index
+    hash_index.scatter_rows        a stripe's rows and flags, the rows an update prepared
     hash_index.dedup_sum           request gradients: read-only or writable
     initializers (3 kinds)         writable ids
     optim: finite_rows, apply_rows the summed gradients (writable), per optimizer kind
@@ -97,6 +98,8 @@ def _hash_index(ids: U64, readonly: bool) -> None:
     if not readonly:
         victims, freed = np.empty(1, dtype=np.uint64), np.empty(1, dtype=np.int64)
         hash_index.collect_victims(index, 1, tick + 1, victims, freed)
+        flags = np.zeros(keys.size, dtype=np.uint8)
+        hash_index.scatter_rows(rows, slots, rows.take(slots, axis=0), flags, np.uint8(1))
     removed = np.empty(n, dtype=np.int64)
     hash_index.remove(index, ids, removed)
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from embeddb.cli.common import load_config
+from embeddb.cli.common import load_config, printable
 from embeddb.cli.options import DIRECTORY, config_option, data_dir_option
 from embeddb.cli.target import Target, connect, target_options
 from embeddb.errors import EmbeddbError
@@ -51,7 +51,8 @@ def snapshot_command(target: Target, snapshot_id: str | None, timeout: float) ->
                 r.shard, r.address, r.seq, f"{r.bytes:,}", f"{r.pause_ms:.1f}", f"{r.seconds:.2f}"
             )
         )
-    click.echo(f"checkpoint {results[0].snapshot_id} taken on {len(results)} shards")
+    # the snapshot id is the server's string: escaped like every server string the CLI prints
+    click.echo(f"checkpoint {printable(results[0].snapshot_id)} taken on {len(results)} shards")
 
 
 # ------------------------------------------------------------------------------------- reshard

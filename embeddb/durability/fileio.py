@@ -1,9 +1,10 @@
 """The file layer under the update log: the calls that can fail because of the device.
 
-:class:`FileIO` makes the writes, fsyncs and renames of the update log (appends, segment rolls,
-the final fsync) through one object, so that a test can hand a shard a :class:`FaultyIO` that
-fails the *n*-th of them with ``ENOSPC`` or ``EIO`` — the faults a full or failing disk gives —
-instead of monkeypatching :mod:`os`. Production code uses :data:`REAL`, which calls :mod:`os`.
+:class:`FileIO` makes the writes, fsyncs, renames and truncations of the update log (appends,
+segment rolls, the final fsync, the cut after a failed fsync) through one object, so that a
+test can hand a shard a :class:`FaultyIO` that fails the *n*-th of them with ``ENOSPC`` or
+``EIO`` — the faults a full or failing disk gives — instead of monkeypatching :mod:`os`.
+Production code uses :data:`REAL`, which calls :mod:`os`.
 """
 
 from __future__ import annotations
@@ -14,9 +15,14 @@ import threading
 from collections.abc import Sequence
 from typing import Literal
 
-__all__ = ["REAL", "FaultyIO", "FileIO", "Operation"]
+from embeddb.errors import StorageError, StorageFaultError, StorageFullError
 
-Operation = Literal["write", "fsync", "rename"]
+__all__ = ["FULL", "REAL", "FaultyIO", "FileIO", "Operation", "storage_error"]
+
+FULL = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+"""The errnos of a full disk (or quota); any other error of a write is an I/O fault."""
+
+Operation = Literal["write", "fsync", "rename", "truncate"]
 
 
 class FileIO:
@@ -25,6 +31,12 @@ class FileIO:
     def writev(self, fd: int, buffers: Sequence[bytes | memoryview]) -> int:
         return os.writev(fd, buffers)
 
+    def write_all(self, fd: int, data: bytes | memoryview) -> None:
+        """Write all of ``data`` (one :meth:`writev` per partial write)."""
+        view = memoryview(data).cast("B")
+        while view:
+            view = view[self.writev(fd, [view]) :]
+
     def fsync(self, fd: int) -> None:
         """An fsync of a file's data (``fdatasync`` where the platform has it)."""
         getattr(os, "fdatasync", os.fsync)(fd)
@@ -32,11 +44,27 @@ class FileIO:
     def fsync_dir(self, fd: int) -> None:
         os.fsync(fd)
 
+    def truncate(self, fd: int, length: int) -> None:
+        os.ftruncate(fd, length)
+
     def replace(self, source: str | os.PathLike[str], target: str | os.PathLike[str]) -> None:
         os.replace(source, target)
 
 
 REAL = FileIO()
+
+
+def storage_error(what: str, exc: OSError) -> StorageError:
+    """The error for ``exc``, met while ``what`` (e.g. ``cannot write snapshot 's1'``), with
+    no path in its message (paths go to the server log): :class:`StorageFullError`
+    (RESOURCE_EXHAUSTED) for a full disk, :class:`StorageFaultError` (UNAVAILABLE) else."""
+    if isinstance(exc, StorageError):
+        return exc
+    code = exc.errno or 0
+    name = errno.errorcode.get(code, "an I/O error")
+    if code in FULL:
+        return StorageFullError(f"{what}: the data directory is full ({name})")
+    return StorageFaultError(f"{what}: the storage failed ({name})")
 
 
 class FaultyIO(FileIO):
@@ -54,7 +82,7 @@ class FaultyIO(FileIO):
         self.operation = operation
         self.nth = nth
         self.code = code
-        self.calls: dict[str, int] = {"write": 0, "fsync": 0, "rename": 0}
+        self.calls: dict[str, int] = {"write": 0, "fsync": 0, "rename": 0, "truncate": 0}
         self.fired = False
         self._full = False
         self._lock = threading.Lock()
@@ -67,12 +95,12 @@ class FaultyIO(FileIO):
     def _check(self, operation: Operation) -> None:
         with self._lock:
             self.calls[operation] += 1
-            if self._full and operation != "fsync":
+            if self._full and operation in ("write", "rename"):
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
             if operation != self.operation or self.calls[operation] != self.nth:
                 return
             self.fired = True
-            self._full = self.code == errno.ENOSPC and operation != "fsync"
+            self._full = self.code == errno.ENOSPC and operation in ("write", "rename")
         raise OSError(self.code, os.strerror(self.code))
 
     def writev(self, fd: int, buffers: Sequence[bytes | memoryview]) -> int:
@@ -86,6 +114,10 @@ class FaultyIO(FileIO):
     def fsync_dir(self, fd: int) -> None:
         self._check("fsync")
         super().fsync_dir(fd)
+
+    def truncate(self, fd: int, length: int) -> None:
+        self._check("truncate")
+        super().truncate(fd, length)
 
     def replace(self, source: str | os.PathLike[str], target: str | os.PathLike[str]) -> None:
         self._check("rename")

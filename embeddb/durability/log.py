@@ -62,6 +62,8 @@ file back to the end of its last complete record, so the seq is not used and a l
 never follows a partial record. If that cut fails too, or an fsync fails (after which the
 kernel may have dropped the unwritten pages, so a retry proves nothing), the log is marked
 failed: every later append and every wait for an undurable seq raises. Reads keep working.
+Under ``always`` a failed fsync also cuts the log back to its last durable record
+(:mod:`.log_fence`): the refused calls' records do not come back at a restart.
 """
 
 from __future__ import annotations
@@ -76,6 +78,7 @@ from pathlib import Path
 
 from embeddb.config import FsyncPolicy, LogRecovery
 from embeddb.durability.fileio import REAL, FileIO
+from embeddb.durability.log_fence import apply_fence, fence
 from embeddb.durability.log_format import (
     FILE_MODE,
     RECORD_HEADER,
@@ -214,6 +217,7 @@ class UpdateLog(LogReader):
                 raise os_error(
                     f"update log directory {self.directory} is in use by another UpdateLog", exc
                 ) from exc
+            apply_fence(self.directory, self._dir_fd)  # a cut a failed fsync left undone
             self._segments, self._last_seq = self._recover(start_seq)
             self._upgrade_active()
             active = self._segments[-1]
@@ -230,6 +234,7 @@ class UpdateLog(LogReader):
             os.close(self._dir_fd)  # also releases the flock
             raise
         self._durable_seq = self._last_seq
+        self._durable_end = (self._segments[-1], self._segments[-1].size)  # where it ends
         self._first_seq = self._segments[0].first_seq
         self._timed_from = self._last_seq + 1  # append times are known from this seq on
         if self.config.fsync is FsyncPolicy.INTERVAL:
@@ -308,12 +313,12 @@ class UpdateLog(LogReader):
             InvalidArgumentError: ``seq`` has not been appended.
             StorageError: the log has failed and ``seq`` is not known to be durable.
         """
-        if seq > self._last_seq:
-            raise InvalidArgumentError(f"seq {seq} was not appended (last seq {self._last_seq})")
         if self._durable_seq >= seq:
             return
         if self._failed is not None:
             raise self._failure()
+        if seq > self._last_seq:
+            raise InvalidArgumentError(f"seq {seq} was not appended (last seq {self._last_seq})")
         if self.config.fsync is not FsyncPolicy.ALWAYS:
             return
         with self._sync_lock:  # whoever holds it fsyncs for everyone appended so far
@@ -441,14 +446,10 @@ class UpdateLog(LogReader):
             )
 
     def _roll(self, seq: int) -> Segment:
-        """Seal the active segment and start one at ``seq`` (under ``_lock``). On failure the
-        old segment stays active.
-
-        The sealed segment is not fsynced here, on the append path (an fsync of up to a
-        segment's worth of data would stall every writer): the next sync — the ``interval``
-        thread's, an ``always`` waiter's, or :meth:`close` — fsyncs it before the active one,
-        so ``durable_seq`` never covers an unsynced record. Under ``never`` it is closed
-        unsynced, as that policy leaves flushing to the OS."""
+        """Seal the active segment and start one at ``seq`` (under ``_lock``; on failure the
+        old one stays active). Not fsynced here, which would stall every writer: the next sync
+        fsyncs it before the active one, so ``durable_seq`` never covers an unsynced record;
+        under ``never`` it is closed unsynced, that policy leaves flushing to the OS."""
         old = self._segments[-1]
         segment, fd = create_segment(self.directory, self._dir_fd, seq, self._fail, self._io)
         old.sealed = True
@@ -475,6 +476,7 @@ class UpdateLog(LogReader):
             if self._fd < 0:
                 return
             target, fd = self._last_seq, self._fd
+            end = (self._segments[-1], self._segments[-1].size)
             retired, self._retired = self._retired, []
         try:
             for old in retired:  # sealed segments first: their records precede the active's
@@ -487,6 +489,7 @@ class UpdateLog(LogReader):
             err = os_error(f"update log {self.directory}: fsync of a sealed segment failed", exc)
             with self._lock:
                 self._fail(err)
+                self._cut_to_durable()
             raise err from exc
         if target <= self._durable_seq:
             return
@@ -496,9 +499,19 @@ class UpdateLog(LogReader):
             err = os_error(f"update log {self.directory}: fsync failed", exc)
             with self._lock:
                 self._fail(err)
+                self._cut_to_durable()
             raise err from exc
         with self._lock:
-            self._durable_seq = max(self._durable_seq, target)
+            if target > self._durable_seq:
+                self._durable_seq, self._durable_end = target, end
+
+    def _cut_to_durable(self) -> None:
+        """After a failed fsync under ``always`` (``_lock`` held): cut off the records after the
+        last durable one, the refused calls' (:mod:`.log_fence`); readers end there too."""
+        if self.config.fsync is FsyncPolicy.ALWAYS and self._durable_seq < self._last_seq:
+            end, seq = self._durable_end, self._durable_seq
+            if fence(self.directory, self._dir_fd, self._segments, end, seq, self._io):
+                self._last_seq = seq
 
     def _sync_every(self, interval_s: float) -> None:
         while not self._stop.wait(interval_s):

@@ -59,6 +59,7 @@ from typing import Any, BinaryIO, NamedTuple
 import numpy as np
 import numpy.typing as npt
 
+from embeddb.durability.fileio import REAL, FileIO, storage_error
 from embeddb.durability.manifest import (
     FORMAT_VERSION,
     MANIFEST,
@@ -117,24 +118,33 @@ class SnapshotInfo:
 class SnapshotWriter:
     """Writes one snapshot into a temporary directory, then :meth:`commit` renames it in.
 
+    Its writes, fsyncs and renames go through ``file_io`` (the shard's, so a test's
+    :class:`~embeddb.durability.fileio.FaultyIO` reaches them); a failure is a
+    :class:`~embeddb.errors.StorageFullError` or :class:`~embeddb.errors.StorageFaultError`
+    naming no path, and leaves no snapshot (the manifest, the mark of a complete one, is
+    written last; the directory is renamed in only after it).
+
     Args:
         root: the shard's ``snapshots/`` directory (created if missing).
         snapshot_id: the new snapshot's id (see :func:`check_id`); must not exist yet.
+        file_io: the file layer.
 
     Raises:
         InvalidArgumentError: a bad or existing id.
         StorageError: the directory cannot be created.
     """
 
-    def __init__(self, root: Path, snapshot_id: str) -> None:
+    def __init__(self, root: Path, snapshot_id: str, file_io: FileIO = REAL) -> None:
         self.root = root
         self.snapshot_id = check_id(snapshot_id)
+        self._io = file_io
+        self._failed = f"cannot write snapshot {snapshot_id!r}"
         self.final, self.tmp = _temporary_dir(root, snapshot_id, "create")
         self._owner = f"snapshot {snapshot_id!r} being written in {self.tmp}"
         try:
             _private_dir(self.tmp / "ram")
         except OSError as exc:
-            raise StorageError(f"cannot create a snapshot in {root}: {exc}") from exc
+            raise storage_error(self._failed, exc) from exc
         self.disk_dir = self.tmp / "disk"  # the RocksDB checkpoint goes here (must not exist)
 
     def write_table(
@@ -148,18 +158,32 @@ class SnapshotWriter:
 
         Raises:
             CorruptDataError: ``name`` would put a file outside the snapshot (``..``, ``/``).
+            StorageFullError, StorageFaultError: a write failed.
         """
         root = confined_root(self.tmp, self._owner)
         arrays = (ids.astype("<u8"), rows.astype("<f4"), flags.astype(np.uint8))
         for entry, arr in zip(table_entries(name), arrays, strict=True):
-            _write_file(resolve_inside(root, entry, self._owner), arr)
+            data = np.ascontiguousarray(arr).reshape(-1).view(np.uint8).data
+            try:
+                self._write(resolve_inside(root, entry, self._owner), data)
+            except OSError as exc:
+                raise storage_error(self._failed, exc) from exc
+
+    def _write(self, path: Path, data: bytes | memoryview) -> None:
+        fd = _create_private(path)
+        try:
+            self._io.write_all(fd, data)
+        finally:
+            os.close(fd)
 
     def commit(self, seq: int, meta: dict[str, Any]) -> SnapshotInfo:
         """Checksum every file, write the manifest (with ``seq`` and ``meta``), fsync, rename.
 
         Raises:
-            StorageError: a write failed (the temporary directory is removed).
+            StorageFullError, StorageFaultError: a write, fsync or rename failed (nothing of
+                the snapshot is left).
         """
+        renamed = False
         try:
             _make_private(self.disk_dir)  # hard links of the live files: those become 0600 too
             files = {}
@@ -168,7 +192,7 @@ class SnapshotWriter:
                 rel = path.relative_to(self.tmp).as_posix()
                 with open(path, "rb") as f:
                     size, crc = checksum(f)
-                    os.fsync(f.fileno())
+                    self._io.fsync(f.fileno())
                 files[rel] = {"size": size, "crc32": crc}
                 total += size
             created = time.time()
@@ -182,23 +206,34 @@ class SnapshotWriter:
             }
             manifest["checksum"] = manifest_crc(manifest)
             text = json.dumps(manifest, indent=1, sort_keys=True).encode()
-            manifest_path = self.tmp / MANIFEST
-            with _create_private(manifest_path) as f:
-                f.write(text)
-                f.flush()
-                os.fsync(f.fileno())
+            fd = _create_private(self.tmp / MANIFEST)
+            try:
+                self._io.write_all(fd, text)
+                self._io.fsync(fd)
+            finally:
+                os.close(fd)
             for d in [p for p in self.tmp.rglob("*") if p.is_dir()] + [self.tmp]:
-                _fsync_dir(d)
-            os.rename(self.tmp, self.final)
-            _fsync_dir(self.root)
+                self._fsync_dir(d)
+            self._io.replace(self.tmp, self.final)
+            renamed = True
+            self._fsync_dir(self.root)
         except OSError as exc:
             self.abort()
-            raise StorageError(f"cannot write snapshot {self.snapshot_id!r}: {exc}") from exc
+            if renamed:  # its directory entry may not be durable: no snapshot, not half of one
+                shutil.rmtree(self.final, ignore_errors=True)
+            raise storage_error(self._failed, exc) from exc
         return SnapshotInfo(self.snapshot_id, seq, self.final, total + len(text), created)
 
     def abort(self) -> None:
         """Remove the temporary directory. Idempotent."""
         shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def _fsync_dir(self, path: Path) -> None:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            self._io.fsync_dir(fd)
+        finally:
+            os.close(fd)
 
 
 class Chunk(NamedTuple):
@@ -370,10 +405,11 @@ class SnapshotReceiver:
                 f"snapshot {self.snapshot_id!r}: chunk of {rel} at offset {chunk.offset}, "
                 f"expected {written}"
             )
+        f: BinaryIO
         try:
             if entry is None:
                 _private_dirs(self._root, target.parent)
-                f = _create_private(target)  # closed by commit or abort
+                f = os.fdopen(_create_private(target), "wb")  # closed by commit or abort
             else:
                 f = entry[0]
             f.write(chunk.data)
@@ -506,25 +542,20 @@ def _temporary_dir(root: Path, snapshot_id: str, verb: str) -> tuple[Path, Path]
         tmp = Path(tempfile.mkdtemp(prefix=f"{_TMP_PREFIX}{snapshot_id}-", dir=root))
         os.chmod(tmp, _DIR_MODE)
     except OSError as exc:
-        raise StorageError(f"cannot {verb} a snapshot in {root}: {exc}") from exc
+        raise storage_error(f"cannot {verb} snapshot {snapshot_id!r}", exc) from exc
     return final, tmp
 
 
-def _write_file(path: Path, arr: npt.NDArray[Any]) -> None:
-    with _create_private(path) as f:
-        f.write(np.ascontiguousarray(arr).reshape(-1).view(np.uint8).data)
-
-
-def _create_private(path: Path) -> BinaryIO:
+def _create_private(path: Path) -> int:
     """A new file (it must not exist; never through a symbolic link), mode 0600 whatever the
-    umask, open for writing."""
+    umask, open for writing: its descriptor."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
         os.fchmod(fd, _FILE_MODE)  # the umask may have taken bits away
-        return os.fdopen(fd, "wb")
     except BaseException:
         os.close(fd)
         raise
+    return fd
 
 
 def _private_dir(path: Path) -> None:
@@ -554,11 +585,3 @@ def _make_private(directory: Path) -> None:
             file = os.path.join(current, name)
             if not os.path.islink(file):
                 os.chmod(file, _FILE_MODE)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -39,7 +39,7 @@ for ``max_idle_s`` is closed (GOAWAY; a client reconnects on its next call).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent import futures
 from dataclasses import dataclass, field
 from typing import Any
@@ -201,6 +201,8 @@ class Service:
         cost: the expected answer bytes of a call, charged to the memory budget with its
             request (:data:`~embeddb.rpc.boundary.Cost`); None: the request only.
         note_bytes: told the size of every request (a malloc trimmer's ``note``).
+        health_checks: further health service names, each with whether it is SERVING; asked
+            at every Check of that name (and NOT_SERVING while the server is not serving).
     """
 
     name: str
@@ -211,6 +213,37 @@ class Service:
     aliases: tuple[str, ...] = ()
     cost: Cost | None = None
     note_bytes: Callable[[int], None] | None = None
+    health_checks: Mapping[str, Callable[[], bool]] = field(default_factory=dict)
+
+
+class _Health(health.HealthServicer):  # type: ignore[misc]
+    """The health service, with statuses computed at each Check (``Service.health_checks``)."""
+
+    def __init__(self, checks: Mapping[str, Callable[[], bool]]) -> None:
+        super().__init__()
+        self.checks = dict(checks)
+        self.serving = False
+
+    def refresh(self, name: str) -> None:
+        try:
+            ok = self.serving and self.checks[name]()
+        except Exception:  # a probe must be answered; a failing check is not serving
+            logger.exception("health check %r failed", name)
+            ok = False
+        self.set(name, _status(ok))  # a no-op once shutting down
+
+    def Check(self, request: Any, context: Any) -> Any:
+        if request.service in self.checks:
+            self.refresh(request.service)
+        return super().Check(request, context)
+
+
+def _status(serving: bool) -> Any:
+    return (
+        health_pb2.HealthCheckResponse.SERVING
+        if serving
+        else health_pb2.HealthCheckResponse.NOT_SERVING
+    )
 
 
 @dataclass
@@ -221,7 +254,7 @@ class RpcServer:
     server: grpc.Server
     port: int
     service: str
-    health: health.HealthServicer
+    health: _Health
     pools: ServerPools
     metrics_registry: CollectorRegistry | None = None
     metrics_endpoint: MetricsEndpoint | None = None
@@ -242,14 +275,13 @@ class RpcServer:
         return None if self.metrics_endpoint is None else self.metrics_endpoint.port
 
     def set_serving(self, serving: bool) -> None:
-        """Health SERVING or NOT_SERVING, for the server (``""``) and for its service."""
-        status = (
-            health_pb2.HealthCheckResponse.SERVING
-            if serving
-            else health_pb2.HealthCheckResponse.NOT_SERVING
-        )
+        """Health SERVING or NOT_SERVING, for the server (``""``) and for its service; its
+        ``health_checks`` follow (NOT_SERVING while not serving, else what they say)."""
         for name in ("", self.service, *self.aliases):
-            self.health.set(name, status)
+            self.health.set(name, _status(serving))
+        self.health.serving = serving
+        for name in self.health.checks:
+            self.health.refresh(name)
 
     def stop(self, grace: float | None = 5.0) -> None:
         """Shut down in the fixed order of docs/style.md §13; idempotent::
@@ -341,7 +373,7 @@ def start_server(
     endpoint: MetricsEndpoint | None = None
     try:
         service.register(server)
-        health_servicer = health.HealthServicer()
+        health_servicer = _Health(service.health_checks)
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
         enable_reflection((service.name, health.SERVICE_NAME), server)
         port = listen.bind(server)

@@ -4,6 +4,12 @@ The server is assembled by :func:`embeddb.rpc.assembly.start_server` (the interc
 outermost first: boundary → metrics → errors; calls on three pools: data calls, streams and
 health checks never starve one another); this module adds the shard's servicer, its access
 policy (:data:`~embeddb.server.policy.STORE_POLICY`) and its metrics.
+
+Health (``grpc.health.v1``): ``""`` and the service's names are SERVING while the server serves
+(reads are served even while writes are refused); :data:`WRITES_HEALTH_NAME` is SERVING only
+while the shard takes writes — NOT_SERVING on a follower, and on a primary whose storage
+failed: a full disk (until a write succeeds again once space is freed) or an I/O error (until
+a restart). It is computed at each Check.
 """
 
 from __future__ import annotations
@@ -24,7 +30,16 @@ from embeddb.server.servicer import ServicerLimits, StoreServicer, store_handler
 from embeddb.shard import Shard
 from embeddb.wire import LEGACY_SERVICE_NAME
 
-__all__ = ["REQUEST_OVERHEAD_BYTES", "SERVICE_NAME", "ServerConfig", "build_server"]
+__all__ = [
+    "REQUEST_OVERHEAD_BYTES",
+    "SERVICE_NAME",
+    "WRITES_HEALTH_NAME",
+    "ServerConfig",
+    "build_server",
+]
+
+WRITES_HEALTH_NAME = f"{SERVICE_NAME}/writes"
+"""The health name that says whether the shard takes writes (see the module docstring)."""
 
 REQUEST_OVERHEAD_BYTES = 1 << 20
 """Room for a request's fields besides its ids and vectors (table names, parts, framing)."""
@@ -185,6 +200,10 @@ def build_server(
         metrics.watch(shard)
         metrics.watch_streams(servicer.streams)
 
+    def writable() -> bool:
+        current = served_shard.current
+        return current is not None and not current.follower and not current.read_only
+
     def release() -> None:
         try:
             servicer.close()
@@ -203,6 +222,7 @@ def build_server(
             aliases=(LEGACY_SERVICE_NAME,),
             cost=shard_costs(served_shard, cfg.max_response_bytes),
             note_bytes=trimmer.note if trimmer is not None else None,
+            health_checks={WRITES_HEALTH_NAME: writable},
         ),
         pools,
         cfg.connection,

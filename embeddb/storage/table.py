@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from functools import partial
 from typing import TypeVar
@@ -421,9 +422,10 @@ class TieredTable:
                 self._tiers.write_back(stripe, ids, slots)
 
     # ------------------------------------------------------------------ durability
-    def replay(self, change: Change) -> None:
+    def replay(self, change: Change, locked: bool = False) -> None:
         """Apply a logged change (recovery, followers): rows are written as they are, ids
-        deleted; nothing is journaled and no optimizer or initializer runs.
+        deleted; nothing is journaled and no optimizer or initializer runs. ``locked``: the
+        caller holds the locks of every stripe it touches (a whole record at once).
 
         Raises:
             CorruptDataError: rows of another width than this table's, or repeated ids.
@@ -441,7 +443,7 @@ class TieredTable:
                 )
         for s, sub, where in self._split(ids):
             stripe = self.stripes[s]
-            with stripe.lock:
+            with nullcontext() if locked else stripe.lock:
                 if change.op is Op.PUT:
                     assert change.rows is not None
                     self._tiers.put(stripe, sub, change.rows[where])
