@@ -38,7 +38,6 @@ __all__ = [
     "apply_rows",
     "finite_rows",
     "gather_blocks",
-    "scatter_blocks",
     "scatter_finite_blocks",
     "sgd_update",
 ]
@@ -64,22 +63,6 @@ def gather_blocks(rows, slots, w, a, b, c):
             c[k, j] = rows[s, nw + na + nb + j]
 
 
-@numba.njit(nogil=True, cache=True)
-def scatter_blocks(rows, slots, w, a, b, c):
-    """Inverse of :func:`gather_blocks`: write the blocks back into ``rows[slots[k]]``."""
-    nw, na, nb, nc = w.shape[1], a.shape[1], b.shape[1], c.shape[1]
-    for k in range(slots.size):
-        s = slots[k]
-        for j in range(nw):
-            rows[s, j] = w[k, j]
-        for j in range(na):
-            rows[s, nw + j] = a[k, j]
-        for j in range(nb):
-            rows[s, nw + na + j] = b[k, j]
-        for j in range(nc):
-            rows[s, nw + na + nb + j] = c[k, j]
-
-
 @numba.njit(nogil=True, cache=True, inline="always")
 def _block_finite(x, k):
     """Whether row ``k`` of block ``x`` is all finite: ``v * 0`` is 0 for a finite ``v`` and
@@ -93,8 +76,9 @@ def _block_finite(x, k):
 
 @numba.njit(nogil=True, cache=True)
 def scatter_finite_blocks(rows, slots, w, a, b, c):
-    """:func:`scatter_blocks` for the rows whose blocks are all finite; the other rows of
-    ``rows`` are left unchanged. Returns the number of rows left unchanged."""
+    """Inverse of :func:`gather_blocks` for the rows whose blocks are all finite: write them
+    back into ``rows[slots[k]]``; the other rows of ``rows`` are left unchanged. Returns the
+    number of rows left unchanged."""
     nw, na, nb, nc = w.shape[1], a.shape[1], b.shape[1], c.shape[1]
     skipped = 0
     for k in range(slots.size):
