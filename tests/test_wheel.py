@@ -264,6 +264,14 @@ def test_the_version_and_the_distribution_name(installed: Installed) -> None:
     assert out.split() == [version, version, f"['{DIST}']"]
 
 
+def adult_preset(installed: Installed) -> str:
+    """The path of the Adult embedding config the installed package ships."""
+    return installed.python(
+        "import pathlib, embeddb.presets as p\n"
+        "print(pathlib.Path(p.__file__).parent / 'adult.yaml')"
+    ).strip()
+
+
 @dataclass
 class Shard:
     process: subprocess.Popen[bytes]
@@ -273,10 +281,7 @@ class Shard:
 @pytest.fixture(scope="module")
 def shard(installed: Installed) -> Iterator[Shard]:
     """``embeddb serve`` of the virtualenv on port 0 with the packaged Adult preset."""
-    preset = installed.python(
-        "import pathlib, embeddb.presets as p\n"
-        "print(pathlib.Path(p.__file__).parent / 'adult.yaml')"
-    ).strip()
+    preset = adult_preset(installed)
     port_file = installed.work / "serve.port"
     process = installed.start(
         "serve", "serve", "--config", preset, "--data-dir", str(installed.work / "shard"),
@@ -331,10 +336,7 @@ def test_a_follower_without_a_config_and_a_cluster_run_from_the_virtualenv(
         "                  np.full((2, 8), 0.5, dtype=np.float32))\n",
         shard.address,
     )
-    preset = installed.python(
-        "import pathlib, embeddb.presets as p\n"
-        "print(pathlib.Path(p.__file__).parent / 'adult.yaml')"
-    ).strip()
+    preset = adult_preset(installed)
     port_file = installed.work / "follower.port"
     follower = installed.start(
         "follower", "serve", "--follow", shard.address, "--data-dir",

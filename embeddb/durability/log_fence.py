@@ -57,12 +57,7 @@ def fence(
     try:
         for doomed in later:
             doomed.path.unlink(missing_ok=True)
-        fd = os.open(segment.path, os.O_WRONLY | os.O_CLOEXEC)
-        try:
-            io.truncate(fd, offset)
-            io.fsync(fd)
-        finally:
-            os.close(fd)
+        _cut(segment.path, offset, io)
         io.fsync_dir(dir_fd)
     except OSError as exc:
         logger.error(
@@ -113,12 +108,7 @@ def apply_fence(directory: Path, dir_fd: int) -> None:
         segment = directory / name
         if segment.exists() and segment.stat().st_size > offset:
             dropped += segment.stat().st_size - offset
-            fd = os.open(segment, os.O_WRONLY | os.O_CLOEXEC)
-            try:
-                os.ftruncate(fd, offset)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            _cut(segment, offset, FileIO())
         os.fsync(dir_fd)
         path.unlink()
         os.fsync(dir_fd)
@@ -130,6 +120,16 @@ def apply_fence(directory: Path, dir_fd: int) -> None:
             "failed fsync (never acknowledged)",
             directory, dropped, seq,
         )  # fmt: skip
+
+
+def _cut(path: Path, offset: int, io: FileIO) -> None:
+    """Truncate the segment ``path`` to ``offset`` and fsync it (raises :class:`OSError`)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        io.truncate(fd, offset)
+        io.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _write_fence(
