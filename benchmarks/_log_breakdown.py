@@ -31,14 +31,14 @@ import zlib
 from collections.abc import Callable
 from pathlib import Path
 
-from embeddb.arrays import F32, U64
+from embeddb.common.arrays import F32, U64
 from embeddb.config import FsyncPolicy
-from embeddb.durability import records
-from embeddb.durability.log import LogConfig, UpdateLog
-from embeddb.durability.log_format import RECORD_HEADER, frame, record_header, write_all
-from embeddb.shard import Shard
-from embeddb.shard_journal import Journal
-from embeddb.storage.changes import Change
+from embeddb.engine.durability import records
+from embeddb.engine.durability.log import LogConfig, UpdateLog
+from embeddb.engine.durability.log_format import RECORD_HEADER, frame, record_header, write_all
+from embeddb.engine.journal import Journal
+from embeddb.engine.shard import Shard
+from embeddb.engine.storage.changes import Change
 
 STAGES = ("off", "gather", "encode_crc32", "encode_crc32c", "write", "log_never", "log_interval")
 BASE = {  # the stage each one adds to

@@ -92,8 +92,8 @@ class _Reporting:
 def serve_timed(conn: Connection, workers: int) -> None:
     """:func:`serve` with the server's stages timed (patched before the server is built)."""
     from embeddb import shard, wire
-    from embeddb.rpc import boundary
     from embeddb.server import servicer
+    from embeddb.transport.rpc import boundary
 
     patch(boundary._Call, "admit", "srv  boundary: decode + checks")
     patch(servicer.StoreServicer, "Lookup", "srv  StoreServicer.Lookup")
@@ -138,8 +138,8 @@ async def async_calls(port: int, batches: list[Any], calls: int) -> list[float]:
 
 
 def main(calls: int) -> None:
-    from embeddb.allocator import tune_allocator
     from embeddb.client import Client, ClientOptions, batching, plans
+    from embeddb.common.allocator import tune_allocator
 
     tune_allocator()
     patch_classmethod(batching.IdBatch, "of", "cli  IdBatch.of: validate + dedup")

@@ -17,9 +17,9 @@ import grpc
 import numpy as np
 
 from embeddb.config import EmbeddingConfig, OptimizerConfig, OptimizerKind
-from embeddb.rpc import RpcServer
+from embeddb.engine.shard import Shard
 from embeddb.server.app import ServerConfig, build_server
-from embeddb.shard import Shard
+from embeddb.transport.rpc import RpcServer
 
 TABLE = "t"
 DIM = 16

@@ -92,7 +92,7 @@ class _Timed:
 def instrumented(infer: Any) -> Iterator[dict[str, list[float]]]:
     """Time each step of ``infer.predict`` (an ``InferCtx``) while the block runs; yields
     step name → seconds of each call (``checks`` holds two entries per call)."""
-    from embeddb.trainer.serving import infer as infer_module
+    from embeddb.serving import infer as infer_module
 
     steps: dict[str, list[float]] = {k: [] for k in ("checks", "plan", "lookup", "pool", "dense")}
     saved = (infer_module.plan_lookup, infer_module.pool_lookup, infer._client, infer._dense)
@@ -151,7 +151,7 @@ def profile_server(
 ) -> dict[str, Any]:
     """A model server over ``infer`` in this process, loaded at ``rate`` 1-sample requests/s
     by ``load_process`` (serve.py's) in a process of its own; the split of its latency."""
-    from embeddb.trainer.serving import server as server_module
+    from embeddb.serving import server as server_module
 
     servicer_times: list[tuple[float, float]] = []  # (start, seconds) of each Predict
     predict_times: list[float] = []
@@ -238,7 +238,7 @@ def run_profile(
     opened in this process; the server one with and without ``gc.freeze()``. Prints them."""
     import torch
 
-    from embeddb.trainer.serving import InferCtx
+    from embeddb.serving import InferCtx
 
     torch.set_num_threads(1)  # as embeddb serve-model runs (ModelDaemonOptions.threads)
     result: dict[str, Any] = {}

@@ -16,7 +16,7 @@ import numpy as np
 import numpy.typing as npt
 from _report import fmt_rate, say
 
-from embeddb.arrays import I64, U64
+from embeddb.common.arrays import I64, U64
 from embeddb.config import (
     EmbeddingConfig,
     OptimizerConfig,
@@ -24,8 +24,8 @@ from embeddb.config import (
     StoreConfig,
     TableConfig,
 )
-from embeddb.shard import Shard
-from embeddb.storage import TableStats
+from embeddb.engine.shard import Shard
+from embeddb.engine.storage import TableStats
 
 TABLE = "t"
 BATCH = 65_536

@@ -32,7 +32,7 @@ from embeddb.config import (
     OptimizerKind,
     StoreConfig,
 )
-from embeddb.shard import Shard
+from embeddb.engine.shard import Shard
 
 # ------------------------------------------------------------------------------------ (ii) spill
 

@@ -13,8 +13,8 @@ from _report import say
 from _train_models import CRITEO, adult_model, adult_yaml, embedding_yaml, local_cluster
 from _train_runs import Run, run_embeddb, run_inprocess
 
+from embeddb.features import AdultReader, CriteoReader
 from embeddb.trainer import Batch
-from embeddb.trainer.data import AdultReader, CriteoReader
 
 BATCH = CRITEO.batch
 EVAL_BATCH = 4096

@@ -26,8 +26,8 @@ from _train_models import (
 from torch import nn
 
 from embeddb.client import SimulatedNetwork
+from embeddb.common.evaluation import auc
 from embeddb.config import EmbeddingConfig
-from embeddb.evaluation import auc
 from embeddb.trainer import Batch, EmbeddingWorkerConfig, TrainCtx, TrainerConfig
 
 

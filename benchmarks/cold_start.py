@@ -19,7 +19,7 @@ repeat, so none of the client's own compilation is counted) and, for each repeat
 
 ``cold_first_lookup_ms`` = first lookup answer - SERVING (target <= 100 ms);
 ``cold_first_push_ms`` = the first push's own latency. The server logs how long its warm-up
-(:func:`embeddb.warmup.warm_up_core`, run before SERVING) took: ``server_warm_up_ms``.
+(:func:`embeddb.engine.warmup.warm_up_core`, run before SERVING) took: ``server_warm_up_ms``.
 
 Two numba caches are measured:
 
@@ -183,7 +183,7 @@ def _server_env(numba_cache: Path | None) -> dict[str, str]:
 def _fill_cache(env: dict[str, str]) -> None:
     """Compile the server's kernels into the cache ``env`` selects (untimed)."""
     subprocess.run(
-        [sys.executable, "-c", "from embeddb.warmup import warm_up_core; warm_up_core()"],
+        [sys.executable, "-c", "from embeddb.engine.warmup import warm_up_core; warm_up_core()"],
         env=env,
         check=True,
         timeout=START_TIMEOUT_S,

@@ -64,7 +64,7 @@ from _figures import draw
 from _plots import add_out_dir_argument
 from _report import finish, fmt_rate, say, verdict
 
-from embeddb.arrays import F32, U64
+from embeddb.common.arrays import F32, U64
 from embeddb.config import (
     EmbeddingConfig,
     FsyncPolicy,
@@ -74,7 +74,7 @@ from embeddb.config import (
     TableConfig,
     UpdateLogConfig,
 )
-from embeddb.shard import Shard
+from embeddb.engine.shard import Shard
 
 TABLE = "t"
 DIM = 16

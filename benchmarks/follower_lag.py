@@ -34,9 +34,9 @@ from embeddb.config import (
     TableConfig,
     UpdateLogConfig,
 )
+from embeddb.engine.shard import Shard
 from embeddb.server import ServerConfig, build_server
 from embeddb.server.follower import Follower, FollowerOptions
-from embeddb.shard import Shard
 
 TABLE = "t"
 DIM = 16

@@ -40,7 +40,7 @@ from typing import Any
 import grpc
 import numpy as np
 
-from embeddb import wire
+from embeddb.transport import wire
 from embeddb.v1 import embeddb_pb2 as pb
 
 RW = "rw-token-" + "a" * 24
@@ -114,9 +114,9 @@ def start_shard(directory: Path, dim: int, budget_mb: int) -> tuple[subprocess.P
 _MODEL_CHILD = """
 import sys, threading
 from types import SimpleNamespace
-from embeddb.rpc import ListenConfig, Tokens
-from embeddb.rpc.lifecycle import write_atomically
-from embeddb.trainer.serving.server import ModelServerConfig, build_model_server
+from embeddb.transport.rpc import ListenConfig, Tokens
+from embeddb.transport.rpc.lifecycle import write_atomically
+from embeddb.serving.server import ModelServerConfig, build_model_server
 from pathlib import Path
 
 class Stub:

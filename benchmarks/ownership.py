@@ -28,11 +28,11 @@ from _figures import draw
 from _plots import add_out_dir_argument
 from _report import finish, fmt_rate, say, verdict
 
-from embeddb import wire
+from embeddb.common.routing import first_foreign, shard_of
 from embeddb.config import EmbeddingConfig, OptimizerConfig, OptimizerKind
-from embeddb.routing import first_foreign, shard_of
+from embeddb.engine.shard import Shard
 from embeddb.server.app import ServerConfig, build_server
-from embeddb.shard import Shard
+from embeddb.transport import wire
 from embeddb.v1 import embeddb_pb2 as pb
 from embeddb.v1 import embeddb_pb2_grpc as pb_grpc
 

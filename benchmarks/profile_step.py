@@ -3,7 +3,7 @@ NN worker, the embedding worker and the shard.
 
 Runs :class:`~embeddb.trainer.TrainCtx` (``hybrid``, ``max_staleness`` 4, one local shard
 process, one embedding worker process, the NN worker in this process) for two models on
-:class:`~embeddb.trainer.data.SyntheticCriteo` batches:
+:class:`~embeddb.features.SyntheticCriteo` batches:
 
 * ``criteo``: the training benchmark's model, 26 ids x dim 16 + 13 numeric -> 256-128-1,
   batch 512;
@@ -70,10 +70,10 @@ from torch import nn
 
 import embeddb.trainer.ctx as ctx_module
 from embeddb.config import EmbeddingConfig
+from embeddb.features import SyntheticCriteo, SyntheticCriteoConfig
 from embeddb.server.cluster import Cluster, ClusterConfig
 from embeddb.trainer import Batch, EmbeddingWorkerConfig, Mode, TrainCtx, TrainerConfig
-from embeddb.trainer import protocol as msg
-from embeddb.trainer.data import SyntheticCriteo, SyntheticCriteoConfig
+from embeddb.trainer.embedding import protocol as msg
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,8 @@ control pipe closes).
     routing, id encoding, the gRPC call, the shard's RAM-tier gather, response encoding and
     decoding into a float32 array. Plain float32 (``fp16=False, lz4_min_bytes=0``, the
     client's default) is the measured encoding. Both processes run with the allocator tuning
-    that the server and the client apply by default (``embeddb.allocator``), the echo server's
+    that the server and the client apply by default (``embeddb.common.allocator``), the echo
+    server's
     process included. The baseline is the least any gRPC-in-Python RPC of
     these sizes can cost: a generic handler (``grpc.method_handlers_generic_handler``, identity
     (de)serializers, raw bytes, no protobuf) that answers a 512 KiB request (the batch's 65,536
@@ -115,11 +116,11 @@ from _rpc_timing import (
     time_interleaved,
 )
 
-from embeddb import wire
-from embeddb.allocator import tune_allocator
-from embeddb.arrays import U64
 from embeddb.client import Client, ClientOptions
 from embeddb.client.batching import IdBatch
+from embeddb.common.allocator import tune_allocator
+from embeddb.common.arrays import U64
+from embeddb.transport import wire
 from embeddb.v1 import embeddb_pb2 as pb
 from embeddb.v1 import embeddb_pb2_grpc as pb_grpc
 

@@ -284,8 +284,8 @@ def train_and_export(
     from torch import nn
 
     from embeddb.config import EmbeddingConfig
+    from embeddb.features import AdultReader
     from embeddb.trainer import EmbeddingWorkerConfig, TrainCtx, TrainerConfig
-    from embeddb.trainer.data import AdultReader
 
     spec = importlib.util.spec_from_file_location("adult_model", ROOT / "examples/adult/model.py")
     assert spec is not None and spec.loader is not None
@@ -315,7 +315,7 @@ def train_and_export(
 def baseline(model_dir: Path, shards: list[str] | Path, one: Any, calls: int) -> dict[str, float]:
     """``InferCtx.predict`` of ``one``, back to back: against shard addresses, or (a Path) the
     shards of the latest checkpoint of that directory opened in this process."""
-    from embeddb.trainer.serving import InferCtx
+    from embeddb.serving import InferCtx
 
     times = []
     infer = (
@@ -341,8 +341,8 @@ def baseline(model_dir: Path, shards: list[str] | Path, one: Any, calls: int) ->
 
 def request_pools(seed: int) -> tuple[dict[int, list[bytes]], Any]:
     """Encoded requests of test rows: 512 of 1 sample, 32 of 64 and of 256; one 1-row batch."""
-    from embeddb.trainer.data import AdultReader
-    from embeddb.trainer.serving.codec import encode_request
+    from embeddb.features import AdultReader
+    from embeddb.serving.codec import encode_request
 
     test = next(iter(AdultReader(16384, "test", requires_grad=False)))
     rng = np.random.default_rng(seed)

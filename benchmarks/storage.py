@@ -124,16 +124,16 @@ from _storage_spill import (
     timed_zipf_lookups,
 )
 
-from embeddb.arrays import F32, I64, U64
+from embeddb.common.arrays import F32, I64, U64
 from embeddb.config import (
     OptimizerKind,
     ParallelConfig,
     RamTierConfig,
     StoreConfig,
 )
+from embeddb.engine.shard import Shard
+from embeddb.engine.storage.parallel import default_threads
 from embeddb.errors import ConfigError
-from embeddb.shard import Shard
-from embeddb.storage.parallel import default_threads
 
 # ------------------------------------------------------------------------------------ printing
 

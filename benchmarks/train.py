@@ -8,7 +8,7 @@ optimizer; ``torch.optim.Adagrad`` on sparse gradients in-process), the dense ne
 plain SGD. All runs start from the same dense initialisation (one seed) and the same
 embedding initialisation law (normal, std 0.05).
 
-Data: :class:`~embeddb.trainer.data.SyntheticCriteo` (26 Zipf(1.05) ID features of
+Data: :class:`~embeddb.features.SyntheticCriteo` (26 Zipf(1.05) ID features of
 ``--cardinality`` ids each, 13 dense columns, labels from a hidden teacher, so the best AUC is
 known). The training and test batches are generated once, before any timing, and every run
 trains on the same batches in the same order and is scored on the same test set.
@@ -40,7 +40,7 @@ samples and against training wall time) go to a CSV file and, with matplotlib, a
 :class:`~embeddb.trainer.TrainCtx` applies its core budget (``TrainerConfig.torch_threads``
 unset) and restores the setting when it closes.
 
-Also: the Adult example (:class:`~embeddb.trainer.data.AdultReader`, packaged Adult preset,
+Also: the Adult example (:class:`~embeddb.features.AdultReader`, packaged Adult preset,
 hybrid, batch 128, ``--adult-epochs``) and, when ``../shared/data/criteo`` is present, the
 10,000-row Criteo sample (first 8,192 rows train, the rest test, ``--criteo-epochs``, hybrid,
 the benchmark's model), both for test AUC.
@@ -111,8 +111,8 @@ from _train_sweep import (
     write_sweep,
 )
 
+from embeddb.features import SyntheticCriteo, SyntheticCriteoConfig
 from embeddb.trainer import Batch
-from embeddb.trainer.data import SyntheticCriteo, SyntheticCriteoConfig
 
 __all__ = [  # with the pieces tests/test_bench_train.py drives
     "SMALL",

@@ -31,7 +31,7 @@ __all__ = ["ROLES", "main", "make_tokens", "write_private"]
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "secrets" / "tokens.env"
 ROLES = ("rw", "ro", "replica")
-"""The roles of ``embeddb.rpc.auth.Role``, in the order written."""
+"""The roles of ``embeddb.transport.rpc.auth.Role``, in the order written."""
 
 
 def variable(role: str) -> str:

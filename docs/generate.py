@@ -6,8 +6,8 @@ Run from anywhere::
     python docs/generate.py --check   # exit 1 when docs/configuration.md is stale
 
 Part 1, the embedding config, comes from :func:`embeddb.config.reference.render_reference`.
-Part 2, the training job's YAML keys, comes from ``embeddb.trainer.job``: the key list, types
-and defaults of :class:`~embeddb.trainer.job.JobConfig`, the descriptions from the commented
+Part 2, the training job's YAML keys, comes from ``embeddb.trainer.launcher.job``: the key list, types
+and defaults of :class:`~embeddb.trainer.launcher.job.JobConfig`, the descriptions from the commented
 schema in that module's docstring. It lives here rather than in ``embeddb.config`` because
 ``embeddb.config`` may not import the trainer. ``tests/test_docs.py`` fails when the committed
 file differs from what this script writes.
@@ -29,7 +29,7 @@ COMMAND = "python docs/generate.py"
 _SCHEMA_LINE = re.compile(r"^    (\w+): (.*?)(?:\s+# (.*))?$")
 # Set by JobConfig.from_yaml (the file's folder, its line lookup) or derived, not keys.
 _NOT_KEYS = frozenset({"base_dir", "where", "dataset_spec"})
-# Descriptions of keys whose schema line in embeddb.trainer.job carries no comment.
+# Descriptions of keys whose schema line in embeddb.trainer.launcher.job carries no comment.
 _SELF_EXPLANATORY = {
     "max_staleness": "training batches whose embeddings may be looked up before the gradients "
     "of earlier batches are applied (`hybrid`, `async`)",
@@ -121,10 +121,10 @@ def render_job_reference() -> str:
     """The training job's keys as Markdown.
 
     Raises:
-        LookupError: a ``JobConfig`` field is not described in ``embeddb.trainer.job``'s
+        LookupError: a ``JobConfig`` field is not described in ``embeddb.trainer.launcher.job``'s
             schema (document it there), or the schema names a key ``JobConfig`` lacks.
     """
-    from embeddb.trainer import job
+    from embeddb.trainer.launcher import job
 
     docs = job_schema_docs(job.__doc__ or "")
     fields = [f for f in dataclasses.fields(job.JobConfig) if f.name not in _NOT_KEYS]
@@ -132,14 +132,14 @@ def render_job_reference() -> str:
     unknown = sorted(set(docs) - {f.name for f in fields})
     if undocumented or unknown:
         raise LookupError(
-            "embeddb/trainer/job.py: the schema in the module docstring must list every "
+            "embeddb/trainer/launcher/job.py: the schema in the module docstring must list every "
             f"JobConfig field; undocumented: {undocumented}, not fields: {unknown}"
         )
     rows = [Row(f.name, _type_text(f.type), _default_text(f), docs[f.name]) for f in fields]
     return (
         "## Training job\n\n"
         "Keys of the job YAML (`embeddb train JOB`), from `JobConfig` in "
-        "`trainer/job.py` (installed as `embeddb.trainer.job`); relative paths are relative "
+        "`trainer/launcher/job.py` (installed as `embeddb.trainer.launcher.job`); relative paths are relative "
         "to the job file. The dataset readers and the model contract are described in that "
         "module's docstring.\n\n" + markdown_table(rows) + "\n"
     )

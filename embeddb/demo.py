@@ -23,11 +23,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from embeddb.arrays import F32
+from embeddb.common.arrays import F32
+from embeddb.common.evaluation import auc  # re-exported: embeddb.demo.auc is public
 from embeddb.config import EmbeddingConfig, FeatureConfig
 from embeddb.datasets.adult import AdultTable, load_adult
-from embeddb.evaluation import auc  # re-exported: embeddb.demo.auc is public
-from embeddb.shard import Shard
+from embeddb.engine.shard import Shard
 
 __all__ = ["DemoResult", "auc", "feature_ids", "run_demo"]
 

@@ -14,7 +14,7 @@ one type. Errors caused by the caller's input also derive from the matching buil
     ├── FailedPreconditionError                    a follower (or a failed log) asked to write
     ├── OutOfRangeError                            a seq outside what the shard keeps
     │   └── LogTruncatedError       (StorageError) a follower's records were truncated away
-    │                                              (embeddb.durability.log; re-bootstrap)
+    │                                              (embeddb.engine.durability.log; re-bootstrap)
     ├── UnauthenticatedError                       missing or wrong credentials
     ├── UnavailableError                           the shard is closed or not serving
     └── StorageError                (OSError)      the disk tier or data directory failed
@@ -96,7 +96,7 @@ class FailedPreconditionError(EmbeddbError):
 
 class OutOfRangeError(EmbeddbError):
     """A position outside what the shard keeps: update log records already truncated away
-    (``embeddb.durability.log.LogTruncatedError`` derives from this), or a seq beyond the
+    (``embeddb.engine.durability.log.LogTruncatedError`` derives from this), or a seq beyond the
     shard's last. A follower that gets it must bootstrap again from a fresh snapshot."""
 
 

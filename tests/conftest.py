@@ -18,7 +18,7 @@ from embeddb.config import (
     StoreConfig,
     TableConfig,
 )
-from embeddb.shard import Shard
+from embeddb.engine.shard import Shard
 
 # numba compiles each kernel on its first call (seconds on a fresh checkout with no cache), so a
 # per-example deadline would fail whichever test happens to call a kernel first.

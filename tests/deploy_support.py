@@ -17,10 +17,10 @@ import yaml
 
 from embeddb.cli import main
 from embeddb.cli.target import parse_addresses
+from embeddb.common.secrets import read_token_file
 from embeddb.config import EmbeddingConfig
-from embeddb.rpc.auth import Role, Tokens
-from embeddb.secrets import read_token_file
-from embeddb.trainer.job import JobConfig
+from embeddb.trainer.launcher.job import JobConfig
+from embeddb.transport.rpc.auth import Role, Tokens
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -49,7 +49,7 @@ NUM_SHARDS = 2
 IMAGE_UID = "10001"  # USER of both Dockerfiles
 
 
-TOKEN_MODES = (0o400, 0o600)  # what embeddb.secrets.check_private_file accepts
+TOKEN_MODES = (0o400, 0o600)  # what embeddb.common.secrets.check_private_file accepts
 
 
 def load_compose() -> dict[str, Any]:

@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from embeddb import allocator
+from embeddb.common import allocator
 
 glibc_only = pytest.mark.skipif(
     platform.libc_ver()[0] != "glibc", reason="mallopt thresholds are a glibc feature"
@@ -28,7 +28,7 @@ _PROBE = textwrap.dedent(
     libc = ctypes.CDLL(None)
     libc.mallinfo2.restype = MallInfo2
     if sys.argv[1] == "tuned":
-        from embeddb.allocator import tune_allocator
+        from embeddb.common.allocator import tune_allocator
         assert tune_allocator()
     before = libc.mallinfo2().hblkhd
     buffer = np.ones(1 << 20, dtype=np.float32)

@@ -22,28 +22,28 @@ import tomllib
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "embeddb"
 
-#: The top-level modules outside the core (docs/architecture.md §2): transports, the SDKs, the CLI.
-NOT_CORE = {"__main__", "cli", "demo", "client", "trainer", "server", "rpc", "wire", "v1"}
-#: What the client may import: the stubs, the wire format and the core's leaf modules.
-CLIENT_MAY_IMPORT = {
-    "client",
-    "wire",
-    "v1",
-    "routing",
-    "_routing_kernel",
-    "splitmix",
-    "errors",
-    "arrays",
-    "allocator",
-}
+#: What the client may import of embeddb (besides itself): the vocabulary and the wire side.
+CLIENT_MAY_IMPORT = {"common", "errors", "transport", "v1"}
+#: The packages that may import torch.
+TORCH_USERS = {"trainer", "serving"}
 #: One planted violation per contract id: (module written into the copy, its source).
 PLANTED = {
-    "client": ("embeddb/client/_planted_client.py", "import embeddb.storage\n"),
-    "trainer": ("embeddb/trainer/_planted_trainer.py", "import embeddb.server.app\n"),
-    "core": ("embeddb/storage/_planted_core.py", "import embeddb.client\n"),
-    "cli": ("embeddb/durability/_planted_cli.py", "import embeddb.cli\n"),
+    "layers": ("embeddb/common/_planted_layers.py", "import embeddb.config\n"),
+    "engine": ("embeddb/engine/storage/_planted_engine.py", "import embeddb.transport.wire\n"),
+    "transport": ("embeddb/transport/_planted_transport.py", "import embeddb.engine.storage\n"),
+    "client": ("embeddb/client/_planted_client.py", "import embeddb.transport.rpc.auth\n"),
+    "features": ("embeddb/features/_planted_features.py", "import embeddb.client\n"),
+    "trainer": ("embeddb/trainer/_planted_trainer.py", "import embeddb.engine.shard\n"),
     "torch": ("embeddb/server/_planted_torch.py", "import torch\n"),
-    "layers": ("embeddb/optim/_planted_layers.py", "import embeddb.storage\n"),
+    "cli": ("embeddb/engine/durability/_planted_cli.py", "import embeddb.cli\n"),
+    "engine-layers": (
+        "embeddb/engine/optim/_planted_engine_layers.py",
+        "import embeddb.engine.storage\n",
+    ),
+    "trainer-layers": (
+        "embeddb/trainer/embedding/_planted_trainer_layers.py",
+        "import embeddb.trainer.ctx\n",
+    ),
 }
 
 
@@ -52,11 +52,19 @@ def _contracts() -> dict[str, dict[str, Any]]:
     return {c["id"]: c for c in config["contracts"]}
 
 
+def _children(package: Path) -> set[str]:
+    """Every module or package directly under ``package`` (its own __init__ excluded)."""
+    names = {p.stem for p in package.glob("*.py") if p.name != "__init__.py"}
+    return names | {p.name for p in package.iterdir() if (p / "__init__.py").is_file()}
+
+
 def _top_level_modules() -> set[str]:
     """Every module or package directly under embeddb/ (the root package itself excluded)."""
-    names = {p.stem for p in PACKAGE.glob("*.py") if p.name != "__init__.py"}
-    names |= {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
-    return {f"embeddb.{name}" for name in names}
+    return {f"embeddb.{name}" for name in _children(PACKAGE)}
+
+
+def _layer_names(contract: dict[str, Any]) -> set[str]:
+    return {m.strip() for layer in contract["layers"] for m in layer.replace(":", "|").split("|")}
 
 
 def _lint_imports() -> str:
@@ -89,29 +97,31 @@ def test_contracts_cover_every_top_level_module() -> None:
     everything = _top_level_modules()
     contracts = _contracts()
     assert set(contracts) == set(PLANTED)
+    assert _layer_names(contracts["layers"]) == everything
     client = contracts["client"]
     assert client["source_modules"] == ["embeddb.client"]
-    assert set(client["forbidden_modules"]) == everything - {
-        f"embeddb.{m}" for m in CLIENT_MAY_IMPORT
-    }
-    assert contracts["trainer"]["source_modules"] == ["embeddb.trainer"]
-    assert "embeddb.server" in contracts["trainer"]["forbidden_modules"]
-    core = everything - {f"embeddb.{m}" for m in NOT_CORE}
-    assert set(contracts["core"]["source_modules"]) == core
-    assert {"embeddb.client", "embeddb.trainer", "grpc"} <= set(
-        contracts["core"]["forbidden_modules"]
+    may = {f"embeddb.{m}" for m in CLIENT_MAY_IMPORT | {"client", "__main__"}}
+    assert set(client["forbidden_modules"]) == everything - may | {"embeddb.transport.rpc", "torch"}
+    assert {"grpc", "embeddb.transport", "embeddb.v1", "embeddb.client"} <= set(
+        contracts["engine"]["forbidden_modules"]
     )
+    assert {"embeddb.engine", "embeddb.config"} <= set(contracts["transport"]["forbidden_modules"])
+    assert "embeddb.engine" in contracts["trainer"]["forbidden_modules"]
     assert set(contracts["cli"]["source_modules"]) == everything - {
         "embeddb.cli",
         "embeddb.__main__",  # `python -m embeddb`: the CLI's entry point
     }
-    assert set(contracts["torch"]["source_modules"]) == everything - {"embeddb.trainer"}
-    layers = {
-        m.strip()
-        for layer in contracts["layers"]["layers"]
-        for m in layer.replace(":", "|").split("|")
+    assert set(contracts["torch"]["source_modules"]) == everything - {
+        f"embeddb.{m}" for m in TORCH_USERS
     }
-    assert layers == everything
+
+
+@pytest.mark.parametrize("container", ["engine", "trainer"])
+def test_inner_layers_cover_their_package(container: str) -> None:
+    """A new module of the engine or of training must be placed in its package's layers."""
+    contract = _contracts()[f"{container}-layers"]
+    assert contract["containers"] == [f"embeddb.{container}"]
+    assert _layer_names(contract) == _children(PACKAGE / container)
 
 
 def test_contract_sources_are_in_the_graph() -> None:

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from embeddb.config import EmbeddingConfig
-from embeddb.trainer.data import SyntheticCriteo, SyntheticCriteoConfig
+from embeddb.features import SyntheticCriteo, SyntheticCriteoConfig
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 

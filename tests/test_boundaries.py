@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from embeddb import wire
-from embeddb.routing import ROUTING_ALGORITHM, SHARD_SALT, shard_of
+from embeddb.common.routing import ROUTING_ALGORITHM, SHARD_SALT, shard_of
+from embeddb.transport import wire
 from embeddb.v1 import embeddb_pb2 as pb
 from embeddb.v1 import embeddb_pb2_grpc as pb_grpc
 from tests.support import ServeProcess, StartServe, eventually, serve_processes
@@ -368,8 +368,8 @@ def test_health_is_answered_while_every_worker_is_busy(tmp_path) -> None:
     from contextlib import ExitStack
 
     from embeddb.config import EmbeddingConfig
+    from embeddb.engine.shard import Shard
     from embeddb.server import ServerConfig, build_server
-    from embeddb.shard import Shard
 
     shard = Shard(EmbeddingConfig.from_yaml_text(config_text()), tmp_path / "s")
     served = build_server(shard, ServerConfig(workers=2))

@@ -16,22 +16,22 @@ from google.protobuf.descriptor import MethodDescriptor
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from embeddb.config import EmbeddingConfig, OptimizerConfig, OptimizerKind, TableConfig
-from embeddb.rpc import ListenConfig, RpcServer
-from embeddb.rpc.assembly import (
+from embeddb.engine.shard import Shard
+from embeddb.server import ServerConfig, build_server
+from embeddb.serving.server import ModelServerConfig, build_model_server
+from embeddb.transport.rpc import ListenConfig, RpcServer
+from embeddb.transport.rpc.assembly import (
     OPEN_SERVICES,
     ConnectionConfig,
     ServerPools,
     Service,
     start_server,
 )
-from embeddb.rpc.auth import AccessPolicy, Role, Tokens
-from embeddb.server import ServerConfig, build_server
-from embeddb.shard import Shard
-from embeddb.trainer.serving.server import ModelServerConfig, build_model_server
+from embeddb.transport.rpc.auth import AccessPolicy, Role, Tokens
+from embeddb.transport.wire import LEGACY_SERVICE_NAME
 from embeddb.v1 import embeddb_pb2 as pb
 from embeddb.v1 import embeddb_pb2_grpc as pb_grpc
 from embeddb.v1 import model_pb2 as mpb
-from embeddb.wire import LEGACY_SERVICE_NAME
 
 RW = "rw-token-0123456789abcdef"
 RO = "ro-token-fedcba9876543210"

@@ -108,10 +108,11 @@ def test_the_commands_that_reach_shards_all_take_addresses() -> None:
 def test_the_trainer_entry_point_takes_the_same_spelling(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """``python -m embeddb.trainer.run`` (what torchrun starts; Kubernetes manifests call it)
+    """``python -m embeddb.trainer.launcher.run`` (what torchrun starts; Kubernetes manifests call
+    it)
     parses ``--addresses`` with the client's parser, the one behind the CLI's option."""
     from embeddb.errors import ConfigError
-    from embeddb.trainer.run import _shards
+    from embeddb.trainer.launcher.run import _shards
 
     address_file = tmp_path / "shards.txt"
     address_file.write_text("a:1\n# comment\nb:2\n")

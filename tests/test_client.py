@@ -29,7 +29,9 @@ from embeddb.client import (
     read_address_file,
 )
 from embeddb.client.batching import IdBatch
+from embeddb.common.routing import shard_of
 from embeddb.config import EmbeddingConfig, OptimizerConfig, OptimizerKind, TableConfig
+from embeddb.engine.shard import Shard
 from embeddb.errors import (
     ConfigError,
     EmbeddbError,
@@ -37,10 +39,8 @@ from embeddb.errors import (
     NotFoundError,
     UnavailableError,
 )
-from embeddb.routing import shard_of
-from embeddb.rpc import RpcServer
 from embeddb.server import ServerConfig, build_server
-from embeddb.shard import Shard
+from embeddb.transport.rpc import RpcServer
 
 DIM = 4
 LR = 0.5  # dyadic, so SGD on dyadic gradients is exact in float32

@@ -20,6 +20,7 @@ from embeddb.client import (
     PushResult,
     RemoteError,
 )
+from embeddb.common.routing import shard_of
 from embeddb.errors import (
     ConfigError,
     FailedPreconditionError,
@@ -27,7 +28,6 @@ from embeddb.errors import (
     NotFoundError,
     UnavailableError,
 )
-from embeddb.routing import shard_of
 from tests.test_client import (
     DIM,
     LR,

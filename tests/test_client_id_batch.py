@@ -13,10 +13,10 @@ import pytest
 from embeddb.client import AsyncClient, Client
 from embeddb.client.batching import IdBatch
 from embeddb.config import EmbeddingConfig, OptimizerConfig, OptimizerKind
+from embeddb.engine.shard import Shard
 from embeddb.errors import InvalidArgumentError
-from embeddb.rpc import RpcServer
 from embeddb.server import ServerConfig, build_server
-from embeddb.shard import Shard
+from embeddb.transport.rpc import RpcServer
 
 DIM = 4
 

@@ -15,20 +15,20 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from embeddb import wire
-from embeddb.arrays import F32
 from embeddb.client import (
     Client,
     ClientOptions,
     RemoteError,
     topology,
 )
+from embeddb.common.arrays import F32
+from embeddb.common.routing import ROUTING_ALGORITHM, SHARD_SALT
 from embeddb.errors import (
     ConfigError,
     FailedPreconditionError,
     UnavailableError,
 )
-from embeddb.routing import ROUTING_ALGORITHM, SHARD_SALT
+from embeddb.transport import wire
 from embeddb.v1 import embeddb_pb2 as pb
 from embeddb.v1 import embeddb_pb2_grpc as pb_grpc
 from tests.test_client import (

@@ -29,8 +29,9 @@ from embeddb.config import (
     StoreConfig,
     TableConfig,
 )
-from embeddb.durability.fileio import FaultyIO
-from embeddb.durability.log_fence import FENCE
+from embeddb.engine.durability.fileio import FaultyIO
+from embeddb.engine.durability.log_fence import FENCE
+from embeddb.engine.shard import Shard
 from embeddb.errors import (
     FailedPreconditionError,
     StorageError,
@@ -38,7 +39,6 @@ from embeddb.errors import (
     StorageFullError,
     status_of,
 )
-from embeddb.shard import Shard
 from tests.support import blocked_in, eventually
 
 DIM = 64

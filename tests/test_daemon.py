@@ -19,10 +19,10 @@ import pytest
 from click.testing import CliRunner
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from embeddb import wire
 from embeddb.cli import main
 from embeddb.server import ServerConfig
 from embeddb.server.daemon import DaemonOptions, run_daemon
+from embeddb.transport import wire
 from embeddb.v1 import embeddb_pb2 as pb
 from embeddb.v1 import embeddb_pb2_grpc as pb_grpc
 from tests.conftest import one_table_config

@@ -14,8 +14,7 @@ import yaml
 
 from embeddb.config import EmbeddingConfig
 from embeddb.errors import ConfigError, CorruptDataError
-from embeddb.trainer.batch import Batch
-from embeddb.trainer.data import (
+from embeddb.features import (
     ColumnSpec,
     DatasetSpec,
     IDColumn,
@@ -24,18 +23,19 @@ from embeddb.trainer.data import (
     NumericColumn,
     hash_strings,
 )
-from embeddb.trainer.data.libsvm import (
+from embeddb.features.batch import Batch
+from embeddb.features.libsvm import (
     LibsvmReader,
     field_column,
     range_column,
     sample_fields,
     slot_of,
 )
-from embeddb.trainer.data.stream import Part, partition
-from embeddb.trainer.job_yaml import Where, load_with_lines
+from embeddb.features.stream import Part, partition
+from embeddb.trainer.launcher.job_yaml import Where, load_with_lines
 
 auto_embedding_yaml = pytest.importorskip(
-    "embeddb.trainer.validate", reason="the auto tables (the trainer extra)"
+    "embeddb.trainer.launcher.validate", reason="the auto tables (the trainer extra)"
 ).auto_embedding_yaml
 
 FFM = "1 0:3:1 1:17:1 2:5:0.5\n-1 0:4:1 1:17:1\n0 1:9:1 2:5:1 2:6:1 7:1\n"

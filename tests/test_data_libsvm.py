@@ -1,4 +1,4 @@
-"""embeddb.trainer.data.libsvm: libSVM / libFM text read into ids, numeric columns and
+"""embeddb.features.libsvm: libSVM / libFM text read into ids, numeric columns and
 labels, chunked, gzip, partitioned and split, with file:line in every error."""
 
 from __future__ import annotations
@@ -11,8 +11,7 @@ import numpy as np
 import pytest
 
 from embeddb.errors import ConfigError, CorruptDataError
-from embeddb.trainer.batch import Batch
-from embeddb.trainer.data import (
+from embeddb.features import (
     ColumnSpec,
     IDColumn,
     IdKind,
@@ -20,8 +19,9 @@ from embeddb.trainer.data import (
     NumericColumn,
     hash_strings,
 )
-from embeddb.trainer.data.libsvm import LibsvmReader, libsvm_spec
-from embeddb.trainer.data.stream import HashSplit, Part, partition
+from embeddb.features.batch import Batch
+from embeddb.features.libsvm import LibsvmReader, libsvm_spec
+from embeddb.features.stream import HashSplit, Part, partition
 
 TEXT = "1 3:1 17:0.5 2041:1\n-1 3:1 9:1\r\n\n+1   5:2\t17:0  8:1\n0\n0 17:4 9:0\n"
 

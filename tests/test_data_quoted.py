@@ -17,7 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from embeddb.errors import ConfigError, CorruptDataError
-from embeddb.trainer.data import (
+from embeddb.features import (
     ColumnSpec,
     CsvDialect,
     CsvReader,
@@ -30,8 +30,8 @@ from embeddb.trainer.data import (
     hash_strings,
     partition,
 )
-from embeddb.trainer.data._lines import QuoteError, split_lines, split_record
-from embeddb.trainer.data.delimited import TextChunk
+from embeddb.features._lines import QuoteError, split_lines, split_record
+from embeddb.features.delimited import TextChunk
 
 
 def _values(chunks: list[TextChunk], columns: list[str]) -> list[list[str]]:

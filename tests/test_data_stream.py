@@ -1,4 +1,4 @@
-"""embeddb.trainer.data.stream: byte-range partitions, row filters, order thresholds and the
+"""embeddb.features.stream: byte-range partitions, row filters, order thresholds and the
 bounded shuffle buffer, through the real readers over real files."""
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 from embeddb.errors import ConfigError, CorruptDataError, InvalidArgumentError
-from embeddb.trainer.data import ColumnSpec, CsvDialect, CsvReader, IDColumn, NumericColumn
-from embeddb.trainer.data._block import Block, Ids
-from embeddb.trainer.data._io import range_chunks
-from embeddb.trainer.data.stream import (
+from embeddb.features import ColumnSpec, CsvDialect, CsvReader, IDColumn, NumericColumn
+from embeddb.features._block import Block, Ids
+from embeddb.features._io import range_chunks
+from embeddb.features.stream import (
     HashSplit,
     HeadRows,
     OrderSplit,
@@ -150,7 +150,7 @@ def test_gzip_files_go_whole_to_the_least_loaded_rank(tmp_path: Path) -> None:
 def test_parquet_partition_by_row_groups_and_hash_split(tmp_path: Path) -> None:
     pa = pytest.importorskip("pyarrow", reason="pyarrow (the parquet extra) is not installed")
     pq = pytest.importorskip("pyarrow.parquet")
-    from embeddb.trainer.data import ParquetReader
+    from embeddb.features import ParquetReader
 
     paths, expected = [], []
     for i, rows in enumerate([95, 40]):

@@ -14,8 +14,8 @@ import pytest
 import yaml
 
 from embeddb.errors import ConfigError, CorruptDataError
-from embeddb.trainer.batch import Batch
-from embeddb.trainer.data import DatasetSpec, FeaturePipeline, partition
+from embeddb.features import DatasetSpec, FeaturePipeline, partition
+from embeddb.features.batch import Batch
 
 ROW_ID = 1_000_000  # libSVM index of row r's unique feature: ROW_ID + r
 

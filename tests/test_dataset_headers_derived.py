@@ -15,9 +15,9 @@ import pytest
 import yaml
 
 from embeddb.errors import ConfigError, InvalidArgumentError
-from embeddb.trainer.batch import Batch
-from embeddb.trainer.data import DatasetSpec, hash_strings, load_pipeline, save_pipeline
-from embeddb.trainer.job_yaml import load_with_lines
+from embeddb.features import DatasetSpec, hash_strings, load_pipeline, save_pipeline
+from embeddb.features.batch import Batch
+from embeddb.trainer.launcher.job_yaml import load_with_lines
 
 
 def _load(tmp_path: Path, job: str) -> DatasetSpec:

@@ -13,8 +13,7 @@ import numpy as np
 import pytest
 
 from embeddb.errors import ConfigError
-from embeddb.trainer.batch import Batch
-from embeddb.trainer.data import (
+from embeddb.features import (
     AdultReader,
     CriteoReader,
     CsvDialect,
@@ -24,6 +23,7 @@ from embeddb.trainer.data import (
     RowRange,
     hash_strings,
 )
+from embeddb.features.batch import Batch
 
 from .conftest import SHARED_DATA
 

@@ -1,7 +1,8 @@
 """The deployment files (docker/, deploy/k8s/), checked statically: Docker cannot run here.
 
 Every container command is parsed by our own CLI (click, so an unknown option fails; torchrun's
-and ``embeddb.trainer.run``'s parsers for the training pods), with the container paths it names
+and ``embeddb.trainer.launcher.run``'s parsers for the training pods), with the container paths it
+names
 mapped to the files the deployment mounts there. Ports, addresses and shard counts must agree
 across commands, Services, probes and scrape targets; the mounted configs must load with our
 loaders; every metric the Grafana dashboard queries must be exported by a real server or by
@@ -25,7 +26,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 from embeddb.errors import ConfigError
-from embeddb.rpc.auth import Role
+from embeddb.transport.rpc.auth import Role
 from tests.deploy_support import (
     COMPOSE,
     DOCKER,

@@ -20,12 +20,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from embeddb.cli import main
 from embeddb.config import EmbeddingConfig
-from embeddb.rpc import ListenConfig
+from embeddb.engine.shard import Shard
 from embeddb.server import ServerConfig, build_server
 from embeddb.server.follower import Follower, FollowerOptions
 from embeddb.server.metrics import FollowerCollector
-from embeddb.shard import Shard
-from embeddb.trainer.worker_metrics import WorkerMetrics
+from embeddb.trainer.embedding.metrics import WorkerMetrics
+from embeddb.transport.rpc import ListenConfig
 from tests.deploy_support import (
     DASHBOARD,
     DOCKER,
@@ -129,7 +129,7 @@ def exported_metrics(tmp_path: Path) -> Iterator[set[str]]:
         primary.stop(grace=0)
         shard.close()
     names |= series_names(WorkerMetrics(4).registry.collect())
-    serving = pytest.importorskip("embeddb.trainer.serving.metrics")
+    serving = pytest.importorskip("embeddb.serving.metrics")
     names |= series_names(serving.ModelMetrics(CollectorRegistry()).registry.collect())
     yield names
 

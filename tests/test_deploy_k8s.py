@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from embeddb.errors import ConfigError
-from embeddb.trainer.job import JobConfig
+from embeddb.trainer.launcher.job import JobConfig
 from tests.deploy_support import (
     DOCKER,
     EMBEDDB_IMAGES,
@@ -146,8 +146,8 @@ def k8s_containers(
 
 
 def parse_trainer_run(args: list[str], monkeypatch: pytest.MonkeyPatch) -> tuple[JobConfig, Path]:
-    """Run ``python -m embeddb.trainer.run ARGS`` up to the training itself."""
-    run = pytest.importorskip("embeddb.trainer.run")
+    """Run ``python -m embeddb.trainer.launcher.run ARGS`` up to the training itself."""
+    run = pytest.importorskip("embeddb.trainer.launcher.run")
     seen: list[tuple[JobConfig, Path]] = []
     monkeypatch.setattr(
         run, "train", lambda job, addresses, predict, **_: seen.append((job, addresses))
@@ -168,7 +168,7 @@ def test_every_k8s_container_runs_a_real_command(
         where = f"{doc['kind']}/{doc['metadata']['name']}"
         if container.get("command") == ["python", "-m", "torch.distributed.run"]:
             parsed = torchrun.get_args_parser().parse_args(args)
-            assert parsed.module and parsed.training_script == "embeddb.trainer.run", where
+            assert parsed.module and parsed.training_script == "embeddb.trainer.launcher.run", where
             mounts.update(image_copies(DOCKER / "Dockerfile.trainer"))
             script = map_args(parsed.training_script_args, mounts)
             script[0] = str(local_job(Path(script[0]), mounts, tmp_path / str(i)))

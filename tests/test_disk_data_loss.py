@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from embeddb import wire
+from embeddb.engine.storage import DiskTier
 from embeddb.errors import CorruptDataError
-from embeddb.storage import DiskTier
+from embeddb.transport import wire
 from embeddb.v1 import embeddb_pb2 as pb
 from embeddb.v1 import embeddb_pb2_grpc as pb_grpc
 from tests.support import StartServe, serve_processes

@@ -7,7 +7,7 @@ What counts as a file reference (narrow on purpose: a check that cries wolf gets
   - the target of a link or an image, ``[text](target)``, unless it is a URL: resolved from the
     page's folder, as GitHub renders it. A ``#fragment`` (on a Markdown target, or alone) must
     be the anchor of one of that page's headings;
-  - a path that starts at a top-level entry of the repository (``embeddb/shard.py``,
+  - a path that starts at a top-level entry of the repository (``embeddb/engine/shard.py``,
     ``benchmarks/README.md``, ``.ci/run``, ``examples/adult/``), in prose, code spans and
     fenced blocks alike: resolved from the page's folder, then from the root;
   - a bare Markdown file name (``README.md``): from the page's folder, then from the root;
@@ -97,7 +97,7 @@ def _entries(root: Path) -> frozenset[str]:
 
 @cache
 def _rooted_pattern(root: Path) -> re.Pattern[str]:
-    """Paths that start at a top-level entry of the repository (``embeddb/shard.py``)."""
+    """Paths that start at a top-level entry of the repository (``embeddb/engine/shard.py``)."""
     tops = {name.split("/")[0] for name in repository_files(root)}
     names = "|".join(sorted(map(re.escape, tops), key=len, reverse=True))
     return re.compile(rf"(?<![\w./~$-])((?:{names})/(?:[\w.@+][\w./@+-]*)?)")
@@ -269,7 +269,7 @@ def test_the_pages_and_modules_are_found() -> None:
     pages = {p.relative_to(ROOT).as_posix() for p in markdown_pages()}
     assert {"README.md", "docs/architecture.md", "benchmarks/README.md"} <= pages
     modules = {p.relative_to(ROOT).as_posix() for p in code_modules()}
-    assert {"embeddb/shard.py", "benchmarks/train.py", "tests/support.py"} <= modules
+    assert {"embeddb/engine/shard.py", "benchmarks/train.py", "tests/support.py"} <= modules
     assert "examples/clicks/make_data.py" in modules
     assert not any(m.endswith(_GENERATED) for m in modules)
 
@@ -353,7 +353,7 @@ def test_planted_bad_references_are_caught_and_good_ones_pass(tmp_path: Path) ->
 
 def test_the_real_check_would_catch_a_planted_citation() -> None:
     """The repository's own files, with one bad citation added to a real module's docstring."""
-    source = ROOT / "embeddb" / "shard.py"
+    source = ROOT / "embeddb" / "engine" / "shard.py"
     planted = '"""See docs/no-such-page.md §5."""\n' + source.read_text(encoding="utf-8")
     found = [ref.target for ref in python_references(source, planted, ROOT)]
     assert "docs/no-such-page.md" in found

@@ -313,8 +313,8 @@ def _exported_metric_names() -> frozenset[str]:
         ShardStatsCollector,
     )
     from embeddb.server.streams import StreamSlots
-    from embeddb.trainer.serving.server import ModelServerConfig, build_model_server
-    from embeddb.trainer.worker_metrics import WorkerMetrics
+    from embeddb.serving.server import ModelServerConfig, build_model_server
+    from embeddb.trainer.embedding.metrics import WorkerMetrics
 
     shard_registry, follower_registry, model_registry = (
         CollectorRegistry(),

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from embeddb.trainer.data import DatasetSpec
+from embeddb.features import DatasetSpec
 from tests.support import StartServe, serve_processes
 
 pytest.importorskip("torch", reason="the walkthrough trains a model (the trainer extra)")

@@ -17,7 +17,8 @@ import pytest
 
 from embeddb.config import EmbeddingConfig, OptimizerConfig, OptimizerKind
 from embeddb.config.schema import store_from_keys
-from embeddb.durability import records, snapshot
+from embeddb.engine.durability import records, snapshot
+from embeddb.engine.shard import Shard
 from embeddb.errors import (
     CorruptDataError,
     FailedPreconditionError,
@@ -25,7 +26,6 @@ from embeddb.errors import (
     StorageError,
     UnavailableError,
 )
-from embeddb.shard import Shard
 from tests.conftest import one_table_config
 
 DIM = 4
@@ -321,7 +321,7 @@ _FULL_DISK = textwrap.dedent(
     import numpy as np
     from dataclasses import replace
     from embeddb.errors import StorageFullError, status_of
-    from embeddb.shard import Shard
+    from embeddb.engine.shard import Shard
     from tests.conftest import one_table_config
 
     cfg = one_table_config(dim=4, capacity=64)

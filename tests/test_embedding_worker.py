@@ -16,8 +16,8 @@ import pytest
 from embeddb.client import AsyncClient, Client, ClientOptions
 from embeddb.config import EmbeddingConfig
 from embeddb.errors import ConfigError
-from embeddb.trainer.batch import IDTypeFeature, IDTypeFeatureWithSingleID
-from embeddb.trainer.embedding_worker import EmbeddingWorker, EmbeddingWorkerConfig, IdFeature
+from embeddb.features.batch import IDTypeFeature, IDTypeFeatureWithSingleID
+from embeddb.trainer.embedding.worker import EmbeddingWorker, EmbeddingWorkerConfig, IdFeature
 from embeddb.trainer.errors import (
     EmbeddingWorkerError,
     GradientPushFailedError,

@@ -1,4 +1,4 @@
-"""The embedding worker's process facade (:mod:`embeddb.trainer.worker_process`) against real
+"""The embedding worker's process facade (:mod:`embeddb.trainer.embedding.process`) against real
 shards served in-process on port 0, and the design rules of the trainer's imports."""
 
 from __future__ import annotations
@@ -20,14 +20,14 @@ import pytest
 from embeddb.client import Client
 from embeddb.config import EmbeddingConfig
 from embeddb.errors import ConfigError, UnavailableError
-from embeddb.trainer.batch import IDTypeFeatureWithSingleID
-from embeddb.trainer.embedding_worker import EmbeddingWorkerConfig
+from embeddb.features.batch import IDTypeFeatureWithSingleID
+from embeddb.trainer.embedding.process import EmbeddingWorkerProcess
+from embeddb.trainer.embedding.worker import EmbeddingWorkerConfig
 from embeddb.trainer.errors import (
     EmbeddingWorkerError,
     GradientPushFailedError,
     LookupFailedError,
 )
-from embeddb.trainer.worker_process import EmbeddingWorkerProcess
 from tests.support import eventually, free_port
 from tests.test_embedding_worker import (
     CONFIG,
@@ -173,10 +173,21 @@ def test_start_failures_are_clear(shards: Shards) -> None:
 
 # ---------------------------------------------------------------------- design rules
 TRAINER = Path(__file__).resolve().parents[1] / "trainer"
-OFF_LIMITS = ("embeddb.server", "embeddb.shard", "embeddb.storage", "embeddb.durability")
-OFF_LIMITS += ("embeddb.optim", "embeddb.cli", "embeddb.wire", "embeddb.v1", "grpc")
-OFF_LIMITS += ("embeddb.shard_recovery", "embeddb.shard_journal", "embeddb.shard_snapshot")
-OFF_LIMITS += ("embeddb.shard_feed",)  # the Shard facade's parts (embeddb/shard.py)
+OFF_LIMITS = (
+    "embeddb.server",
+    "embeddb.engine.shard",
+    "embeddb.engine.storage",
+    "embeddb.engine.durability",
+)
+OFF_LIMITS += (
+    "embeddb.engine.optim",
+    "embeddb.cli",
+    "embeddb.transport.wire",
+    "embeddb.v1",
+    "grpc",
+)
+OFF_LIMITS += ("embeddb.engine.recovery", "embeddb.engine.journal", "embeddb.engine.snapshots")
+OFF_LIMITS += ("embeddb.engine.feed",)  # the Shard facade's parts (embeddb/engine/shard.py)
 
 
 def imported(path: Path) -> set[str]:
@@ -189,23 +200,28 @@ def imported(path: Path) -> set[str]:
     return names
 
 
-# The model server (trainer/serving/, issue 6) is itself a gRPC server: it may use grpc, its
-# own ModelService stubs and the shared RPC layer (embeddb.rpc: listen config, auth, boundary,
+# The model server (embeddb/serving/, issue 6) is itself a gRPC server: it may use grpc, its
+# own ModelService stubs and the shared RPC layer (embeddb.transport.rpc: listen config, auth,
+# boundary,
 # interceptors, metrics, assembly, process lifecycle), never embeddb.server; it still reaches
 # the shards only through the client (InferCtx).
 MODEL_SERVER = ("batcher.py", "client.py", "codec.py", "daemon.py", "http.py", "metrics.py")
 MODEL_SERVER += ("server.py",)
 MODEL_SERVER_ALLOWED = ("grpc", "embeddb.v1.model_pb2", "embeddb.v1.model_pb2_grpc")
-MODEL_SERVER_ALLOWED += ("embeddb.rpc.listen", "embeddb.rpc.auth", "embeddb.rpc.boundary")
-MODEL_SERVER_ALLOWED += ("embeddb.rpc.interceptors", "embeddb.rpc.metrics")
-MODEL_SERVER_ALLOWED += ("embeddb.rpc.assembly", "embeddb.rpc.lifecycle")
+MODEL_SERVER_ALLOWED += (
+    "embeddb.transport.rpc.listen",
+    "embeddb.transport.rpc.auth",
+    "embeddb.transport.rpc.boundary",
+)
+MODEL_SERVER_ALLOWED += ("embeddb.transport.rpc.interceptors", "embeddb.transport.rpc.metrics")
+MODEL_SERVER_ALLOWED += ("embeddb.transport.rpc.assembly", "embeddb.transport.rpc.lifecycle")
 
 
 # The one deliberate exception (issue 13): `serve-model --from-checkpoint` opens a checkpoint's
 # shard snapshots in-process, read-only (a private copy, a follower Shard refusing every
 # mutation), for a one-command local demo. It imports the Shard facade and nothing else of the
 # server side; everything else in the trainer still reaches shards through the client.
-IN_PROCESS_SHARDS = ("local_shards.py", "embeddb.shard")
+IN_PROCESS_SHARDS = ("local_shards.py", "embeddb.engine.shard")
 
 
 def test_the_trainer_reaches_the_shards_only_through_the_client() -> None:
@@ -232,7 +248,7 @@ def test_the_trainer_reaches_the_shards_only_through_the_client() -> None:
 
 def test_the_embedding_worker_process_never_imports_torch() -> None:
     code = (
-        "import sys, embeddb.trainer, embeddb.trainer.worker_process, embeddb.trainer.config;"
+        "import sys, embeddb.trainer, embeddb.trainer.embedding.process, embeddb.trainer.config;"
         "sys.exit(3 if 'torch' in sys.modules else 0)"
     )
     assert subprocess.run([sys.executable, "-c", code], timeout=120).returncode == 0

@@ -10,13 +10,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from embeddb.common.routing import shard_of
 from embeddb.config import EmbeddingConfig, ExportConfig, OptimizerConfig, OptimizerKind
 from embeddb.config.schema import store_from_keys
-from embeddb.durability.export import INDEX, Exporter, load_file, read_index
-from embeddb.durability.reshard import reshard
+from embeddb.engine.durability.export import INDEX, Exporter, load_file, read_index
+from embeddb.engine.durability.reshard import reshard
+from embeddb.engine.shard import Shard
 from embeddb.errors import ConfigError, StorageError
-from embeddb.routing import shard_of
-from embeddb.shard import Shard
 from tests.conftest import one_table_config
 from tests.support import eventually
 

@@ -17,8 +17,10 @@ from prometheus_client import CollectorRegistry
 
 from embeddb.cli.common import packaged_config
 from embeddb.client import Client, ClientOptions
+from embeddb.common.routing import shard_of
 from embeddb.config import EmbeddingConfig, OptimizerConfig, OptimizerKind
 from embeddb.config.schema import store_from_keys
+from embeddb.engine.shard import Shard
 from embeddb.errors import (
     ConfigError,
     FailedPreconditionError,
@@ -26,13 +28,11 @@ from embeddb.errors import (
     StorageError,
     UnavailableError,
 )
-from embeddb.routing import shard_of
-from embeddb.rpc import ListenConfig, RpcServer
-from embeddb.rpc.auth import Tokens
 from embeddb.server import ServerConfig, build_server
 from embeddb.server.follower import Follower, FollowerOptions
 from embeddb.server.metrics import FollowerCollector
-from embeddb.shard import Shard
+from embeddb.transport.rpc import ListenConfig, RpcServer
+from embeddb.transport.rpc.auth import Tokens
 from embeddb.v1 import embeddb_pb2 as pb
 from embeddb.v1 import embeddb_pb2_grpc as pb_grpc
 from tests.conftest import one_table_config

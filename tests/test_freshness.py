@@ -12,11 +12,11 @@ import pytest
 import torch
 from torch import nn
 
+from embeddb.engine.shard import Shard
 from embeddb.server import build_server
 from embeddb.server.follower import Follower, FollowerOptions
-from embeddb.shard import Shard
+from embeddb.serving import InferCtx
 from embeddb.trainer import EmbeddingWorkerConfig, TrainCtx, TrainerConfig
-from embeddb.trainer.serving import InferCtx
 from tests.support import eventually
 from tests.trainer_harness import adult, adult_config, adult_model
 

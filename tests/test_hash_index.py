@@ -23,8 +23,8 @@ from hypothesis.stateful import (
     rule,
 )
 
-from embeddb.routing import STRIPE_SALT, mix64
-from embeddb.storage.hash_index import (
+from embeddb.common.routing import STRIPE_SALT, mix64
+from embeddb.engine.storage.hash_index import (
     BUCKET_SALT,
     collect_victims,
     dedup_sum,

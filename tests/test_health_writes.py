@@ -21,12 +21,12 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client import CollectorRegistry
 
 from embeddb.client import Client, ClientOptions
-from embeddb.durability.fileio import REAL, FaultyIO, FileIO
+from embeddb.engine.durability.fileio import REAL, FaultyIO, FileIO
+from embeddb.engine.shard import Shard
 from embeddb.errors import EmbeddbError, status_of
-from embeddb.rpc import ListenConfig, RpcServer
 from embeddb.server import ServerConfig, build_server
 from embeddb.server.app import SERVICE_NAME, WRITES_HEALTH_NAME
-from embeddb.shard import Shard
+from embeddb.transport.rpc import ListenConfig, RpcServer
 from tests.conftest import one_table_config
 
 SERVING = health_pb2.HealthCheckResponse.SERVING

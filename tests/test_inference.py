@@ -21,6 +21,9 @@ from torch import nn
 
 from embeddb.config import EmbeddingConfig
 from embeddb.errors import ConfigError, CorruptDataError, InvalidArgumentError, NotFoundError
+from embeddb.serving import InferCtx, export_model, load_model_spec
+from embeddb.serving.infer import load_dense
+from embeddb.serving.torchserve import EmbeddbHandler
 from embeddb.trainer import (
     Batch,
     EmbeddingWorkerConfig,
@@ -29,10 +32,7 @@ from embeddb.trainer import (
     TrainCtx,
     TrainerConfig,
 )
-from embeddb.trainer.job import JobConfig
-from embeddb.trainer.serving import InferCtx, export_model, load_model_spec
-from embeddb.trainer.serving.infer import load_dense
-from embeddb.trainer.serving.torchserve import EmbeddbHandler
+from embeddb.trainer.launcher.job import JobConfig
 from tests.trainer_harness import Shards, adult, adult_config, adult_model, serve_shards
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -130,7 +130,7 @@ def test_export_round_trip_equals_the_eager_model(
 ) -> None:
     model = make().eval()
     example = next(adult("train").batches(32))
-    with caplog.at_level(logging.INFO, logger="embeddb.trainer.serving.export"):
+    with caplog.at_level(logging.INFO, logger="embeddb.trainer.export"):
         out = export_model(
             model,
             tmp_path / name,

@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from embeddb.config import InitializerConfig, InitializerKind
-from embeddb.initializers import initial_vectors, table_key
+from embeddb.engine.initializers import initial_vectors, table_key
 
 UNIFORM = InitializerConfig(kind=InitializerKind.UNIFORM, low=-0.5, high=1.5)
 NORMAL = InitializerConfig(kind=InitializerKind.NORMAL, mean=0.3, std=2.0)
@@ -132,7 +132,7 @@ def test_table_key_is_stable_across_processes() -> None:
     """The key must not depend on per-process state such as Python's hash randomisation."""
     pairs = [("user", 42), ("item_tags", 0), ("ünïcode-表", 9)]
     script = (
-        "from embeddb.initializers import table_key\n"
+        "from embeddb.engine.initializers import table_key\n"
         f"print(' '.join(str(int(table_key(n, s))) for n, s in {pairs!r}))\n"
     )
     want = " ".join(str(int(table_key(n, s))) for n, s in pairs)

@@ -14,14 +14,14 @@ import numpy.typing as npt
 import pytest
 from click.testing import CliRunner, Result
 
-from embeddb import wire
 from embeddb.cli.app import main
 from embeddb.client import AsyncClient, Client, ClientOptions
+from embeddb.engine.shard import Shard
 from embeddb.errors import InvalidArgumentError, NotFoundError
-from embeddb.rpc.auth import Tokens
-from embeddb.rpc.listen import ListenConfig
 from embeddb.server import ServerConfig, build_server
-from embeddb.shard import Shard
+from embeddb.transport import wire
+from embeddb.transport.rpc.auth import Tokens
+from embeddb.transport.rpc.listen import ListenConfig
 from embeddb.v1 import embeddb_pb2 as pb
 from embeddb.v1 import embeddb_pb2_grpc as pb_grpc
 from tests.test_client import DIM, Cluster, serve_cluster, sgd_tables

@@ -12,7 +12,7 @@ import crc32c
 import pytest
 
 from embeddb.config import FsyncPolicy
-from embeddb.durability.log import LogConfig, UpdateLog
+from embeddb.engine.durability.log import LogConfig, UpdateLog
 from embeddb.errors import CorruptDataError
 
 NEVER = LogConfig(fsync=FsyncPolicy.NEVER)

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from embeddb.config import EmbeddingConfig, FsyncPolicy, LogRecovery, StoreConfig
-from embeddb.durability.log import LogConfig, LogCut, UpdateLog
+from embeddb.engine.durability.log import LogConfig, LogCut, UpdateLog
 from embeddb.errors import ConfigError, CorruptDataError
 
 SEGMENT_HEADER = 24

@@ -19,8 +19,8 @@ import grpc
 import numpy as np
 import pytest
 
-from embeddb import wire
-from embeddb.rpc.budget import MemoryBudget
+from embeddb.transport import wire
+from embeddb.transport.rpc.budget import MemoryBudget
 from embeddb.v1 import embeddb_pb2 as pb
 from tests.support import (
     START_TIMEOUT_S,
@@ -146,9 +146,9 @@ _MODEL_SERVER = """
 import sys, threading
 from pathlib import Path
 from types import SimpleNamespace
-from embeddb.rpc import ListenConfig, Tokens
-from embeddb.rpc.lifecycle import write_atomically
-from embeddb.trainer.serving.server import ModelServerConfig, build_model_server
+from embeddb.transport.rpc import ListenConfig, Tokens
+from embeddb.transport.rpc.lifecycle import write_atomically
+from embeddb.serving.server import ModelServerConfig, build_model_server
 
 class Stub:
     spec = SimpleNamespace(id_features=(), non_id=(), snapshot_id="")
@@ -213,9 +213,9 @@ def test_a_call_that_finds_no_room_is_resource_exhausted_and_charges_are_given_b
     """In-process: with the budget taken, a lookup is refused before any work, naming the
     budget; once given back, it is answered, and every charge of a finished call returns."""
     from embeddb.config import EmbeddingConfig, OptimizerConfig, OptimizerKind, TableConfig
-    from embeddb.rpc import ListenConfig
+    from embeddb.engine.shard import Shard
     from embeddb.server import ServerConfig, build_server
-    from embeddb.shard import Shard
+    from embeddb.transport.rpc import ListenConfig
     from embeddb.v1 import embeddb_pb2_grpc as pb_grpc
 
     table = TableConfig(

@@ -12,7 +12,6 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from embeddb import wire
 from embeddb.config import (
     EmbeddingConfig,
     OptimizerConfig,
@@ -21,11 +20,12 @@ from embeddb.config import (
     StoreConfig,
     TableConfig,
 )
-from embeddb.rpc import ListenConfig, RpcServer
-from embeddb.rpc.auth import Tokens
+from embeddb.engine.shard import Shard
 from embeddb.server import ServerConfig, build_server
 from embeddb.server.metrics import ShardMetrics
-from embeddb.shard import Shard
+from embeddb.transport import wire
+from embeddb.transport.rpc import ListenConfig, RpcServer
+from embeddb.transport.rpc.auth import Tokens
 from embeddb.v1 import embeddb_pb2 as pb
 from embeddb.v1 import embeddb_pb2_grpc as pb_grpc
 

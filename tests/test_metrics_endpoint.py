@@ -18,12 +18,12 @@ from prometheus_client import CollectorRegistry, Counter
 
 from embeddb.cli import main
 from embeddb.client import Client
+from embeddb.engine.shard import Shard
 from embeddb.errors import ConfigError
-from embeddb.rpc import ListenConfig
-from embeddb.rpc.metrics_http import MetricsEndpoint, serve_metrics
 from embeddb.server import ServerConfig, build_server
 from embeddb.server.cluster import Cluster, ClusterConfig
-from embeddb.shard import Shard
+from embeddb.transport.rpc import ListenConfig
+from embeddb.transport.rpc.metrics_http import MetricsEndpoint, serve_metrics
 from tests.conftest import one_table_config
 from tests.support import StartServe, free_port_range, serve_processes
 
@@ -186,7 +186,7 @@ class _Predictor:
 
 def test_model_server_metrics_host_binds_the_metrics_endpoint_there(tmp_path: Path) -> None:
     pytest.importorskip("torch")
-    from embeddb.trainer.serving.server import ModelServerConfig, build_model_server
+    from embeddb.serving.server import ModelServerConfig, build_model_server
 
     other = second_loopback()
     config = ModelServerConfig(

@@ -26,7 +26,10 @@ from torch import nn
 
 from embeddb.cli import main
 from embeddb.errors import InvalidArgumentError, ResourceExhaustedError, UnauthenticatedError
-from embeddb.rpc import ListenConfig, Tokens
+from embeddb.serving import InferCtx
+from embeddb.serving.client import ModelClient
+from embeddb.serving.codec import encode_request, merge_batches, split_scores
+from embeddb.serving.server import ModelServer, ModelServerConfig, build_model_server
 from embeddb.trainer import (
     Batch,
     EmbeddingWorkerConfig,
@@ -35,10 +38,7 @@ from embeddb.trainer import (
     TrainCtx,
     TrainerConfig,
 )
-from embeddb.trainer.serving import InferCtx
-from embeddb.trainer.serving.client import ModelClient
-from embeddb.trainer.serving.codec import encode_request, merge_batches, split_scores
-from embeddb.trainer.serving.server import ModelServer, ModelServerConfig, build_model_server
+from embeddb.transport.rpc import ListenConfig, Tokens
 from embeddb.v1 import model_pb2 as mpb
 from tests.support import StartServe, eventually, serve_processes
 from tests.trainer_harness import Shards, adult, adult_config, adult_model, serve_shards
@@ -540,7 +540,7 @@ def test_serve_model_cli_needs_exactly_one_way_to_name_the_shards(
 def test_the_batcher_scores_a_lone_request_inline_and_merges_under_load() -> None:
     """An idle batcher scores a request in the caller's thread (no hand-off); requests that
     arrive while a batch is being scored are merged into the next one."""
-    from embeddb.trainer.serving.batcher import MicroBatcher
+    from embeddb.serving.batcher import MicroBatcher
 
     calls: list[tuple[str, int]] = []
     gate = threading.Event()

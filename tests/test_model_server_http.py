@@ -1,4 +1,4 @@
-"""The model server's HTTP boundary (``trainer/serving/http.py``), over real sockets to real
+"""The model server's HTTP boundary (``embeddb/serving/http.py``), over real sockets to real
 servers (the exported Adult model of ``test_model_server``): malformed bodies and deep JSON are
 400 JSON; wrong methods 405 with ``Allow``; unknown paths 404; HEAD; the HTTP parser's own
 refusals in JSON; bad requests counted and logged at DEBUG only; unexpected errors 500 with
@@ -19,10 +19,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from embeddb.rpc.interceptors import RateLimitedLog
+from embeddb.serving.http import MAX_JSON_DEPTH, json_depth
+from embeddb.serving.server import ModelServerConfig, build_model_server
 from embeddb.trainer import Batch
-from embeddb.trainer.serving.http import MAX_JSON_DEPTH, json_depth
-from embeddb.trainer.serving.server import ModelServerConfig, build_model_server
+from embeddb.transport.rpc.interceptors import RateLimitedLog
 from tests import test_model_server
 from tests.support import ServeProcess, serve_processes
 from tests.test_model_server import Served, call_http, records, rows, sample
@@ -30,7 +30,7 @@ from tests.test_model_server import Served, call_http, records, rows, sample
 served = test_model_server.served  # the fixtures: one shard, one exported model served
 start = test_model_server.start
 
-HTTP_LOGGER = "embeddb.trainer.serving.http"
+HTTP_LOGGER = "embeddb.serving.http"
 DEEP = 100_000
 
 
@@ -269,7 +269,7 @@ def test_the_http_parsers_refusals_are_json_with_a_status_line(start: Any) -> No
 
 # ---------------------------------------------------------------------------- logs
 def test_refusals_are_logged_at_debug_only(start: Any, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.DEBUG, logger="embeddb.trainer.serving")
+    caplog.set_level(logging.DEBUG, logger="embeddb.serving")
     server = start(max_records=1)
     port = server.http_port
     assert call_http(port, "/v1/predict", raw=nested(DEEP, "").encode())[0] == 400
@@ -278,7 +278,7 @@ def test_refusals_are_logged_at_debug_only(start: Any, caplog: pytest.LogCapture
     assert exchange(port, "DELETE", "/v1/predict")[0] == 405
     assert exchange(port, "GET", "/nothing")[0] == 404
     assert raw_exchange(port, b"GARBAGE\r\n")[0] == 400
-    ours = [r for r in caplog.records if r.name.startswith("embeddb.trainer.serving")]
+    ours = [r for r in caplog.records if r.name.startswith("embeddb.serving")]
     assert [r for r in ours if r.levelno >= logging.INFO] == []
     assert {"400", "404", "405", "413"} <= {str(a) for r in ours for a in r.args or ()}
     assert not [r for r in caplog.records if r.exc_info]

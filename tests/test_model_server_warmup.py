@@ -20,12 +20,12 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from embeddb.client import _kernels as client_kernels
 from embeddb.errors import UnavailableError
-from embeddb.trainer.batch import Batch
-from embeddb.trainer.data import _hash_kernel as hash_kernel
-from embeddb.trainer.serving import InferCtx, export_model
-from embeddb.trainer.serving.daemon import ModelDaemonOptions, run_model_server
-from embeddb.trainer.serving.server import ModelServerConfig, build_model_server
-from embeddb.trainer.serving.spec import ModelSpec
+from embeddb.features import _hash_kernel as hash_kernel
+from embeddb.features.batch import Batch
+from embeddb.serving import InferCtx, export_model
+from embeddb.serving.daemon import ModelDaemonOptions, run_model_server
+from embeddb.serving.server import ModelServerConfig, build_model_server
+from embeddb.trainer.model_spec import ModelSpec
 from tests.support import eventually
 from tests.trainer_harness import Shards, adult, adult_config, adult_model, serve_shards
 

@@ -15,9 +15,9 @@ from torch import nn
 
 from embeddb.config import EmbeddingConfig
 from embeddb.errors import ConfigError
+from embeddb.serving import export_model
 from embeddb.trainer import BUILTIN_MODELS, auc, build_model
-from embeddb.trainer.serving import export_model
-from embeddb.trainer.serving.infer import quiet_jit
+from embeddb.trainer.export import quiet_jit
 
 IDS = ("user", "item", "city")
 DIM = 8
@@ -60,7 +60,7 @@ def test_each_model_is_scripted_by_the_exporter(
     config = EmbeddingConfig.from_yaml_text(
         "slots_config:\n" + "".join(f"  {f}: {{dim: {DIM}}}\n" for f in IDS)
     )
-    caplog.set_level(logging.INFO, logger="embeddb.trainer.serving.export")
+    caplog.set_level(logging.INFO, logger="embeddb.trainer.export")
     directory = export_model(
         model,
         tmp_path / name,

@@ -27,12 +27,12 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from embeddb.config import FsyncPolicy
-from embeddb.rpc import ListenConfig
-from embeddb.rpc.metrics_http import add_runtime_collectors
+from embeddb.engine.shard import Shard
 from embeddb.server import ServerConfig, build_server
 from embeddb.server.metrics import ShardMetrics
-from embeddb.shard import Shard
-from embeddb.trainer.worker_metrics import WorkerMetrics
+from embeddb.trainer.embedding.metrics import WorkerMetrics
+from embeddb.transport.rpc import ListenConfig
+from embeddb.transport.rpc.metrics_http import add_runtime_collectors
 from tests.conftest import one_table_config
 from tests.deploy_support import DOCKER, K8S, k8s_docs
 from tests.test_deploy_configs import exported_metrics  # noqa: F401 (a fixture)
@@ -102,7 +102,7 @@ def test_trainer_side_registries_hold_the_runtime_collectors_once() -> None:
     assert worker.get_sample_value("process_start_time_seconds") is not None
     infos = [s for f in worker.collect() for s in f.samples if s.name == "python_info"]
     assert len(infos) == 1 and infos[0].value == 1
-    serving = pytest.importorskip("embeddb.trainer.serving.metrics")
+    serving = pytest.importorskip("embeddb.serving.metrics")
     shared = CollectorRegistry()
     ShardMetrics(shared)
     serving.ModelMetrics(shared)  # a second metric set in the same registry
@@ -120,7 +120,7 @@ _READ_ONLY = textwrap.dedent(
     from prometheus_client import CollectorRegistry
     from embeddb.errors import StorageError
     from embeddb.server.metrics import ShardMetrics
-    from embeddb.shard import Shard
+    from embeddb.engine.shard import Shard
     from tests.conftest import one_table_config
 
     cfg = one_table_config(dim=4, capacity=64)

@@ -23,11 +23,11 @@ import numpy.typing as npt
 import pytest
 from prometheus_client import CollectorRegistry
 
-from embeddb import wire
-from embeddb.arrays import F32
 from embeddb.client import AsyncClient, Client, ClientOptions, PushResult
 from embeddb.client.batching import Budget, IdBatch, split_many
+from embeddb.common.arrays import F32
 from embeddb.config import EmbeddingConfig, OptimizerConfig, OptimizerKind, TableConfig
+from embeddb.engine.shard import Shard
 from embeddb.errors import (
     FailedPreconditionError,
     InvalidArgumentError,
@@ -35,10 +35,10 @@ from embeddb.errors import (
     TableNotFoundError,
     UnavailableError,
 )
-from embeddb.rpc import ListenConfig, RpcServer
-from embeddb.rpc.auth import Tokens
 from embeddb.server import ServerConfig, build_server
-from embeddb.shard import Shard
+from embeddb.transport import wire
+from embeddb.transport.rpc import ListenConfig, RpcServer
+from embeddb.transport.rpc.auth import Tokens
 from embeddb.v1 import embeddb_pb2 as pb
 from embeddb.v1 import embeddb_pb2_grpc as pb_grpc
 from tests.test_follower import caught_up, replica

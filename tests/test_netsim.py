@@ -16,12 +16,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from embeddb import wire
 from embeddb.client import AsyncClient, Client, ClientOptions, SimulatedNetwork, netsim
+from embeddb.common.routing import shard_of
 from embeddb.errors import ConfigError, UnavailableError
-from embeddb.routing import shard_of
-from embeddb.trainer.embedding_worker import EmbeddingWorkerConfig
-from embeddb.trainer.job import JobConfig
+from embeddb.trainer.embedding.worker import EmbeddingWorkerConfig
+from embeddb.trainer.launcher.job import JobConfig
+from embeddb.transport import wire
 from embeddb.v1 import embeddb_pb2 as pb
 from tests.support import free_port
 from tests.test_client import serve_cluster, sgd_tables

@@ -28,10 +28,10 @@ import pytest
 from embeddb.cli.proto import proto_root
 from embeddb.client import Client
 from embeddb.config import EmbeddingConfig
-from embeddb.rpc import ListenConfig
-from embeddb.rpc.auth import Tokens
+from embeddb.engine.shard import Shard
 from embeddb.server import ServerConfig, build_server
-from embeddb.shard import Shard
+from embeddb.transport.rpc import ListenConfig
+from embeddb.transport.rpc.auth import Tokens
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "clients" / "node"
 DIM = 16

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from embeddb.config import OptimizerConfig, OptimizerKind
-from embeddb.optim import Optimizer
+from embeddb.engine.optim import Optimizer
 from tests.conftest import MakeShard, ids, one_table_config
 
 DIM = 5

@@ -17,16 +17,16 @@ from click.testing import CliRunner
 
 from embeddb.cli import main as cli
 from embeddb.errors import CorruptDataError
-from embeddb.trainer.batch import (
+from embeddb.features.batch import (
     Batch,
     IDTypeFeature,
     IDTypeFeatureWithSingleID,
     Label,
     NonIDTypeFeature,
 )
-from embeddb.trainer.data.pipeline import PIPELINE_FILE, save_pipeline
-from embeddb.trainer.job import JobConfig
-from embeddb.trainer.loader import (
+from embeddb.features.pipeline import PIPELINE_FILE, save_pipeline
+from embeddb.trainer.launcher.job import JobConfig
+from embeddb.trainer.launcher.loader import (
     BATCH,
     DONE,
     END,
@@ -164,7 +164,7 @@ def test_frames_carry_ragged_and_single_ids_numeric_features_and_labels() -> Non
 def test_an_error_frame_is_raised_by_the_rank_with_its_place() -> None:
     fake_loader = (
         "import sys\n"
-        "from embeddb.trainer.loader import ERROR, write_frame\n"
+        "from embeddb.trainer.launcher.loader import ERROR, write_frame\n"
         "write_frame(sys.stdout.buffer, ERROR, [b'CorruptDataError\\tdata.csv:17: bad'])\n"
     )
     with (
@@ -242,8 +242,8 @@ def test_the_loader_never_imports_torch(clicks: Path, tmp_path: Path) -> None:
     code = (
         "import io, sys\n"
         "from pathlib import Path\n"
-        "from embeddb.trainer.job import JobConfig\n"
-        "from embeddb.trainer.loader import run_loader\n"
+        "from embeddb.trainer.launcher.job import JobConfig\n"
+        "from embeddb.trainer.launcher.loader import run_loader\n"
         f"job = JobConfig.from_yaml({str(job_path)!r})\n"
         f"run_loader(job, Path({str(run_dir)!r}), io.BytesIO(), rank=0, world=1, "
         "epochs=(0, 1), batch_size=512)\n"
@@ -263,7 +263,7 @@ def plain_pytorch_auc(job: JobConfig, buckets: int = 1 << 16) -> float:
     import torch
     from torch import nn
 
-    from embeddb.evaluation import auc
+    from embeddb.common.evaluation import auc
     from embeddb.trainer.models import build_model
 
     torch.manual_seed(job.seed)

@@ -74,7 +74,7 @@ def test_a_downstream_type_checker_sees_the_client_and_the_trainer(tmp_path: Pat
 
 def test_importing_errors_and_routing_does_not_load_the_engine(tmp_path: Path) -> None:
     out = _run(
-        "import sys, embeddb.errors, embeddb.routing;"
+        "import sys, embeddb.errors, embeddb.common.routing;"
         "print(sorted(m for m in ('numba', 'rocksdict', 'yaml') if m in sys.modules))",
         tmp_path,
     )
@@ -148,7 +148,7 @@ def test_every_package_under_embeddb_is_found_and_nothing_else() -> None:
         for p in (ROOT / "embeddb").rglob("__init__.py")
         if "__pycache__" not in p.parts
     }
-    assert found == on_disk and "embeddb.rpc" in found
+    assert found == on_disk and "embeddb.transport.rpc" in found
     # the links client/ and trainer/ (they would install second copies under bare names)
     assert not {p for p in found if not p.startswith("embeddb")}
 

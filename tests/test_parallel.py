@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from embeddb.config import OptimizerConfig, OptimizerKind, ParallelConfig
-from embeddb.shard import Shard
-from embeddb.storage.parallel import StripePool
+from embeddb.engine.shard import Shard
+from embeddb.engine.storage.parallel import StripePool
 from tests.conftest import one_table_config
 
 

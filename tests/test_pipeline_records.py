@@ -10,8 +10,7 @@ import numpy as np
 import pytest
 
 from embeddb.errors import CorruptDataError, InvalidArgumentError, NotFoundError
-from embeddb.trainer.batch import Batch
-from embeddb.trainer.data import (
+from embeddb.features import (
     PIPELINE_FILE,
     ColumnSpec,
     CsvDialect,
@@ -25,6 +24,7 @@ from embeddb.trainer.data import (
     load_pipeline,
     save_pipeline,
 )
+from embeddb.features.batch import Batch
 
 SPEC = ColumnSpec(
     ids=(

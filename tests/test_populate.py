@@ -182,7 +182,7 @@ def test_an_unknown_table_or_missing_file_is_one_error_line(
 
 
 def test_an_ro_token_is_refused_and_an_rw_token_writes(tmp_path: Path) -> None:
-    from embeddb.rpc.listen import ListenConfig
+    from embeddb.transport.rpc.listen import ListenConfig
 
     path = tmp_path / "rows.csv"
     path.write_text("\n".join(csv_lines(20)) + "\n")

@@ -12,10 +12,10 @@ import grpc
 import numpy as np
 import pytest
 
-from embeddb import wire
-from embeddb.rpc.lifecycle import private_umask
-from embeddb.shard import Shard
-from embeddb.storage.private import private_dir
+from embeddb.engine.shard import Shard
+from embeddb.engine.storage.private import private_dir
+from embeddb.transport import wire
+from embeddb.transport.rpc.lifecycle import private_umask
 from embeddb.v1 import embeddb_pb2 as pb
 from embeddb.v1 import embeddb_pb2_grpc as pb_grpc
 from tests.conftest import one_table_config

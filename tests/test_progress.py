@@ -1,4 +1,5 @@
-"""embeddb.progress: a tqdm bar on a terminal, periodic plain lines (never ``\\r``) elsewhere,
+"""embeddb.common.progress: a tqdm bar on a terminal, periodic plain lines (never ``\\r``)
+elsewhere,
 off under ``--quiet``; and the plain lines of ``embeddb reshard`` / ``restore`` in a pipe."""
 
 from __future__ import annotations
@@ -13,9 +14,9 @@ import numpy as np
 import pytest
 
 from embeddb.cli.common import load_config
-from embeddb.durability import snapshot
-from embeddb.progress import QUIET_ENV, Progress, export_quiet, progress_enabled
-from embeddb.shard import Shard
+from embeddb.common.progress import QUIET_ENV, Progress, export_quiet, progress_enabled
+from embeddb.engine.durability import snapshot
+from embeddb.engine.shard import Shard
 
 ROOT = Path(__file__).resolve().parents[1]
 SNAP = "ckpt-1"

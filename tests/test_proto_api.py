@@ -15,13 +15,13 @@ from google.protobuf import descriptor_pb2, message_factory
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2 as alpha_pb2
 
-from embeddb import wire
 from embeddb.config import EmbeddingConfig, OptimizerConfig, OptimizerKind, TableConfig
-from embeddb.rpc import ListenConfig, RpcServer
-from embeddb.rpc.auth import Tokens
-from embeddb.rpc.reflection import V1_SERVICE_NAME, V1ALPHA_SERVICE_NAME, v1_file
+from embeddb.engine.shard import Shard
 from embeddb.server import SERVICE_NAME, ServerConfig, build_server
-from embeddb.shard import Shard
+from embeddb.transport import wire
+from embeddb.transport.rpc import ListenConfig, RpcServer
+from embeddb.transport.rpc.auth import Tokens
+from embeddb.transport.rpc.reflection import V1_SERVICE_NAME, V1ALPHA_SERVICE_NAME, v1_file
 from embeddb.v1 import embeddb_pb2 as pb
 from tests.test_metrics import scrape, value
 

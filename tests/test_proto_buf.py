@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 
 from embeddb.config import EmbeddingConfig, OptimizerConfig, OptimizerKind, TableConfig
-from embeddb.rpc import RpcServer
+from embeddb.engine.shard import Shard
 from embeddb.server import ServerConfig, build_server
-from embeddb.shard import Shard
+from embeddb.transport.rpc import RpcServer
 
 BUF = shutil.which("buf")
 pytestmark = pytest.mark.skipif(

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from embeddb.config import EmbeddingConfig
-from embeddb.trainer import spawn
+from embeddb.trainer.embedding import spawn
 from embeddb.trainer.errors import TrainerError
 from tests.trainer_harness import serve_shards
 
@@ -201,7 +201,7 @@ def test_the_start_report_round_trip(tmp_path: Path, monkeypatch: pytest.MonkeyP
 
 
 def test_auc_and_logloss_are_public() -> None:
-    from embeddb import evaluation
+    from embeddb.common import evaluation
     from embeddb.trainer import auc, logloss
 
     labels = np.array([0, 0, 1, 1], dtype=np.float32)

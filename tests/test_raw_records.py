@@ -21,9 +21,7 @@ from torch import nn
 
 from embeddb.config import EmbeddingConfig
 from embeddb.errors import CorruptDataError, InvalidArgumentError
-from embeddb.trainer import EmbeddingWorkerConfig, TrainCtx, TrainerConfig
-from embeddb.trainer.batch import Batch
-from embeddb.trainer.data import (
+from embeddb.features import (
     ColumnSpec,
     CsvDialect,
     CsvReader,
@@ -31,11 +29,13 @@ from embeddb.trainer.data import (
     LabelColumn,
     NumericColumn,
 )
-from embeddb.trainer.data.pipeline import PIPELINE_FILE, FeaturePipeline, save_pipeline
-from embeddb.trainer.serving import InferCtx, export_model, load_model_spec
-from embeddb.trainer.serving.client import ModelClient
-from embeddb.trainer.serving.server import ModelServerConfig, build_model_server
-from embeddb.trainer.serving.torchserve import EmbeddbHandler
+from embeddb.features.batch import Batch
+from embeddb.features.pipeline import PIPELINE_FILE, FeaturePipeline, save_pipeline
+from embeddb.serving import InferCtx, export_model, load_model_spec
+from embeddb.serving.client import ModelClient
+from embeddb.serving.server import ModelServerConfig, build_model_server
+from embeddb.serving.torchserve import EmbeddbHandler
+from embeddb.trainer import EmbeddingWorkerConfig, TrainCtx, TrainerConfig
 from tests.support import StartServe, serve_processes
 from tests.test_model_server import call_http
 from tests.trainer_harness import Shards, serve_shards
@@ -291,7 +291,7 @@ def test_infer_ctx_from_checkpoint_reads_the_snapshot_read_only(
     doc = json.loads((other / "model.json").read_text())
     doc["snapshot_id"] = "ckpt-999"
     (other / "model.json").write_text(json.dumps(doc))
-    with caplog.at_level(logging.WARNING, logger="embeddb.trainer.serving.infer"):
+    with caplog.at_level(logging.WARNING, logger="embeddb.serving.infer"):
         InferCtx.from_checkpoint(other, trained.checkpoint_dir).close()
     assert "exported with snapshot ckpt-999" in caplog.text
 

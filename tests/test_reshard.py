@@ -15,6 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from embeddb.cli import main
+from embeddb.common.routing import shard_of
 from embeddb.config import (
     EmbeddingConfig,
     OptimizerConfig,
@@ -23,12 +24,11 @@ from embeddb.config import (
     StoreConfig,
     TableConfig,
 )
-from embeddb.durability import snapshot
-from embeddb.durability.reshard import RESHARD_RECORD, ReshardProgress, reshard
+from embeddb.engine.durability import snapshot
+from embeddb.engine.durability.reshard import RESHARD_RECORD, ReshardProgress, reshard
+from embeddb.engine.shard import Shard
+from embeddb.engine.storage.ram_tier import DIRTY, ON_DISK
 from embeddb.errors import CorruptDataError, InvalidArgumentError, NotFoundError
-from embeddb.routing import shard_of
-from embeddb.shard import Shard
-from embeddb.storage.ram_tier import DIRTY, ON_DISK
 
 SNAP = "ckpt-1"
 N = 2

@@ -1,7 +1,7 @@
 """Id arithmetic: mix64, shard routing, group prefixes, hash stacks and id validation.
 
 Expectations come from pure-Python references over ints modulo 2**64, written from the
-published SplitMix64 finaliser and from the formulas in ``embeddb.routing``'s docstrings.
+published SplitMix64 finaliser and from the formulas in ``embeddb.common.routing``'s docstrings.
 """
 
 from __future__ import annotations
@@ -15,8 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from embeddb.errors import FailedPreconditionError, InvalidArgumentError
-from embeddb.routing import (
+from embeddb.common.routing import (
     ROUTING_ALGORITHM,
     SHARD_SALT,
     STRIPE_SALT,
@@ -29,6 +28,7 @@ from embeddb.routing import (
     split_by_shard,
     with_group_prefix,
 )
+from embeddb.errors import FailedPreconditionError, InvalidArgumentError
 
 # ---------------------------------------------------------------- pure-Python references
 MASK64 = (1 << 64) - 1

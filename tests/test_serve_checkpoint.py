@@ -13,8 +13,8 @@ import pytest
 from embeddb.client import Client
 from embeddb.config import EmbeddingConfig
 from embeddb.errors import FailedPreconditionError, NotFoundError, TableNotFoundError
-from embeddb.trainer.checkpoint import write_checkpoint
-from embeddb.trainer.serving.local_shards import LocalShards
+from embeddb.serving.local_shards import LocalShards
+from embeddb.trainer.checkpoints.files import write_checkpoint
 from tests.trainer_harness import serve_shards
 
 CONFIG = EmbeddingConfig.from_yaml_text(

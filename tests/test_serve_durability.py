@@ -17,8 +17,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from embeddb.client import Client, ClientOptions
 from embeddb.config import EmbeddingConfig
+from embeddb.engine.shard import Shard
 from embeddb.errors import ConfigError, FailedPreconditionError
-from embeddb.shard import Shard
 from tests.support import START_TIMEOUT_S, ServeProcess, eventually, serve_processes
 
 DIM = 4
@@ -170,7 +170,7 @@ def test_durability_options_that_exclude_each_other_are_usage_errors(tmp_path) -
     from click.testing import CliRunner
 
     from embeddb.cli import main
-    from embeddb.secrets import read_token_file
+    from embeddb.common.secrets import read_token_file
 
     cases = [
         (["--follow", "127.0.0.1:1", "--restore", "x"], "--follow excludes --restore"),

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from embeddb.client import Client, ClientOptions
-from embeddb.routing import shard_of
+from embeddb.common.routing import shard_of
 from tests.support import START_TIMEOUT_S, StartServe, eventually, run_cli, serve_processes
 
 CONFIG = "tables: {t: {dim: 4, capacity: 64, optimizer: {type: adam, lr: 0.1}}}\n"

@@ -25,13 +25,13 @@ from torch import nn
 
 from embeddb.config import EmbeddingConfig
 from embeddb.errors import InvalidArgumentError, ResourceExhaustedError
-from embeddb.trainer.data import ColumnSpec, IDColumn, NumericColumn
-from embeddb.trainer.data.pipeline import FeaturePipeline
-from embeddb.trainer.serving import InferCtx, export_model, torchserve
-from embeddb.trainer.serving import body as body_module
-from embeddb.trainer.serving.client import ModelClient
-from embeddb.trainer.serving.server import ModelServer, ModelServerConfig, build_model_server
-from embeddb.trainer.serving.torchserve import BadRequestError, EmbeddbHandler
+from embeddb.features import ColumnSpec, IDColumn, NumericColumn
+from embeddb.features.pipeline import FeaturePipeline
+from embeddb.serving import InferCtx, export_model, torchserve
+from embeddb.serving import body as body_module
+from embeddb.serving.client import ModelClient
+from embeddb.serving.server import ModelServer, ModelServerConfig, build_model_server
+from embeddb.serving.torchserve import BadRequestError, EmbeddbHandler
 from embeddb.v1 import model_pb2 as mpb
 from tests.trainer_harness import Shards, serve_shards
 

@@ -18,11 +18,11 @@ import pytest
 
 from embeddb.client import Client, ClientOptions
 from embeddb.config import EmbeddingConfig
-from embeddb.durability import reshard as reshard_module
-from embeddb.durability import snapshot
-from embeddb.durability.dirlock import DirectoryInUseError, DirectoryLock
+from embeddb.engine.durability import reshard as reshard_module
+from embeddb.engine.durability import snapshot
+from embeddb.engine.durability.dirlock import DirectoryInUseError, DirectoryLock
+from embeddb.engine.shard import Shard
 from embeddb.errors import StorageError
-from embeddb.shard import Shard
 from tests.support import ServeProcess, StartServe, run_cli, serve_processes
 
 CONFIG = "tables: {t: {dim: 4, capacity: 64, optimizer: {type: sgd, lr: 0.1}}}\n"
@@ -200,7 +200,7 @@ def test_a_read_only_source_is_locked_through_a_read_only_open(
 ) -> None:
     """A reader that may not create the lock file (a read-only copy of snapshots) locks an
     existing one read-only and refuses when it is held; without one, nothing could hold it."""
-    from embeddb.durability import dirlock
+    from embeddb.engine.durability import dirlock
 
     real_open = os.open
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from embeddb.common.routing import mix64
 from embeddb.errors import CorruptDataError, InvalidArgumentError
-from embeddb.routing import mix64
-from embeddb.trainer.data import (
+from embeddb.features import (
     ColumnSpec,
     DatasetSpec,
     FeaturePipeline,
@@ -23,8 +23,8 @@ from embeddb.trainer.data import (
     NumericColumn,
     hash_strings,
 )
-from embeddb.trainer.data.hashing import hash_fields, namespace_seed
-from embeddb.trainer.data.records import RecordStats
+from embeddb.features.hashing import hash_fields, namespace_seed
+from embeddb.features.records import RecordStats
 
 SPEC = ColumnSpec(
     ids=(IDColumn("user"), IDColumn("tags", separator="|")),
@@ -215,7 +215,7 @@ def test_long_strings_hash_like_the_reference_chain() -> None:
     assert value == int(hash_strings(np.array([long_id]), "user")[0])
     assert value != int(hash_strings([long_id[:-1]], "user")[0])
     # fields of any shape hash like the list of their bytes
-    from embeddb.trainer.data._fields import Fields
+    from embeddb.features._fields import Fields
 
     buf = np.frombuffer(b"".join(items[:40]), dtype=np.uint8)
     ends = np.cumsum([len(b) for b in items[:40]])
@@ -228,8 +228,8 @@ def test_long_strings_hash_like_the_reference_chain() -> None:
 # ----------------------------------------------------------------- the lenient export flag
 def test_lenient_records_is_a_job_key_and_a_model_json_field(tmp_path: Path) -> None:
     from embeddb.errors import ConfigError
-    from embeddb.trainer.job import JobConfig
-    from embeddb.trainer.serving.spec import ModelSpec, NonIdSpec
+    from embeddb.trainer.launcher.job import JobConfig
+    from embeddb.trainer.model_spec import ModelSpec, NonIdSpec
 
     job = tmp_path / "job.yaml"
     job.write_text("model: builtin:dnn\nexport_dir: model\nlenient_records: true\n")

@@ -10,11 +10,11 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from embeddb import wire
 from embeddb.config import EmbeddingConfig, OptimizerConfig, OptimizerKind, TableConfig
-from embeddb.rpc import RpcServer
+from embeddb.engine.shard import Shard
 from embeddb.server import SERVICE_NAME, ServerConfig, build_server
-from embeddb.shard import Shard
+from embeddb.transport import wire
+from embeddb.transport.rpc import RpcServer
 from embeddb.v1 import embeddb_pb2 as pb
 from embeddb.v1 import embeddb_pb2_grpc as pb_grpc
 

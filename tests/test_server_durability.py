@@ -21,13 +21,13 @@ from embeddb.cli import main
 from embeddb.client import AsyncClient, Client, ClientOptions
 from embeddb.config import EmbeddingConfig
 from embeddb.config.schema import store_from_keys
-from embeddb.durability import records
-from embeddb.durability.snapshot import Chunk, SnapshotReceiver, verify
+from embeddb.engine.durability import records
+from embeddb.engine.durability.snapshot import Chunk, SnapshotReceiver, verify
+from embeddb.engine.shard import Shard
 from embeddb.errors import CorruptDataError, InvalidArgumentError, PermissionDeniedError
-from embeddb.rpc import ListenConfig, RpcServer
-from embeddb.rpc.auth import Tokens
 from embeddb.server import ServerConfig, build_server
-from embeddb.shard import Shard
+from embeddb.transport.rpc import ListenConfig, RpcServer
+from embeddb.transport.rpc.auth import Tokens
 from embeddb.v1 import embeddb_pb2 as pb
 from embeddb.v1 import embeddb_pb2_grpc as pb_grpc
 from tests.conftest import one_table_config

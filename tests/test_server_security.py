@@ -18,14 +18,14 @@ from cryptography.x509.oid import NameOID
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from embeddb import wire
+from embeddb.common.secrets import read_token_file
 from embeddb.config import EmbeddingConfig, OptimizerConfig, OptimizerKind, TableConfig
+from embeddb.engine.shard import Shard
 from embeddb.errors import ConfigError
-from embeddb.rpc import ListenConfig, RpcServer
-from embeddb.rpc.auth import Role, Tokens
-from embeddb.secrets import read_token_file
 from embeddb.server import SERVICE_NAME, ServerConfig, build_server
-from embeddb.shard import Shard
+from embeddb.transport import wire
+from embeddb.transport.rpc import ListenConfig, RpcServer
+from embeddb.transport.rpc.auth import Role, Tokens
 from embeddb.v1 import embeddb_pb2 as pb
 from embeddb.v1 import embeddb_pb2_grpc as pb_grpc
 

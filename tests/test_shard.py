@@ -10,7 +10,9 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
+from embeddb.common.routing import shard_of
 from embeddb.config import EmbeddingConfig, RamTierConfig, StoreConfig, TableConfig
+from embeddb.engine.shard import Shard
 from embeddb.errors import (
     ConfigError,
     CorruptDataError,
@@ -20,8 +22,6 @@ from embeddb.errors import (
     TableNotFoundError,
     UnavailableError,
 )
-from embeddb.routing import shard_of
-from embeddb.shard import Shard
 from tests.conftest import MakeShard, ids, one_table_config, sgd
 
 UNIVERSE = np.arange(30, dtype=np.uint64)

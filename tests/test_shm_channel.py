@@ -1,5 +1,5 @@
 """The NN worker / embedding worker transport: pickled messages through a real pipe, their
-large buffers through shared-memory rings (:mod:`embeddb.trainer.shm_channel`)."""
+large buffers through shared-memory rings (:mod:`embeddb.trainer.embedding.channel`)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from embeddb.errors import ConfigError
-from embeddb.trainer.shm_channel import (
+from embeddb.trainer.embedding.channel import (
     MIN_RING_BYTES,
     RING_BYTES,
     RING_BYTES_ENV,

@@ -27,19 +27,19 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from embeddb import wire
 from embeddb.cli import main as cli
 from embeddb.cli.common import printable
+from embeddb.common.routing import ROUTING_ALGORITHM, Topology, shard_of
 from embeddb.config import EmbeddingConfig, OptimizerConfig, OptimizerKind
 from embeddb.config._checks import MAX_NAME_CHARS
-from embeddb.durability.topology import IDENTITY_FILE, TOPOLOGY_FILE, write_topology
+from embeddb.engine.durability.topology import IDENTITY_FILE, TOPOLOGY_FILE, write_topology
+from embeddb.engine.optim import Optimizer
+from embeddb.engine.shard import Shard
+from embeddb.engine.storage import DiskTier
 from embeddb.errors import ConfigError, CorruptDataError, OutOfRangeError
-from embeddb.optim import Optimizer
-from embeddb.routing import ROUTING_ALGORITHM, Topology, shard_of
 from embeddb.server.follower import Follower, FollowerOptions
 from embeddb.server.follower_config import SnapshotLimits
-from embeddb.shard import Shard
-from embeddb.storage import DiskTier
+from embeddb.transport import wire
 from embeddb.v1 import embeddb_pb2 as pb
 from embeddb.v1 import embeddb_pb2_grpc as pb_grpc
 from tests.conftest import one_table_config

@@ -25,9 +25,9 @@ from embeddb.config import (
     StoreConfig,
     TableConfig,
 )
-from embeddb.durability.fileio import FaultyIO, FileIO, Operation
+from embeddb.engine.durability.fileio import FaultyIO, FileIO, Operation
+from embeddb.engine.shard import Shard
 from embeddb.errors import StorageError, StorageFaultError, status_of
-from embeddb.shard import Shard
 
 
 def _two_tables(fsync: str = "always") -> EmbeddingConfig:

@@ -33,16 +33,16 @@ from click.testing import CliRunner
 
 from embeddb.cli import main
 from embeddb.client import Client
+from embeddb.common.routing import shard_of
 from embeddb.config import EmbeddingConfig
-from embeddb.durability import snapshot
-from embeddb.durability.reshard import reshard
-from embeddb.durability.snapshot import Chunk, SnapshotReader, SnapshotReceiver
+from embeddb.engine.durability import snapshot
+from embeddb.engine.durability.reshard import reshard
+from embeddb.engine.durability.snapshot import Chunk, SnapshotReader, SnapshotReceiver
+from embeddb.engine.shard import Shard
+from embeddb.engine.storage import DiskTier
+from embeddb.engine.storage.paths import confined_root, resolve_inside, walk_inside
 from embeddb.errors import CorruptDataError, InvalidArgumentError
-from embeddb.routing import shard_of
 from embeddb.server.follower import Follower, FollowerOptions
-from embeddb.shard import Shard
-from embeddb.storage import DiskTier
-from embeddb.storage.paths import confined_root, resolve_inside, walk_inside
 from embeddb.v1 import embeddb_pb2 as pb
 from embeddb.v1 import embeddb_pb2_grpc as pb_grpc
 from tests.conftest import one_table_config

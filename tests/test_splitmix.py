@@ -1,6 +1,7 @@
-"""Every compiled copy of the SplitMix64 mix equals :func:`embeddb.routing.mix64`.
+"""Every compiled copy of the SplitMix64 mix equals :func:`embeddb.common.routing.mix64`.
 
-The constants live once, in :mod:`embeddb.splitmix`; each numba module inlines the four-line mix
+The constants live once, in :mod:`embeddb.common.splitmix`; each numba module inlines the four-line
+mix
 on one id (numba freezes the constants when it compiles). These tests call each compiled copy,
 and the kernels built on it, on edge-case ids and compare with the numpy reference.
 """
@@ -14,9 +15,9 @@ import pytest
 
 from embeddb import _routing_kernel, initializers
 from embeddb.client import _kernels as client_kernels
+from embeddb.common.routing import SHARD_SALT, STRIPE_SALT, mix64
 from embeddb.config import InitializerConfig
-from embeddb.routing import SHARD_SALT, STRIPE_SALT, mix64
-from embeddb.storage import hash_index
+from embeddb.engine.storage import hash_index
 
 U64_MAX = (1 << 64) - 1
 EDGE_IDS = np.array(
@@ -29,9 +30,9 @@ EDGE_IDS = np.array(
 )
 
 COMPILED_MIXES: dict[str, Callable[[np.uint64], np.uint64]] = {
-    "embeddb._routing_kernel": _routing_kernel.mix,
-    "embeddb.initializers": initializers._mix,
-    "embeddb.storage.hash_index": hash_index._mix,
+    "embeddb.common._routing_kernel": _routing_kernel.mix,
+    "embeddb.engine.initializers": initializers._mix,
+    "embeddb.engine.storage.hash_index": hash_index._mix,
     "embeddb.client._kernels": client_kernels._mix,
 }
 

@@ -1,11 +1,11 @@
 """``embeddb train``'s steady-state rate: samples/s after the warm-up steps, reported apart from
-the start-up time (embeddb.trainer.rank)."""
+the start-up time (embeddb.trainer.launcher.rank)."""
 
 from __future__ import annotations
 
 import pytest
 
-from embeddb.trainer.rank import _WARMUP_STEPS, _steady
+from embeddb.trainer.launcher.rank import _WARMUP_STEPS, _steady
 
 
 def test_the_steady_rate_leaves_the_warm_up_steps_out() -> None:

@@ -11,9 +11,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from embeddb.config import EmbeddingConfig, UpdateLogConfig
+from embeddb.engine.initializers import initial_vectors, table_key
+from embeddb.engine.shard import Shard
 from embeddb.errors import CorruptDataError, StorageError
-from embeddb.initializers import initial_vectors, table_key
-from embeddb.shard import Shard
 from tests.conftest import MakeShard, ids, one_table_config, sgd
 
 

@@ -32,16 +32,16 @@ from embeddb.cli.app import main
 from embeddb.cli.torchserve import ENTRY_FILE, MODEL_CONFIG_FILE
 from embeddb.client import Client
 from embeddb.errors import ConfigError
-from embeddb.trainer import EmbeddingWorkerConfig, TrainCtx, TrainerConfig
-from embeddb.trainer.batch import Batch
-from embeddb.trainer.checkpoint import write_checkpoint
-from embeddb.trainer.serving import InferCtx
-from embeddb.trainer.serving.torchserve import (
+from embeddb.features.batch import Batch
+from embeddb.serving import InferCtx
+from embeddb.serving.torchserve import (
     SERVING_FILE,
     BadRequestError,
     EmbeddbHandler,
     ServingSettings,
 )
+from embeddb.trainer import EmbeddingWorkerConfig, TrainCtx, TrainerConfig
+from embeddb.trainer.checkpoints.files import write_checkpoint
 from tests.support import eventually, free_port
 from tests.trainer_harness import Shards, adult_config, adult_model, random_adult_batches
 from tests.trainer_harness import serve_shards as harness_shards
@@ -140,7 +140,7 @@ def test_the_archive_holds_the_model_an_entry_point_and_its_config(
         "addresses": exported.shards.addresses,
         "token_file": str((tmp_path / "ro.token").resolve()),
     }
-    assert "from embeddb.trainer.serving.torchserve import EmbeddbHandler" in entry
+    assert "from embeddb.serving.torchserve import EmbeddbHandler" in entry
     assert "from ." not in entry  # no relative import: TorchServe loads it as a top-level module
     props = (tmp_path / "adult.config.properties").read_text()
     assert f"model_store={tmp_path.resolve()}" in props

@@ -19,15 +19,15 @@ from click.testing import CliRunner
 from embeddb.cli import main as cli
 from embeddb.errors import ConfigError, UnavailableError
 from embeddb.trainer.errors import EmbeddingWorkerError, GradientPushFailedError
-from embeddb.trainer.failures import (
+from embeddb.trainer.launcher.failures import (
     StderrFilter,
     first_failure,
     is_transient,
     read_failures,
     write_failure,
 )
-from embeddb.trainer.job import JobConfig
-from embeddb.trainer.label_check import check_label_classes
+from embeddb.trainer.launcher.job import JobConfig
+from embeddb.trainer.launcher.label_check import check_label_classes
 from tests.test_trainer_launch import MODEL, ROOT, assert_all_gone, descendants
 
 CSV_JOB = """\

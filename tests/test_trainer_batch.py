@@ -1,4 +1,4 @@
-"""embeddb.trainer.batch: the layout of ID features, and validation at construction."""
+"""embeddb.features.batch: the layout of ID features, and validation at construction."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from embeddb.errors import InvalidArgumentError
-from embeddb.trainer.batch import (
+from embeddb.features.batch import (
     Batch,
     IDTypeFeature,
     IDTypeFeatureWithSingleID,

@@ -15,7 +15,11 @@ from torch import nn
 from embeddb.client import Client
 from embeddb.errors import InvalidArgumentError, NotFoundError
 from embeddb.trainer import TrainCtx, TrainerConfig
-from embeddb.trainer.checkpoint import latest_checkpoint, read_checkpoint, restore_local_shards
+from embeddb.trainer.checkpoints.files import (
+    latest_checkpoint,
+    read_checkpoint,
+    restore_local_shards,
+)
 from tests.trainer_harness import adult, adult_config, adult_model, serve_shards
 
 N, M, BATCH = 6, 6, 256

@@ -14,8 +14,8 @@ from embeddb.errors import ConfigError
 from embeddb.trainer import EmbeddingWorkerConfig, TrainCtx, TrainerConfig
 from embeddb.trainer import ctx as ctx_module
 from embeddb.trainer.cores import CoreBudget, available_cpus, core_budget, local_addresses
-from embeddb.trainer.job import JobConfig
-from embeddb.trainer.launch import rank_environ
+from embeddb.trainer.launcher.job import JobConfig
+from embeddb.trainer.launcher.launch import rank_environ
 from tests.trainer_harness import Shards, adult_config, adult_model, serve_shards
 
 MODEL = Path(__file__).resolve().parents[1] / "examples" / "adult" / "model.py"

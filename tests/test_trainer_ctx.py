@@ -18,9 +18,9 @@ import torch.multiprocessing as tmp
 from torch import nn
 
 from embeddb.client import Client
+from embeddb.common.evaluation import auc
 from embeddb.config import EmbeddingConfig
 from embeddb.errors import ConfigError, InvalidArgumentError
-from embeddb.evaluation import auc
 from embeddb.trainer import (
     Batch,
     DistEnv,

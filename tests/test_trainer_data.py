@@ -1,4 +1,4 @@
-"""embeddb.trainer.data: parsers, hashing, the dataset readers, the generic readers, the
+"""embeddb.features: parsers, hashing, the dataset readers, the generic readers, the
 synthetic generator and the AUC. Real data comes from ../shared/data when it is there."""
 
 from __future__ import annotations
@@ -14,10 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from embeddb.common.evaluation import auc, log_loss
 from embeddb.errors import ConfigError, CorruptDataError, InvalidArgumentError, NotFoundError
-from embeddb.evaluation import auc, log_loss
-from embeddb.trainer.batch import Batch, IDTypeFeatureWithSingleID
-from embeddb.trainer.data import (
+from embeddb.features import (
     AdultReader,
     ColumnSpec,
     CriteoConfig,
@@ -36,7 +35,8 @@ from embeddb.trainer.data import (
     ZipfSampler,
     hash_strings,
 )
-from embeddb.trainer.data._fields import Fields
+from embeddb.features._fields import Fields
+from embeddb.features.batch import Batch, IDTypeFeatureWithSingleID
 
 from .conftest import SHARED_DATA
 
@@ -139,7 +139,7 @@ def test_string_ids_are_pinned_and_equal_from_every_source() -> None:
 def test_string_ids_are_the_same_in_another_process() -> None:
     words = ["alpha", "β", "Self-emp-not-inc"]
     code = (
-        "from embeddb.trainer.data import hash_strings;"
+        "from embeddb.features import hash_strings;"
         f"print(hash_strings({words!r}, 'occupation').tolist())"
     )
     out = subprocess.run(
@@ -155,7 +155,7 @@ def test_string_ids_are_the_same_in_another_process() -> None:
 
 def test_data_modules_never_import_torch() -> None:
     code = (
-        "import sys, embeddb.trainer.data, embeddb.evaluation, embeddb.trainer.batch;"
+        "import sys, embeddb.features, embeddb.common.evaluation, embeddb.features.batch;"
         "print('torch' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
@@ -577,7 +577,7 @@ def test_auc_matches_the_pairwise_definition_with_ties() -> None:
 def test_docstring_examples_run() -> None:
     import doctest
 
-    from embeddb.trainer.data import hashing, synthetic
+    from embeddb.features import hashing, synthetic
 
     for module in (hashing, synthetic):
         result = doctest.testmod(module, extraglobs={"np": np})

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from embeddb.errors import ConfigError
-from embeddb.trainer.checkpoint import latest_checkpoint
-from embeddb.trainer.job import JobConfig
-from embeddb.trainer.launch import torchrun_command
+from embeddb.trainer.checkpoints.files import latest_checkpoint
+from embeddb.trainer.launcher.job import JobConfig
+from embeddb.trainer.launcher.launch import torchrun_command
 from tests.conftest import SHARED_DATA
 from tests.support import eventually
 
@@ -77,7 +77,7 @@ def test_the_token_file_is_checked_when_the_job_loads(tmp_path: Path) -> None:
     assert job.read_token() == RW_TOKEN
     assert RW_TOKEN not in repr(job)
     from embeddb.trainer.config import TrainerConfig
-    from embeddb.trainer.embedding_worker import EmbeddingWorkerConfig
+    from embeddb.trainer.embedding.worker import EmbeddingWorkerConfig
 
     config = TrainerConfig(worker=EmbeddingWorkerConfig(token=job.read_token()))
     assert config.embedding_worker().token == RW_TOKEN
@@ -99,9 +99,9 @@ def test_the_token_file_is_checked_when_the_job_loads(tmp_path: Path) -> None:
 def token_shard(tmp_path: Path) -> Iterator[str]:
     """One Adult shard on port 0 that requires bearer tokens (the job's is its rw token)."""
     from embeddb.config import EmbeddingConfig
-    from embeddb.rpc import ListenConfig, Tokens
+    from embeddb.engine.shard import Shard
     from embeddb.server import ServerConfig, build_server
-    from embeddb.shard import Shard
+    from embeddb.transport.rpc import ListenConfig, Tokens
 
     config = EmbeddingConfig.from_yaml(
         JobConfig.from_yaml(write_job(tmp_path)).embedding_config_path()
@@ -143,7 +143,7 @@ def test_a_job_with_its_token_file_trains_checkpoints_and_predicts_on_shards_req
 def test_local_shards_of_a_job_with_a_token_file_require_its_token(tmp_path: Path) -> None:
     from embeddb.client import Client, ClientOptions
     from embeddb.errors import UnauthenticatedError
-    from embeddb.trainer.launch import _shards
+    from embeddb.trainer.launcher.launch import _shards
 
     private_file(tmp_path / "rw.token", RW_TOKEN)
     job = JobConfig.from_yaml(write_job(tmp_path, token_file="rw.token"))
@@ -198,7 +198,10 @@ def rank_pid(launcher: int, local_rank: int) -> int | None:
             environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"embeddb.trainer.run" in cmdline and f"LOCAL_RANK={local_rank}".encode() in environ:
+        if (
+            b"embeddb.trainer.launcher.run" in cmdline
+            and f"LOCAL_RANK={local_rank}".encode() in environ
+        ):
             return pid
     return None
 
@@ -432,7 +435,7 @@ def test_the_criteo_and_movielens_examples_train_and_predict(example: str) -> No
 def test_torchruns_noise_is_filtered() -> None:
     import io
 
-    from embeddb.trainer.launch import StderrFilter
+    from embeddb.trainer.launcher.launch import StderrFilter
 
     noise = (
         "W1124 20:00:00.000000 123 torch/distributed/run.py:793] *****\n"

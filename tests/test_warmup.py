@@ -48,7 +48,9 @@ def test_after_warm_up_core_shard_traffic_compiles_nothing(tmp_path: Path) -> No
     # the same traffic does reach kernels: the client's, which this warm-up leaves alone
     assert any(_is_client(k) for k in report["added"])
     # read-only ids (decoded from a request) are a signature of their own
-    assert any("'C', True" in s for s in report["warm"]["embeddb.storage.hash_index.partition"])
+    assert any(
+        "'C', True" in s for s in report["warm"]["embeddb.engine.storage.hash_index.partition"]
+    )
 
 
 def test_after_warm_up_client_client_traffic_compiles_nothing(tmp_path: Path) -> None:
@@ -57,8 +59,8 @@ def test_after_warm_up_client_client_traffic_compiles_nothing(tmp_path: Path) ->
     assert not missed, f"signatures warm_up_client() does not compile: {missed}"
     # without the core warm-up the traffic compiles core kernels, read-only ids included
     core = {k: v for k, v in report["added"].items() if not _is_client(k)}
-    assert "embeddb.optim.kernels.apply_rows" in core
-    assert any("'C', True" in s for s in core["embeddb.storage.hash_index.partition"])
+    assert "embeddb.engine.optim.kernels.apply_rows" in core
+    assert any("'C', True" in s for s in core["embeddb.engine.storage.hash_index.partition"])
 
 
 @pytest.mark.slow
@@ -67,7 +69,7 @@ def test_a_cache_filled_by_one_process_serves_every_kernel_of_the_next(tmp_path:
     cache = tmp_path / "numba-cache"
     script = (
         "import json\n"
-        "from embeddb.warmup import warm_up_core\n"
+        "from embeddb.engine.warmup import warm_up_core\n"
         "from embeddb.client import warm_up_client\n"
         "from tests.warmup_traffic import dispatchers\n"
         "warm_up_core(); warm_up_client()\n"
@@ -90,15 +92,16 @@ def test_a_cache_filled_by_one_process_serves_every_kernel_of_the_next(tmp_path:
         runs.append(json.loads(proc.stdout.splitlines()[-1]))
     build, start = runs
     compiled = {k for k, (_, misses) in build.items() if misses}
-    assert "embeddb.storage.hash_index.lookup_gather" in compiled  # the empty cache compiled
+    assert "embeddb.engine.storage.hash_index.lookup_gather" in compiled  # the empty cache compiled
     assert {k for k, (_, misses) in start.items() if misses} == set()
     loaded = {k for k, (hits, _) in start.items() if hits}
-    assert {"embeddb.optim.kernels.apply_rows", "embeddb.client._kernels.dedup"} <= loaded
+    assert {"embeddb.engine.optim.kernels.apply_rows", "embeddb.client._kernels.dedup"} <= loaded
 
 
 @pytest.mark.parametrize("dockerfile", ["Dockerfile", "Dockerfile.trainer"])
 def test_images_ship_the_kernels_compiled_at_build_time(dockerfile: str) -> None:
-    """The image's stage installs the wheel, then compiles every kernel (embeddb.warmup) of the
+    """The image's stage installs the wheel, then compiles every kernel (embeddb.engine.warmup) of
+    the
     installed package into NUMBA_CACHE_DIR and gives that directory to the image's user (numba
     ignores a cache directory it cannot write to, and compiles again in every process)."""
     _, wheel, image = re.split(r"^FROM .*$", (ROOT / "docker" / dockerfile).read_text(), flags=re.M)

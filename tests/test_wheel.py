@@ -222,7 +222,7 @@ def test_the_wheel_ships_every_file_of_the_package_and_nothing_else(
         meta = wheel.read(f"{info}.dist-info/METADATA").decode()
         licence = wheel.read(f"{info}.dist-info/licenses/LICENSE").decode()
     assert {n for n in names if not n.startswith(f"{info}.dist-info/")} == want
-    assert "embeddb/rpc/__init__.py" in want and "embeddb/proto/buf.yaml" in want
+    assert "embeddb/transport/rpc/__init__.py" in want and "embeddb/proto/buf.yaml" in want
     assert f"Name: {DIST}\n" in meta
     assert "License-Expression: Apache-2.0 AND CC-BY-4.0\n" in meta
     assert "Apache License" in licence and "Version 2.0, January 2004" in licence
@@ -463,7 +463,7 @@ class Context:
     system_properties = {"model_dir": sys.argv[1], "gpu_id": None, "batch_size": 4}
 assert embeddb_handler.handle(None, Context()) is None
 out = embeddb_handler.handle([{"body": sys.argv[2].encode()}], None)
-handler = sys.modules["embeddb.trainer.serving.torchserve"].__file__
+handler = sys.modules["embeddb.serving.torchserve"].__file__
 print(json.dumps({"scores": out[0], "handler": handler}))
 """
 

@@ -9,8 +9,8 @@ from google.protobuf.message import DecodeError
 from hypothesis import given
 from hypothesis import strategies as st
 
-from embeddb import wire
 from embeddb.errors import InvalidArgumentError, ResourceExhaustedError
+from embeddb.transport import wire
 from embeddb.v1 import embeddb_pb2 as pb
 
 

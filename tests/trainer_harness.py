@@ -1,5 +1,5 @@
 """Shared helpers of the trainer tests: shards served in-process on port 0, the Adult data as
-Batch objects (built here, independent of embeddb.trainer.data), and a small dense model."""
+Batch objects (built here, independent of embeddb.features), and a small dense model."""
 
 from __future__ import annotations
 
@@ -17,10 +17,10 @@ import numpy.typing as npt
 
 from embeddb.config import EmbeddingConfig
 from embeddb.datasets.adult import AdultTable, load_adult
-from embeddb.rpc import RpcServer
+from embeddb.engine.shard import Shard
+from embeddb.features.batch import Batch, IDTypeFeatureWithSingleID, Label, NonIDTypeFeature
 from embeddb.server import ServerConfig, build_server
-from embeddb.shard import Shard
-from embeddb.trainer.batch import Batch, IDTypeFeatureWithSingleID, Label, NonIDTypeFeature
+from embeddb.transport.rpc import RpcServer
 
 
 @dataclass

@@ -33,7 +33,7 @@ from embeddb.config import (
     StoreConfig,
     TableConfig,
 )
-from embeddb.shard import Shard
+from embeddb.engine.shard import Shard
 
 Signatures = dict[str, list[str]]
 
@@ -170,7 +170,7 @@ def _over_grpc(config: EmbeddingConfig, root: Path) -> None:
 def main(mode: str, root: Path) -> None:
     kernels = dispatchers()
     if mode == "core":
-        from embeddb.warmup import warm_up_core
+        from embeddb.engine.warmup import warm_up_core
 
         warm_up_core()
     elif mode == "client":

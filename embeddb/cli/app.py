@@ -15,7 +15,7 @@ from embeddb import __version__
 from embeddb.cli.envvars import from_environment
 from embeddb.cli.logs import configure_logging, json_record
 from embeddb.cli.options import LOG_FORMAT_CHOICE, LOG_LEVELS
-from embeddb.progress import export_quiet
+from embeddb.common.progress import export_quiet
 
 __all__ = ["COMMANDS", "main"]
 

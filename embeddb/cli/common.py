@@ -24,10 +24,10 @@ from typing import Any
 import click
 
 from embeddb.cli.logs import configure_logging
+from embeddb.common.secrets import read_token_file
 from embeddb.config import EmbeddingConfig, StoreConfig
 from embeddb.errors import EmbeddbError
-from embeddb.rpc.auth import Tokens
-from embeddb.secrets import read_token_file
+from embeddb.transport.rpc.auth import Tokens
 
 __all__ = [
     "channel_credentials",
@@ -93,7 +93,7 @@ def read_bytes(path: Path | None) -> bytes | None:
 
 
 def read_token(path: Path | None) -> str | None:
-    """The bearer token of a client token file (``embeddb.secrets.read_token_file``)."""
+    """The bearer token of a client token file (``embeddb.common.secrets.read_token_file``)."""
     if path is None:
         return None
     try:

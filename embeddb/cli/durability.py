@@ -10,8 +10,8 @@ import click
 from embeddb.cli.common import load_config, printable
 from embeddb.cli.options import DIRECTORY, config_option, data_dir_option
 from embeddb.cli.target import Target, connect, target_options
+from embeddb.common.progress import Progress
 from embeddb.errors import EmbeddbError
-from embeddb.progress import Progress
 
 __all__ = ["reshard", "restore", "snapshot_command"]
 
@@ -94,8 +94,8 @@ def reshard(source: Path, target: Path, num_shards: int, snapshot_id: str, chunk
     --num-shards NUM_SHARDS to recover from the new snapshots. The source shards must be
     stopped: a directory a running process holds is refused, naming its pid.
     """
-    from embeddb.durability.reshard import ReshardProgress
-    from embeddb.durability.reshard import reshard as run_reshard
+    from embeddb.engine.durability.reshard import ReshardProgress
+    from embeddb.engine.durability.reshard import reshard as run_reshard
 
     click.echo(f"resharding snapshot {snapshot_id!r} of {source} into {num_shards} shards ...")
     with Progress("reshard", unit="rows") as progress:
@@ -145,10 +145,10 @@ def restore(
     after the snapshot is kept aside in log.before-restore-<time>, not deleted. Without
     --snapshot, lists the directory's snapshots.
     """
-    from embeddb.durability import snapshot as snapshots
-    from embeddb.durability.dirlock import DirectoryLock
-    from embeddb.shard import Shard
-    from embeddb.shard_recovery import Restore
+    from embeddb.engine.durability import snapshot as snapshots
+    from embeddb.engine.durability.dirlock import DirectoryLock
+    from embeddb.engine.recovery import Restore
+    from embeddb.engine.shard import Shard
 
     if snapshot_id is None:
         listed = snapshots.list_snapshots(data_dir / "snapshots")

@@ -24,9 +24,9 @@ from typing import Any
 import click
 import numpy as np
 
-from embeddb.arrays import F32, U64
 from embeddb.cli.common import printable, reported_errors
 from embeddb.cli.target import ShardPlace, Target, connect, shard_place, target_options
+from embeddb.common.arrays import F32, U64
 
 __all__ = ["peek", "scan", "stats", "tables"]
 
@@ -124,7 +124,7 @@ def stats(target: Target, fmt: str) -> None:
 def peek(target: Target, table: str, fmt: str, ids: tuple[int, ...]) -> None:
     """Print the vectors of IDS (an evaluation lookup: nothing is inserted or refreshed; ids
     stored nowhere read as zeros). With one shard of a larger cluster, the ids it owns."""
-    from embeddb.routing import shard_of
+    from embeddb.common.routing import shard_of
 
     id_arr = np.array(ids, dtype=np.uint64)
     with connect(target) as client, reported_errors():

@@ -7,7 +7,7 @@
 
 with ``"exception"`` (the formatted traceback, newlines escaped) when the record carries one and
 ``"stack"`` for ``stack_info``. Only the standard library is used. ``--quiet`` raises the level
-to at least ``warning`` and turns progress reports off (:mod:`embeddb.progress`).
+to at least ``warning`` and turns progress reports off (:mod:`embeddb.common.progress`).
 
 The handler is installed on the root logger only when nothing else configured logging (a real
 ``embeddb`` process); a host that did (pytest, an application embedding the CLI) keeps its own.
@@ -130,7 +130,7 @@ def json_line(line: str, logger: str, level: str) -> str:
 def json_shard_line(line: str) -> str:
     """A line ``embeddb cluster`` relays from a shard (``[shard i] ...``) as one JSON line:
     a JSON object gains ``"shard": i``; any other text becomes a record of logger
-    ``embeddb.shard`` whose message is the text."""
+    ``embeddb.engine.shard`` whose message is the text."""
     found = _SHARD_PREFIX.match(line.rstrip("\n"))
     shard, text = (int(found.group(1)), found.group(2)) if found else (None, line.rstrip("\n"))
     try:
@@ -141,7 +141,7 @@ def json_shard_line(line: str) -> str:
         doc = {
             "time": utc_time(time.time()),
             "level": "INFO",
-            "logger": "embeddb.shard",
+            "logger": "embeddb.engine.shard",
             "message": text,
         }
     if shard is not None:

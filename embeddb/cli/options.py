@@ -16,7 +16,7 @@ Groups (the parameter names the command function receives):
     tokens_options       --tokens-file, --tokens-from-env: the bearer tokens a server accepts
     listen_options       --host, a port, the metrics options, the TLS options and the tokens
                          options of a server, gathered into one :class:`ListenArgs` (listen)
-                         whose ``config()`` is the server's ``embeddb.rpc.ListenConfig``
+                         whose ``config()`` is the server's ``embeddb.transport.rpc.ListenConfig``
     client_auth_options  --[PREFIX]token-file, --[PREFIX]tls-ca, --[PREFIX]tls-server-name:
                          how a command or a server reaches other shards
 """
@@ -33,7 +33,7 @@ import click
 
 from embeddb.cli.common import read_bytes, server_tokens
 from embeddb.cli.logs import LOG_FORMATS
-from embeddb.rpc.listen import ListenConfig
+from embeddb.transport.rpc.listen import ListenConfig
 
 __all__ = [
     "DEFAULT_PORT",
@@ -240,7 +240,7 @@ class ListenArgs:
         Raises:
             click.ClickException: a PEM file cannot be read.
             ConfigError: the tokens are unreadable, malformed or empty, or see
-                :class:`~embeddb.rpc.listen.ListenConfig`.
+                :class:`~embeddb.transport.rpc.listen.ListenConfig`.
         """
         return ListenConfig(
             host=self.host,

@@ -91,7 +91,7 @@ def populate(target: Target, table: str, fmt: str | None, batch_rows: int, file:
     row is one error naming its line, and nothing is written. FILE - reads standard input,
     which is buffered in a temporary file for the two passes.
     """
-    from embeddb.progress import Progress
+    from embeddb.common.progress import Progress
 
     fmt = _format_of(file, fmt)
     name = "<stdin>" if str(file) == "-" else file.name

@@ -27,7 +27,7 @@ from typing import IO, Any
 
 import numpy as np
 
-from embeddb.arrays import F32, I64, U64
+from embeddb.common.arrays import F32, I64, U64
 from embeddb.errors import InvalidArgumentError
 
 __all__ = ["FORMATS", "Block", "first_duplicate", "read_blocks"]

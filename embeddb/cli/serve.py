@@ -452,8 +452,8 @@ def serve_model(
         raise click.UsageError("--shard-token-file and --shard-tls-ca need shards to reach")
     listen.check()
     try:
-        from embeddb.trainer.serving.daemon import ModelDaemonOptions, run_model_server
-        from embeddb.trainer.serving.server import ModelServerConfig
+        from embeddb.serving.daemon import ModelDaemonOptions, run_model_server
+        from embeddb.serving.server import ModelServerConfig
     except ImportError as exc:
         raise click.ClickException(f"embeddb serve-model needs the trainer extra: {exc}") from exc
     check_bindable(listen.host, listen.port)

@@ -43,7 +43,7 @@ def demo(
     from dataclasses import replace
 
     from embeddb.demo import run_demo
-    from embeddb.shard import Shard
+    from embeddb.engine.shard import Shard
 
     try:
         config = (
@@ -96,7 +96,7 @@ def demo(
 )
 @click.pass_context
 def train(ctx: click.Context, job: Path, predict: int) -> None:
-    """Train the job in JOB (YAML; schema in embeddb/trainer/job.py): start local shards
+    """Train the job in JOB (YAML; schema in embeddb/trainer/launcher/job.py): start local shards
     (unless the job lists addresses), the NN workers under torchrun, show progress, evaluate.
     A job whose checkpoint_dir holds its last epoch says so and trains nothing (it still
     exports and predicts). Ctrl-C stops every process it started (exit code 130). Needs the
@@ -105,14 +105,14 @@ def train(ctx: click.Context, job: Path, predict: int) -> None:
     With --log-format json every line on stdout and stderr is one JSON object: the
     launcher's lines, the ranks' and the shards' (relayed), the fatal error."""
     try:
-        from embeddb.trainer.launch import launch
+        from embeddb.trainer.launcher.launch import launch
     except ImportError as exc:  # pragma: no cover - the launcher itself needs no torch
         raise click.ClickException(f"embeddb train needs the trainer extra: {exc}") from exc
     json_logs = ctx.find_root().params.get("log_format") == "json"
 
     def echo(line: str) -> None:
         if json_logs:
-            line = json_record(line, logger="embeddb.trainer.launch")
+            line = json_record(line, logger="embeddb.trainer.launcher.launch")
         elif line.startswith("interrupted") and _on_terminal():
             line = "\n" + line  # after the progress bar's line
         click.echo(line)

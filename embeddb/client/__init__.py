@@ -1,7 +1,7 @@
 """embeddb client SDK, installed as ``embeddb.client``.
 
 A client knows every shard's address (shard ``i`` is ``addresses[i]``), routes each id with
-:func:`embeddb.routing.shard_of`, deduplicates every batch once and talks to the shards in
+:func:`embeddb.common.routing.shard_of`, deduplicates every batch once and talks to the shards in
 parallel over one gRPC channel each. Before its first call it asks every shard once which shard
 of how many it is (``DescribeShard``): a wrong address list raises ``ConfigError`` before
 anything is sent, and every request is sized to fit the shards' limits. Errors come back as
@@ -42,12 +42,18 @@ from __future__ import annotations
 if __name__ != "embeddb.client":  # the top-level folder is a link, not a second package
     raise ImportError(f"import embeddb.client, not {__name__}")
 
-from .aio import AsyncClient
-from .errors import DeadlineExceededError, RemoteError
-from .options import ClientOptions, SimulatedNetwork, read_address_file
-from .plans import CheckpointPart, ListedSnapshot, PushResult, ShardStatsDict, TableDescription
-from .sync import Client
-from .warmup import warm_up_client
+from embeddb.client.aio import AsyncClient
+from embeddb.client.errors import DeadlineExceededError, RemoteError
+from embeddb.client.options import ClientOptions, SimulatedNetwork, read_address_file
+from embeddb.client.plans import (
+    CheckpointPart,
+    ListedSnapshot,
+    PushResult,
+    ShardStatsDict,
+    TableDescription,
+)
+from embeddb.client.sync import Client
+from embeddb.client.warmup import warm_up_client
 
 __all__ = [
     "AsyncClient",

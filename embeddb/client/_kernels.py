@@ -12,7 +12,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from embeddb._routing_kernel import mix as _mix
+from embeddb.common._routing_kernel import mix as _mix
 
 __all__ = ["dedup", "last_rows", "sum_rows"]
 

@@ -23,13 +23,11 @@ import grpc.aio
 import numpy as np
 import numpy.typing as npt
 
-from embeddb.errors import UnavailableError
-
-from . import netsim, plans, topology
-from .base import ClientBase
-from .batching import Budget, IdBatch, as_matrix
-from .options import ClientOptions, read_address_file
-from .plans import (
+from embeddb.client import netsim, plans, topology
+from embeddb.client.base import ClientBase
+from embeddb.client.batching import Budget, IdBatch, as_matrix
+from embeddb.client.options import ClientOptions, read_address_file
+from embeddb.client.plans import (
     CheckpointPart,
     ListedSnapshot,
     Plan,
@@ -38,8 +36,9 @@ from .plans import (
     ShardStatsDict,
     TableDescription,
 )
-from .stubs import store_stub
-from .sync import SCAN_PAGE_ROWS, SNAPSHOT_TIMEOUT
+from embeddb.client.stubs import store_stub
+from embeddb.client.sync import SCAN_PAGE_ROWS, SNAPSHOT_TIMEOUT
+from embeddb.errors import UnavailableError
 
 __all__ = ["AsyncClient"]
 

@@ -11,12 +11,11 @@ from collections.abc import Sequence
 
 import grpc
 
-import embeddb.allocator as allocator
-
-from .batching import Budget
-from .calls import ShardCall
-from .errors import translate_rpc_error
-from .options import ClientOptions, check_addresses
+import embeddb.common.allocator as allocator
+from embeddb.client.batching import Budget
+from embeddb.client.calls import ShardCall
+from embeddb.client.errors import translate_rpc_error
+from embeddb.client.options import ClientOptions, check_addresses
 
 __all__ = ["ClientBase"]
 

@@ -50,11 +50,10 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from embeddb.arrays import IntP
+from embeddb.client import _kernels
+from embeddb.common.arrays import IntP
+from embeddb.common.routing import as_ids, split_by_shard
 from embeddb.errors import InvalidArgumentError
-from embeddb.routing import as_ids, split_by_shard
-
-from . import _kernels
 
 __all__ = ["Budget", "IdBatch", "Part", "as_matrix", "split_many"]
 
@@ -122,7 +121,7 @@ class IdBatch:
 
     @classmethod
     def of(cls, ids: object) -> IdBatch:
-        """Deduplicate ``ids`` (validated with :func:`embeddb.routing.as_ids`).
+        """Deduplicate ``ids`` (validated with :func:`embeddb.common.routing.as_ids`).
 
         An ``IdBatch`` is returned as it is: a batch deduplicated once (e.g. by
         :meth:`distinct`, or an earlier ``of``) is not deduplicated again.

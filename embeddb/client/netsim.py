@@ -25,7 +25,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from .options import SimulatedNetwork
+from embeddb.client.options import SimulatedNetwork
 
 __all__ = ["Link", "link_of", "message_bytes"]
 
@@ -37,8 +37,10 @@ _VIEW_OVERHEAD = 16  # bytes of tags, lengths, dtype and shape of one parsed ten
 def message_bytes(message: object) -> int:
     """The serialized size of a request or response, in bytes.
 
-    Generated messages and :class:`embeddb.wire.Encoded` report their ``ByteSize()``; lookup
-    answers parsed without a copy (``embeddb.wire.LookupResponseView``, a ``vectors`` tensor
+    Generated messages and :class:`embeddb.transport.wire.Encoded` report their ``ByteSize()``;
+    lookup
+    answers parsed without a copy (``embeddb.transport.wire.LookupResponseView``, a ``vectors``
+    tensor
     view, and ``LookupManyResponseView``, a list of them in ``results``) count their tensors'
     payloads plus a few bytes of framing each. Anything else counts 0.
     """

@@ -16,9 +16,8 @@ from typing import Any
 
 import grpc
 
+from embeddb.client.errors import UNAVAILABLE_STATUSES
 from embeddb.errors import ConfigError
-
-from .errors import UNAVAILABLE_STATUSES
 
 __all__ = [
     "ClientOptions",
@@ -139,7 +138,7 @@ class ClientOptions:
         token: sent as ``authorization: Bearer <token>`` metadata on every call.
         tune_allocator: raise glibc's mmap and trim thresholds for this process, so the
             buffers of large answers are reused instead of page-faulted in on every call (see
-            :mod:`embeddb.allocator`).
+            :mod:`embeddb.common.allocator`).
         verify_topology: before its first call of any kind, the client asks every shard (once,
             in parallel) which shard of how many it is and how it routes ids, and raises
             ``ConfigError`` naming the address if shard ``i`` is not ``addresses[i]`` of
@@ -280,7 +279,8 @@ def read_address_file(path: str | os.PathLike[str]) -> tuple[str, ...]:
 def parse_addresses(values: Sequence[str], key: str = "--addresses") -> tuple[str, ...]:
     """The shard addresses that ``values`` name, in order: each value is a comma-separated
     ``HOST:PORT`` list or ``@FILE``, a cluster address file (:func:`read_address_file`). The
-    one spelling of every command's ``--addresses`` (the CLI's and ``embeddb.trainer.run``'s).
+    one spelling of every command's ``--addresses`` (the CLI's and
+    ``embeddb.trainer.launcher.run``'s).
 
     Raises:
         ConfigError: no address, an item that is not ``HOST:PORT``, or a bad address file.

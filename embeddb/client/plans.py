@@ -20,15 +20,11 @@ from typing import Any, TypedDict, TypeVar
 import numpy as np
 import numpy.typing as npt
 
-import embeddb.wire as wire
-from embeddb.arrays import F32
-from embeddb.errors import InvalidArgumentError, TableNotFoundError, UnavailableError
-from embeddb.v1 import embeddb_pb2 as pb
-
-from .batching import Budget, IdBatch, Part, as_matrix, split_many
-from .calls import Plan, ShardCall
-from .options import ClientOptions
-from .snapshots import (
+import embeddb.transport.wire as wire
+from embeddb.client.batching import Budget, IdBatch, Part, as_matrix, split_many
+from embeddb.client.calls import Plan, ShardCall
+from embeddb.client.options import ClientOptions
+from embeddb.client.snapshots import (
     CheckpointPart,
     ListedSnapshot,
     list_snapshots,
@@ -36,7 +32,10 @@ from .snapshots import (
     snapshot,
     snapshot_error,
 )
-from .topology import ID_COST, lookup_cost, push_cost
+from embeddb.client.topology import ID_COST, lookup_cost, push_cost
+from embeddb.common.arrays import F32
+from embeddb.errors import InvalidArgumentError, TableNotFoundError, UnavailableError
+from embeddb.v1 import embeddb_pb2 as pb
 
 __all__ = [
     "CheckpointPart",

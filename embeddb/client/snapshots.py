@@ -8,10 +8,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from embeddb.client.calls import Plan, ShardCall
 from embeddb.errors import EmbeddbError
 from embeddb.v1 import embeddb_pb2 as pb
-
-from .calls import Plan, ShardCall
 
 __all__ = [
     "CheckpointPart",

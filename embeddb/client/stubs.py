@@ -1,6 +1,7 @@
 """The ``EmbeddingStore`` stub both clients use: generated, except that ``Lookup`` and
 ``LookupMany`` answers are parsed without copying the vectors
-(:func:`embeddb.wire.parse_lookup_response`, :func:`embeddb.wire.parse_lookup_many_response`)."""
+(:func:`embeddb.transport.wire.parse_lookup_response`,
+:func:`embeddb.transport.wire.parse_lookup_many_response`)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 import grpc
 import grpc.aio
 
-import embeddb.wire as wire
+import embeddb.transport.wire as wire
 from embeddb.v1 import embeddb_pb2 as pb
 from embeddb.v1 import embeddb_pb2_grpc as pb_grpc
 

@@ -21,13 +21,11 @@ import grpc
 import numpy as np
 import numpy.typing as npt
 
-from embeddb.errors import UnavailableError
-
-from . import netsim, plans, topology
-from .base import ClientBase
-from .batching import Budget, IdBatch, as_matrix
-from .options import ClientOptions, read_address_file
-from .plans import (
+from embeddb.client import netsim, plans, topology
+from embeddb.client.base import ClientBase
+from embeddb.client.batching import Budget, IdBatch, as_matrix
+from embeddb.client.options import ClientOptions, read_address_file
+from embeddb.client.plans import (
     CheckpointPart,
     ListedSnapshot,
     Plan,
@@ -36,7 +34,8 @@ from .plans import (
     ShardStatsDict,
     TableDescription,
 )
-from .stubs import store_stub
+from embeddb.client.stubs import store_stub
+from embeddb.errors import UnavailableError
 
 __all__ = ["SCAN_PAGE_ROWS", "SNAPSHOT_TIMEOUT", "Client"]
 
@@ -49,7 +48,7 @@ SNAPSHOT_TIMEOUT = 600.0  # seconds a shard may take to write a snapshot, by def
 class Client(ClientBase):
     """A blocking client of a sharded embeddb cluster; safe to share between threads.
 
-    Ids are routed with :func:`embeddb.routing.shard_of`: shard ``i`` is ``addresses[i]``.
+    Ids are routed with :func:`embeddb.common.routing.shard_of`: shard ``i`` is ``addresses[i]``.
     Before its first call of any kind the client checks that (``verify_topology``): every shard
     is asked, once and in parallel, which shard of how many it is, how it routes and what it
     accepts, and a wrong address list raises ``ConfigError`` before anything else is sent.

@@ -2,8 +2,9 @@
 No I/O.
 
 **Topology.** Shard ``i`` of a client's address list must call itself shard ``i`` of
-``len(addresses)`` and route ids with :data:`embeddb.routing.ROUTING_ALGORITHM` and
-:data:`~embeddb.routing.SHARD_SALT`; otherwise the client would send ids to shards that do not own
+``len(addresses)`` and route ids with :data:`embeddb.common.routing.ROUTING_ALGORITHM` and
+:data:`~embeddb.common.routing.SHARD_SALT`; otherwise the client would send ids to shards that do
+not own
 them. Shards refuse such ids themselves, but only shard by shard: a client that checks every
 shard first sends nothing at all to a misconfigured cluster. :func:`shard_limits` names the first
 wrong address, what it serves and what the client expected.
@@ -34,14 +35,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from embeddb.client.batching import Budget
+from embeddb.client.calls import ShardCall
+from embeddb.client.options import ClientOptions
+from embeddb.common.routing import ROUTING_ALGORITHM, SHARD_SALT
 from embeddb.errors import ConfigError
-from embeddb.routing import ROUTING_ALGORITHM, SHARD_SALT
+from embeddb.transport.wire import row_bytes
 from embeddb.v1 import embeddb_pb2 as pb
-from embeddb.wire import row_bytes
-
-from .batching import Budget
-from .calls import ShardCall
-from .options import ClientOptions
 
 __all__ = [
     "DEFAULT_LIMITS",

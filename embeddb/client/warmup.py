@@ -7,8 +7,8 @@ call with a new signature (argument types, read-only arrays included). An embedd
 the first training batch pays for none of it. The calls go through :class:`.batching.IdBatch`,
 the path every client method takes, with writable and read-only arrays (what
 ``np.frombuffer`` gives a process that reads batches from a buffer). The routing kernel
-(:func:`embeddb.routing.first_foreign`) is warmed too, for processes that check ownership.
-The server's kernels: :func:`embeddb.warmup.warm_up_core`.
+(:func:`embeddb.common.routing.first_foreign`) is warmed too, for processes that check ownership.
+The server's kernels: :func:`embeddb.engine.warmup.warm_up_core`.
 """
 
 from __future__ import annotations
@@ -17,9 +17,8 @@ import time
 
 import numpy as np
 
-from embeddb.routing import first_foreign
-
-from .batching import IdBatch
+from embeddb.client.batching import IdBatch
+from embeddb.common.routing import first_foreign
 
 __all__ = ["warm_up_client"]
 

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from embeddb.common.routing import as_ids, hash_stack, with_group_prefix
 from embeddb.config._checks import (
     MAX_PREFIX_BITS,
     as_bool,
@@ -31,7 +32,6 @@ from embeddb.config._checks import (
 )
 from embeddb.config.store import StoreConfig
 from embeddb.errors import ConfigError, TableNotFoundError
-from embeddb.routing import as_ids, hash_stack, with_group_prefix
 
 __all__ = [
     "INITIALIZER_PARAMS",
@@ -321,7 +321,7 @@ class FeatureConfig:
         Without a hash stack each id keeps its low ``64 - prefix_bits`` bits and gets the group
         index in its top ``prefix_bits`` bits, so features of one group share an id space and
         different groups never collide. With a hash stack each id becomes ``hash_stack_rounds``
-        bucket ids (see :func:`embeddb.routing.hash_stack`), each prefixed the same way.
+        bucket ids (see :func:`embeddb.common.routing.hash_stack`), each prefixed the same way.
 
         Args:
             ids: 1-D array of non-negative integer feature ids.

@@ -42,7 +42,7 @@ _MAX_STRIPES = 64
 
 class FsyncPolicy(str, enum.Enum):
     """When the update log fsyncs an appended record (YAML ``store.fsync``; the loss windows
-    are in :mod:`embeddb.durability.log`)."""
+    are in :mod:`embeddb.engine.durability.log`)."""
 
     ALWAYS = "always"  # before each acknowledgement (group commit)
     INTERVAL = "interval"  # every fsync_interval_ms, in the background
@@ -182,11 +182,11 @@ class SnapshotConfig:
 
 @dataclass(frozen=True)
 class ExportConfig:
-    """The incremental export of changed rows (:mod:`embeddb.durability.export`).
+    """The incremental export of changed rows (:mod:`embeddb.engine.durability.export`).
 
     Attributes:
         directory: write the rows the shard changes, every ``export_interval_s``, as numpy
-            files into this directory (``embeddb.durability.export``); ``None`` (default): no
+            files into this directory (``embeddb.engine.durability.export``); ``None`` (default): no
             export. ``{index}`` is replaced by the shard index; a relative path is taken
             inside the shard's data directory (so each shard of a cluster gets its own). Needs
             the update log; followers do not export.

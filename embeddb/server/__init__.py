@@ -3,7 +3,7 @@ reflection; the daemon (``embeddb serve``), the cluster supervisor, and follower
 (:mod:`.follower`: a read-only replica fed by a primary's update log, serving the tables and
 place :mod:`.follower_config` learns from the primary). What is not specific
 to a shard (tokens, interceptors, listen config, assembly, process lifecycle) is
-:mod:`embeddb.rpc`."""
+:mod:`embeddb.transport.rpc`."""
 
 from __future__ import annotations
 

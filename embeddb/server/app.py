@@ -1,6 +1,6 @@
 """Build a gRPC server around one shard: servicer, interceptors, health and reflection.
 
-The server is assembled by :func:`embeddb.rpc.assembly.start_server` (the interceptors,
+The server is assembled by :func:`embeddb.transport.rpc.assembly.start_server` (the interceptors,
 outermost first: boundary → metrics → errors; calls on three pools: data calls, streams and
 health checks never starve one another); this module adds the shard's servicer, its access
 policy (:data:`~embeddb.server.policy.STORE_POLICY`) and its metrics.
@@ -18,17 +18,23 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry
 
-from embeddb.allocator import Trimmer, limit_arenas, tune_allocator
+from embeddb.common.allocator import Trimmer, limit_arenas, tune_allocator
+from embeddb.engine.shard import Shard
 from embeddb.errors import ConfigError
-from embeddb.rpc.assembly import ConnectionConfig, RpcServer, ServerPools, Service, start_server
-from embeddb.rpc.listen import ListenConfig
 from embeddb.server.costs import shard_costs
 from embeddb.server.metrics import SERVICE_NAME, ShardMetrics
 from embeddb.server.policy import STORE_POLICY
 from embeddb.server.served_shard import ServedShard
 from embeddb.server.servicer import ServicerLimits, StoreServicer, store_handlers
-from embeddb.shard import Shard
-from embeddb.wire import LEGACY_SERVICE_NAME
+from embeddb.transport.rpc.assembly import (
+    ConnectionConfig,
+    RpcServer,
+    ServerPools,
+    Service,
+    start_server,
+)
+from embeddb.transport.rpc.listen import ListenConfig
+from embeddb.transport.wire import LEGACY_SERVICE_NAME
 
 __all__ = [
     "REQUEST_OVERHEAD_BYTES",
@@ -51,7 +57,7 @@ class ServerConfig:
 
     Attributes:
         listen: address, TLS, bearer tokens and metrics endpoint
-            (:class:`~embeddb.rpc.listen.ListenConfig`).
+            (:class:`~embeddb.transport.rpc.listen.ListenConfig`).
         shard_index, num_shards: the shard's place in the cluster (``embeddb serve`` opens the
             shard with them; a served :class:`Shard` reports its own, and a follower reports
             these until its first bootstrap, or, when None, none: it learns its primary's).
@@ -70,11 +76,11 @@ class ServerConfig:
         stream_idle_timeout: seconds a stream's caller may leave a message unread before the
             stream is dropped (its thread and slot freed).
         keepalive_s, keepalive_timeout_s, max_idle_s: connection keepalive and idle closing
-            (see :class:`~embeddb.rpc.assembly.ConnectionConfig`).
+            (see :class:`~embeddb.transport.rpc.assembly.ConnectionConfig`).
         metrics_registry: where to record metrics; None with ``listen.metrics_port`` None
             records none. Pass one to read the metrics in-process or to expose them yourself.
         max_inflight_bytes: the memory budget of the requests and answers of all calls in
-            flight (:mod:`embeddb.rpc.budget`): a call that does not fit within
+            flight (:mod:`embeddb.transport.rpc.budget`): a call that does not fit within
             ``budget_wait_s`` seconds is RESOURCE_EXHAUSTED before it builds its answer.
         budget_wait_s: see ``max_inflight_bytes``.
         max_concurrent_rpcs: calls accepted at once (streams and queued calls included);
@@ -82,7 +88,7 @@ class ServerConfig:
         max_connections: connections accepted at once.
         tune_allocator: raise glibc's mmap and trim thresholds for the whole process, so the
             large buffers of each request are reused instead of page-faulted in again (see
-            :mod:`embeddb.allocator`; about 2.5x faster 4 MiB lookups on a small VM).
+            :mod:`embeddb.common.allocator`; about 2.5x faster 4 MiB lookups on a small VM).
     """
 
     listen: ListenConfig = field(default_factory=ListenConfig)
@@ -154,7 +160,8 @@ def build_server(
 ) -> RpcServer:
     """Start serving ``shard``; returns the server and the bound port.
 
-    :meth:`RpcServer.stop <embeddb.rpc.assembly.RpcServer.stop>` sets health NOT_SERVING on
+    :meth:`RpcServer.stop <embeddb.transport.rpc.assembly.RpcServer.stop>` sets health NOT_SERVING
+    on
     every service, stops accepting, ends the streams (followers reconnect elsewhere or later),
     lets in-flight calls finish (grace) and waits for the handlers still running then, so
     nothing touches the shard after it returns and the caller closes the shard.
@@ -172,7 +179,7 @@ def build_server(
     cfg = config or ServerConfig()
     if cfg.tune_allocator:
         tune_allocator()
-        limit_arenas(1)  # so that a burst's memory can be given back (embeddb.allocator)
+        limit_arenas(1)  # so that a burst's memory can be given back (embeddb.common.allocator)
     registry = cfg.metrics_registry
     if registry is None and cfg.listen.metrics_port is not None:
         registry = CollectorRegistry()

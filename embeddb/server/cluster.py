@@ -24,7 +24,7 @@ cluster stops and :meth:`Cluster.supervise` returns 1) when it would need more t
 ``max_restarts`` consecutive restarts that never became healthy, however long they took.
 
 A persistent shard killed with SIGKILL restarts in its own directory and recovers every
-acknowledged update from its newest snapshot and update log (:class:`embeddb.shard.Shard`); a
+acknowledged update from its newest snapshot and update log (:class:`embeddb.engine.shard.Shard`); a
 shard whose directory cannot be recovered (a corrupt snapshot, say) refuses to start, the
 supervisor logs the shard's reason and gives up after ``max_restarts`` attempts. It never moves
 a shard to a fresh directory behind the user's back.
@@ -68,8 +68,8 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from embeddb.errors import ConfigError, UnavailableError
-from embeddb.rpc.lifecycle import write_atomically
-from embeddb.wire import SERVICE_NAME
+from embeddb.transport.rpc.lifecycle import write_atomically
+from embeddb.transport.wire import SERVICE_NAME
 
 __all__ = ["Cluster", "ClusterConfig", "ShardState"]
 

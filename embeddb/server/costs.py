@@ -1,7 +1,7 @@
 """What a shard call will hold in memory beyond its request, for the server's memory budget
-(:mod:`embeddb.rpc.budget`): computed from the decoded request before any work, with the
+(:mod:`embeddb.transport.rpc.budget`): computed from the decoded request before any work, with the
 same arithmetic the servicer uses to refuse an oversized answer (ids x
-:func:`~embeddb.wire.row_bytes`).
+:func:`~embeddb.transport.wire.row_bytes`).
 
 =========================  ==================================================================
 method                     expected bytes
@@ -23,9 +23,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from embeddb import wire
-from embeddb.rpc.boundary import Cost
 from embeddb.server.served_shard import ServedShard
+from embeddb.transport import wire
+from embeddb.transport.rpc.boundary import Cost
 
 __all__ = ["shard_costs"]
 
@@ -40,7 +40,7 @@ def _items(tensor: Any) -> int:
 
 
 def shard_costs(served: ServedShard, max_response_bytes: int) -> Cost:
-    """The :data:`~embeddb.rpc.boundary.Cost` of the shard ``served`` serves."""
+    """The :data:`~embeddb.transport.rpc.boundary.Cost` of the shard ``served`` serves."""
 
     def dim(table: str) -> int:
         shard = served.current

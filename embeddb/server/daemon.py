@@ -1,7 +1,8 @@
 """The lifecycle of one shard process: open the shard, serve it, shut down in a fixed order.
 
 ``embeddb serve`` parses argv and files into config objects and calls :func:`run_daemon`, which
-reads nothing else. The life of the process (its generic steps: :mod:`embeddb.rpc.lifecycle`)::
+reads nothing else. The life of the process (its generic steps:
+:mod:`embeddb.transport.rpc.lifecycle`)::
 
     warm_up_core()                compile the numba kernels, or load them from the cache
     umask 0o077                   every file the process creates is 0600, every directory
@@ -47,16 +48,16 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
-from embeddb.allocator import limit_arenas
+from embeddb.common.allocator import limit_arenas
 from embeddb.config import EmbeddingConfig
+from embeddb.engine.shard import Shard
+from embeddb.engine.warmup import warm_up_core
 from embeddb.errors import ConfigError
-from embeddb.rpc.assembly import RpcServer
-from embeddb.rpc.lifecycle import server_process, wait_for_stop, write_atomically
 from embeddb.server.app import ServerConfig, build_server
 from embeddb.server.follower import Follower, FollowerOptions
 from embeddb.server.metrics import FollowerCollector
-from embeddb.shard import Shard
-from embeddb.warmup import warm_up_core
+from embeddb.transport.rpc.assembly import RpcServer
+from embeddb.transport.rpc.lifecycle import server_process, wait_for_stop, write_atomically
 
 __all__ = ["DaemonOptions", "run_daemon"]
 
@@ -104,7 +105,8 @@ def run_daemon(
 ) -> int:
     """Serve one shard until ``stop`` is set (by SIGTERM/SIGINT or by the caller); shut down.
 
-    Meanwhile the process umask is ``0o077`` (:func:`~embeddb.rpc.lifecycle.private_umask`):
+    Meanwhile the process umask is ``0o077``
+    (:func:`~embeddb.transport.rpc.lifecycle.private_umask`):
     the umask is process-wide, so in-process callers (tests) see it too until this returns.
 
     Args:
@@ -126,7 +128,7 @@ def run_daemon(
         OSError: the address cannot be bound or the port file cannot be written.
     """
     if server_config.tune_allocator:
-        limit_arenas(1)  # before the shard's threads start (embeddb.allocator)
+        limit_arenas(1)  # before the shard's threads start (embeddb.common.allocator)
     stop = stop if stop is not None else threading.Event()
     # Before health reports SERVING, so that no call pays for compiling a kernel; before the
     # private umask, so that the files numba adds to its cache stay readable like the rest.

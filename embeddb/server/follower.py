@@ -59,8 +59,9 @@ import grpc
 from embeddb.client.options import ClientOptions, check_address
 from embeddb.client.plans import TableDescription
 from embeddb.config import EmbeddingConfig, StoreConfig
-from embeddb.durability.dirlock import DirectoryLock
-from embeddb.durability.snapshot import Chunk, SnapshotReceiver, read_manifest
+from embeddb.engine.durability.dirlock import DirectoryLock
+from embeddb.engine.durability.snapshot import Chunk, SnapshotReceiver, read_manifest
+from embeddb.engine.shard import Shard
 from embeddb.errors import (
     ERROR_BY_STATUS,
     ConfigError,
@@ -81,7 +82,6 @@ from embeddb.server.follower_config import (
 )
 from embeddb.server.served_shard import ServedShard
 from embeddb.server.servicer import HEARTBEAT_S
-from embeddb.shard import Shard
 from embeddb.v1 import embeddb_pb2 as pb
 from embeddb.v1 import embeddb_pb2_grpc as pb_grpc
 

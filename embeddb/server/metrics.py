@@ -4,7 +4,7 @@ Everything goes into a :class:`prometheus_client.CollectorRegistry` passed in, n
 one, so several servers can live in one process (tests, a multi-shard demo).
 
 Request metrics (recorded by :meth:`ShardMetrics.observe`, told of every ``EmbeddingStore``
-call by :class:`embeddb.rpc.metrics.MetricsInterceptor`; ``method`` is the short name,
+call by :class:`embeddb.transport.rpc.metrics.MetricsInterceptor`; ``method`` is the short name,
 ``status`` the gRPC status name)::
 
     embeddb_requests_total{method,status}           calls, refused ones included
@@ -23,7 +23,7 @@ call by :class:`embeddb.rpc.metrics.MetricsInterceptor`; ``method`` is the short
                                                     longer than the stream idle timeout
 
 Shard metrics (read from ``Shard.stats()`` at scrape time by :class:`ShardStatsCollector`;
-label ``table``; named after the fields of ``embeddb.storage.TableStats``)::
+label ``table``; named after the fields of ``embeddb.engine.storage.TableStats``)::
 
     embeddb_rows                    gauge     rows stored in either tier
     embeddb_tier_rows{tier}         gauge     ram: resident rows; disk: rows with a disk copy
@@ -102,9 +102,9 @@ counters):
   (embedding worker) quantities; a shard cannot observe them.
 
 The registry also holds the process and Python collectors (``process_*``, ``python_info``,
-``python_gc_*``: :func:`embeddb.rpc.metrics_http.add_runtime_collectors`).
+``python_gc_*``: :func:`embeddb.transport.rpc.metrics_http.add_runtime_collectors`).
 
-The HTTP endpoint (:func:`embeddb.rpc.metrics_http.serve_metrics`) serves
+The HTTP endpoint (:func:`embeddb.transport.rpc.metrics_http.serve_metrics`) serves
 ``/metrics`` only, as plain HTTP without authentication; bind it to loopback or a private
 network.
 """
@@ -119,14 +119,14 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from embeddb.engine.shard import Shard
 from embeddb.errors import UnavailableError
-from embeddb.rpc.boundary import RefusedCall
-from embeddb.rpc.metrics import LATENCY_BUCKETS
-from embeddb.rpc.metrics_http import add_runtime_collectors
 from embeddb.server.served_shard import ServedShard
 from embeddb.server.streams import StreamSlots
-from embeddb.shard import Shard
-from embeddb.wire import LEGACY_SERVICE_NAME, SERVICE_NAME
+from embeddb.transport.rpc.boundary import RefusedCall
+from embeddb.transport.rpc.metrics import LATENCY_BUCKETS
+from embeddb.transport.rpc.metrics_http import add_runtime_collectors
+from embeddb.transport.wire import LEGACY_SERVICE_NAME, SERVICE_NAME
 
 __all__ = [
     "SERVICE_NAME",

@@ -1,5 +1,6 @@
 """What each role may call of the shard's ``EmbeddingStore`` service (:data:`STORE_POLICY`,
-enforced by :class:`~embeddb.rpc.boundary.Boundary`; tokens and roles: :mod:`embeddb.rpc.auth`).
+enforced by :class:`~embeddb.transport.rpc.boundary.Boundary`; tokens and roles:
+:mod:`embeddb.transport.rpc.auth`).
 
 =========================  ==============================================================
 role                       may call (``EmbeddingStore``)
@@ -30,7 +31,7 @@ from __future__ import annotations
 from typing import Any
 
 from embeddb.errors import PermissionDeniedError
-from embeddb.rpc.auth import AccessPolicy, Role
+from embeddb.transport.rpc.auth import AccessPolicy, Role
 
 __all__ = ["STORE_POLICY"]
 

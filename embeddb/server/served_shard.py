@@ -1,6 +1,6 @@
 """The shard a server serves, replaceable while it serves (a follower's re-bootstrap).
 
-A primary's server serves one :class:`~embeddb.shard.Shard` for its whole life. A follower
+A primary's server serves one :class:`~embeddb.engine.shard.Shard` for its whole life. A follower
 replaces its shard when it bootstraps again from a fresh snapshot, while calls keep arriving::
 
     call:   with served.use() as shard: ...      borrows the current shard for one call
@@ -14,8 +14,8 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from embeddb.engine.shard import Shard
 from embeddb.errors import UnavailableError
-from embeddb.shard import Shard
 
 __all__ = ["ServedShard"]
 

@@ -1,7 +1,7 @@
 """The ``EmbeddingStore`` servicer: translate proto ⇄ numpy and call the shard. Nothing else.
 
 Errors raised by the shard or the codec propagate as :mod:`embeddb.errors` exceptions; the
-:class:`~embeddb.rpc.interceptors.ErrorInterceptor` turns them into gRPC statuses.
+:class:`~embeddb.transport.rpc.interceptors.ErrorInterceptor` turns them into gRPC statuses.
 
 Every call borrows the shard from a :class:`~embeddb.server.served_shard.ServedShard` (a
 follower swaps its shard when it bootstraps again). The two server-streaming calls, ``Subscribe`` (a
@@ -26,19 +26,19 @@ import grpc
 import numpy as np
 import numpy.typing as npt
 
-from embeddb import wire
-from embeddb.allocator import Trimmer
-from embeddb.durability.log import LogRecord
+from embeddb.common.allocator import Trimmer
+from embeddb.common.routing import ROUTING_ALGORITHM, SHARD_SALT, Topology
+from embeddb.engine.durability.log import LogRecord
+from embeddb.engine.shard import Shard
 from embeddb.errors import (
     FailedPreconditionError,
     InvalidArgumentError,
     ResourceExhaustedError,
     UnavailableError,
 )
-from embeddb.routing import ROUTING_ALGORITHM, SHARD_SALT, Topology
 from embeddb.server.served_shard import ServedShard
 from embeddb.server.streams import StreamSlots
-from embeddb.shard import Shard
+from embeddb.transport import wire
 from embeddb.v1 import embeddb_pb2 as pb
 from embeddb.v1 import embeddb_pb2_grpc as pb_grpc
 
@@ -444,7 +444,7 @@ class StoreServicer(pb_grpc.EmbeddingStoreServiceServicer):
 
 def store_handlers(servicer: StoreServicer) -> tuple[grpc.GenericRpcHandler, ...]:
     """The ``EmbeddingStoreService`` handlers, from the proto descriptor, under the service's
-    name and under :data:`~embeddb.wire.LEGACY_SERVICE_NAME` (the same handlers).
+    name and under :data:`~embeddb.transport.wire.LEGACY_SERVICE_NAME` (the same handlers).
 
     Unlike the generated ``add_EmbeddingStoreServiceServicer_to_server``, every response is
     serialized by calling its own ``SerializeToString``, so a method may answer a

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from embeddb.errors import ConfigError, ResourceExhaustedError
-from embeddb.rpc.auth import CALLER_ROLE
+from embeddb.transport.rpc.auth import CALLER_ROLE
 
 __all__ = ["StreamSlots", "StreamTicket"]
 

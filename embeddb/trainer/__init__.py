@@ -3,19 +3,22 @@
 Embeddings live in embeddb shards and are updated asynchronously by the shards' optimizers; the
 dense model trains synchronously with torch DDP. The only part of embeddb that imports torch.
 
-Modules: :mod:`.batch` (the batch data model), :mod:`.pooling` (pooling and its adjoint),
-:mod:`.embedding_worker` (the embedding worker's transport-free core),
-:mod:`.worker_process` (that worker in its own process, and the NN worker's handle on it),
-:mod:`.protocol` (their messages), :mod:`.worker_metrics` (its Prometheus metrics),
-:mod:`.config` (:class:`TrainerConfig`, :class:`Mode`), :mod:`.dist` (torchrun's environment,
-the process group), :mod:`.dense` (synchronous and delayed dense updates), :mod:`.ctx`
-(:class:`TrainCtx`, :class:`EvalCtx`), :mod:`.embedding_ctx` (what both share: batches
-prepared ahead, tensors), :mod:`.checkpoint` (job checkpoints: dense file + one snapshot per
-shard), :mod:`.checkpointing` (taking and restoring them), :mod:`.job` (the training job YAML),
-:mod:`.launch` (``embeddb train``: local shards + torchrun), :mod:`.run` (the NN worker's
-torchrun entry), :mod:`.models` (the built-in models ``dnn``, ``fm``, ``deepfm``, ``dlrm``),
-:mod:`.spawn` (starting the embedding worker: the main-guard check, Ctrl-C), :mod:`.errors`.
-Metrics: :func:`auc` and :func:`logloss` (from :mod:`embeddb.evaluation`).
+Owns (inner first, the ``trainer-layers`` contract): :mod:`.errors`; :mod:`.pooling` (pooling
+and its adjoint, numpy) and :mod:`.cores` (the job's core budget); :mod:`.embedding` (the
+embedding stage: the worker's transport-free core, its process, protocol, shared-memory
+channel, metrics); :mod:`.config` (:class:`TrainerConfig`, :class:`Mode`); :mod:`.dense`
+(synchronous and delayed dense updates), :mod:`.dist` (torchrun's environment, the process
+group), :mod:`.models` (the built-in models ``dnn``, ``fm``, ``deepfm``, ``dlrm``),
+:mod:`.model_spec` (a model directory's model.json); :mod:`.embedding_ctx`,
+:mod:`.checkpoints` (job checkpoints) and :mod:`.export` (writing a model directory);
+:mod:`.ctx` (:class:`TrainCtx`, :class:`EvalCtx`); :mod:`.launcher` (``embeddb train``: the
+job YAML, validation, local shards + torchrun, each rank's loop, its data loader, resume).
+Batches are :mod:`embeddb.features.batch`'s (re-exported here).
+
+May import: :mod:`embeddb.client`, :mod:`embeddb.features`, :mod:`embeddb.config`,
+:mod:`embeddb.transport.rpc` (metrics endpoints), :mod:`embeddb.common`; never the engine or
+a server (the ``trainer`` contract): training reaches shards only through the client.
+Metrics: :func:`auc` and :func:`logloss` (from :mod:`embeddb.common.evaluation`).
 
 The dense model's inputs (``TrainCtx.forward`` / ``EvalCtx.forward`` call
 ``model(non_id, embeddings)``)::
@@ -44,9 +47,8 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # what a type checker sees of the lazy names below
-    from embeddb.evaluation import auc, logloss
-
-    from .batch import (
+    from embeddb.common.evaluation import auc, logloss
+    from embeddb.features.batch import (
         Batch,
         IDTypeFeature,
         IDTypeFeatureWithSingleID,
@@ -54,20 +56,20 @@ if TYPE_CHECKING:  # what a type checker sees of the lazy names below
         NonIDTypeFeature,
         PersiaBatch,
     )
-    from .checkpoint import CheckpointInfo
-    from .config import Mode, TrainerConfig
-    from .ctx import EvalCtx, TrainCtx
-    from .dist import DistEnv
-    from .embedding_ctx import PreparedBatch
-    from .embedding_worker import EmbeddingWorkerConfig
-    from .errors import (
+    from embeddb.trainer.checkpoints.files import CheckpointInfo
+    from embeddb.trainer.config import Mode, TrainerConfig
+    from embeddb.trainer.ctx import EvalCtx, TrainCtx
+    from embeddb.trainer.dist import DistEnv
+    from embeddb.trainer.embedding.worker import EmbeddingWorkerConfig
+    from embeddb.trainer.embedding_ctx import PreparedBatch
+    from embeddb.trainer.errors import (
         EmbeddingWorkerError,
         GradientPushFailedError,
         LookupFailedError,
         TrainerError,
     )
-    from .models import BUILTIN_MODELS, build_model
-    from .pooling import Pooling
+    from embeddb.trainer.models import BUILTIN_MODELS, build_model
+    from embeddb.trainer.pooling import Pooling
 
 __all__ = [
     "BUILTIN_MODELS",
@@ -96,15 +98,15 @@ __all__ = [
 ]
 
 _LAZY = {
-    "Batch": ".batch",
-    "CheckpointInfo": ".checkpoint",
-    "IDTypeFeature": ".batch",
-    "IDTypeFeatureWithSingleID": ".batch",
-    "Label": ".batch",
-    "NonIDTypeFeature": ".batch",
-    "PersiaBatch": ".batch",
+    "Batch": "embeddb.features.batch",
+    "CheckpointInfo": ".checkpoints.files",
+    "IDTypeFeature": "embeddb.features.batch",
+    "IDTypeFeatureWithSingleID": "embeddb.features.batch",
+    "Label": "embeddb.features.batch",
+    "NonIDTypeFeature": "embeddb.features.batch",
+    "PersiaBatch": "embeddb.features.batch",
     "Pooling": ".pooling",
-    "EmbeddingWorkerConfig": ".embedding_worker",
+    "EmbeddingWorkerConfig": ".embedding.worker",
     "Mode": ".config",
     "TrainerConfig": ".config",
     "EmbeddingWorkerError": ".errors",
@@ -117,8 +119,8 @@ _LAZY = {
     "TrainCtx": ".ctx",
     "BUILTIN_MODELS": ".models",
     "build_model": ".models",
-    "auc": "embeddb.evaluation",
-    "logloss": "embeddb.evaluation",
+    "auc": "embeddb.common.evaluation",
+    "logloss": "embeddb.common.evaluation",
 }
 
 

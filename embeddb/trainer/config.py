@@ -24,10 +24,12 @@ import enum
 from dataclasses import dataclass, field, replace
 
 from embeddb.errors import ConfigError
+from embeddb.trainer.embedding.worker import EmbeddingWorkerConfig
 
-from .embedding_worker import EmbeddingWorkerConfig
+__all__ = ["BUILTIN_MODELS", "Mode", "TrainerConfig"]
 
-__all__ = ["Mode", "TrainerConfig"]
+# The built-in dense models (``model: builtin:NAME``); embeddb.trainer.models builds them (torch).
+BUILTIN_MODELS = ("dnn", "fm", "deepfm", "dlrm")
 
 
 class Mode(str, enum.Enum):
@@ -54,7 +56,7 @@ class TrainerConfig:
         start_timeout: seconds the embedding worker may take to start.
         close_timeout: seconds ``close`` waits for pending gradient pushes.
         worker: the embedding worker's settings
-            (:class:`~embeddb.trainer.embedding_worker.EmbeddingWorkerConfig`), as the worker
+            (:class:`~embeddb.trainer.embedding.worker.EmbeddingWorkerConfig`), as the worker
             of local rank 0 gets them; :meth:`embedding_worker` derives each rank's. Its
             ``max_staleness`` is the training batches that may be looked up with gradients not
             yet applied (``sync`` uses 1 whatever is set; ``async`` also delays dense updates

@@ -26,7 +26,7 @@ cores: from 8 CPUs per rank up, half a core per rank is charged to it. Nothing i
 
 Who applies it: :class:`~embeddb.trainer.ctx.TrainCtx` sets torch's threads
 (``TrainerConfig.torch_threads``, or the budget when unset) and the embedding worker's;
-``embeddb train`` (:mod:`embeddb.trainer.launch`) sets ``OMP_NUM_THREADS`` for its torchrun
+``embeddb train`` (:mod:`embeddb.trainer.launcher.launch`) sets ``OMP_NUM_THREADS`` for its torchrun
 ranks.
 """
 

@@ -18,7 +18,7 @@ pooled feature, or ``(embeddings (B, L, dim), mask (B, L) bool)`` for a raw sequ
 (``embedding_summation: false``). ``forward`` returns ``(output, labels)``, labels as tensors.
 
 Per training batch the NN worker (this process) and its embedding worker (another process,
-:mod:`embeddb.trainer.worker_process`) share the work::
+:mod:`embeddb.trainer.embedding.process`) share the work::
 
     prepare:  send the batch's ids (a ``Lookup``) up to ``max_staleness`` batches ahead
     forward:  wait for the pooled embeddings, make them leaf tensors, run the model
@@ -51,22 +51,21 @@ from torch import nn
 from embeddb.client.options import check_addresses, read_address_file
 from embeddb.config import EmbeddingConfig
 from embeddb.errors import ConfigError, InvalidArgumentError
-
-from . import checkpointing
-from .batch import Batch
-from .checkpoint import CheckpointInfo
-from .config import Mode, TrainerConfig
-from .cores import CoreBudget, available_cpus, core_budget, local_addresses
-from .dense import DelayedDense, DenseUpdater, SyncDense
-from .dist import DistEnv, resolve_device
-from .embedding_ctx import EmbeddingCtx, PreparedBatch, embedding_gradients
-from .embedding_worker import EmbeddingWorkerConfig
-from .errors import EmbeddingWorkerError, TrainerError
-from .spawn import check_main_guard
-from .worker_process import EmbeddingWorkerProcess
+from embeddb.features.batch import Batch
+from embeddb.trainer.checkpoints import saving as checkpointing
+from embeddb.trainer.checkpoints.files import CheckpointInfo
+from embeddb.trainer.config import Mode, TrainerConfig
+from embeddb.trainer.cores import CoreBudget, available_cpus, core_budget, local_addresses
+from embeddb.trainer.dense import DelayedDense, DenseUpdater, SyncDense
+from embeddb.trainer.dist import DistEnv, resolve_device
+from embeddb.trainer.embedding.process import EmbeddingWorkerProcess
+from embeddb.trainer.embedding.spawn import check_main_guard
+from embeddb.trainer.embedding.worker import EmbeddingWorkerConfig
+from embeddb.trainer.embedding_ctx import EmbeddingCtx, PreparedBatch, embedding_gradients
+from embeddb.trainer.errors import EmbeddingWorkerError, TrainerError
 
 if TYPE_CHECKING:  # export_model's pipeline=
-    from .data.pipeline import FeaturePipeline
+    from embeddb.features.pipeline import FeaturePipeline
 
 __all__ = ["EvalCtx", "TrainCtx"]
 
@@ -243,7 +242,7 @@ class TrainCtx(EmbeddingCtx):
     ) -> CheckpointInfo:
         """Checkpoint the job: dense parameters, optimizer state and counters in
         ``directory/ID/dense.pt``, and a snapshot of every shard under ``ID``, consistent
-        across shards and ranks (:func:`embeddb.trainer.checkpointing.save_checkpoint`). Every
+        across shards and ranks (:func:`embeddb.trainer.checkpoints.saving.save_checkpoint`). Every
         rank must call it at the same step.
 
         Args:
@@ -265,7 +264,7 @@ class TrainCtx(EmbeddingCtx):
         self, directory: str | os.PathLike[str], checkpoint_id: str | None = None
     ) -> CheckpointInfo:
         """Restore the dense side of a checkpoint (parameters, optimizer state, counters); the
-        shards restore the embedding side (:mod:`embeddb.trainer.checkpointing`).
+        shards restore the embedding side (:mod:`embeddb.trainer.checkpoints.saving`).
 
         Args:
             directory: the checkpoint directory.
@@ -300,7 +299,7 @@ class TrainCtx(EmbeddingCtx):
         overwrite: bool = False,
     ) -> Path:
         """Export the dense model for online inference
-        (:func:`embeddb.trainer.serving.export_model`): TorchScript ``dense.pt``,
+        (:func:`embeddb.serving.export_model`): TorchScript ``dense.pt``,
         ``embedding.yaml`` and ``model.json``, whose ``snapshot_id`` is the last checkpoint
         saved or loaded by this context (``None`` if none). The embeddings stay in the shards.
 
@@ -314,7 +313,7 @@ class TrainCtx(EmbeddingCtx):
             positive: a human label of the positive class, for ``model.json``; default: the
                 pipeline's ``positive``, if any.
             pipeline: the feature pipeline that built the training batches
-                (:class:`~embeddb.trainer.data.pipeline.FeaturePipeline`), written into the
+                (:class:`~embeddb.features.pipeline.FeaturePipeline`), written into the
                 model directory: the served model then scores raw records through it.
             lenient_records: the served model ignores keys of raw records that no column
                 reads (counted) instead of refusing the record.
@@ -325,7 +324,7 @@ class TrainCtx(EmbeddingCtx):
                 ``overwrite``, a model that can be neither scripted nor traced, or a pipeline
                 whose features are not the example batch's.
         """
-        from .serving import export_model  # torch-heavy, needed by few jobs
+        from embeddb.trainer.export import export_model  # torch-heavy, needed by few jobs
 
         self._check_open()
         chosen = example if example is not None else self._example

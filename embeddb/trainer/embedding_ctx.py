@@ -30,16 +30,15 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from embeddb.arrays import F32
+from embeddb.common.arrays import F32
 from embeddb.config import EmbeddingConfig
 from embeddb.errors import InvalidArgumentError
-
-from .batch import Batch
-from .config import TrainerConfig
-from .embedding_worker import IdFeature
-from .errors import EmbeddingWorkerError, TrainerError
-from .pooling import Pooled
-from .worker_process import EmbeddingWorkerProcess
+from embeddb.features.batch import Batch
+from embeddb.trainer.config import TrainerConfig
+from embeddb.trainer.embedding.process import EmbeddingWorkerProcess
+from embeddb.trainer.embedding.worker import IdFeature
+from embeddb.trainer.errors import EmbeddingWorkerError, TrainerError
+from embeddb.trainer.pooling import Pooled
 
 __all__ = ["EmbeddingCtx", "EmbeddingTensor", "PreparedBatch", "embedding_gradients"]
 
@@ -205,7 +204,7 @@ class EmbeddingCtx:
 
     # ------------------------------------------------------------------ lifecycle
     def worker_stats(self) -> dict[str, float]:
-        """The embedding worker's metrics (:mod:`embeddb.trainer.worker_metrics`), e.g.
+        """The embedding worker's metrics (:mod:`embeddb.trainer.embedding.metrics`), e.g.
         ``stats["embeddb_trainer_staleness_peak"]``."""
         return self._worker.stats()
 

@@ -22,7 +22,7 @@ For a job with ids ``[user, item, city]`` (dim 8) and numeric ``[price, age]``::
 ``fm``, ``deepfm`` and ``dlrm`` need one embedding dim for every ID feature; ``dlrm`` without
 numeric features has no bottom MLP (its top MLP reads the interactions and the embeddings).
 Numeric features are batch-normalised (running statistics at inference). The models are
-TorchScript-scriptable (:func:`embeddb.trainer.serving.export_model` scripts them).
+TorchScript-scriptable (:func:`embeddb.serving.export_model` scripts them).
 """
 
 from __future__ import annotations
@@ -35,8 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from embeddb.errors import ConfigError
-
-from .job import BUILTIN_MODELS
+from embeddb.trainer.config import BUILTIN_MODELS
 
 __all__ = ["BUILTIN_MODELS", "DLRM", "DNN", "FM", "DeepFM", "build_model"]
 

@@ -1,6 +1,6 @@
 """Pool the vectors of a feature's ids per sample, and the exact adjoint of it. numpy only.
 
-A feature's ids arrive as CSR (``values``, ``offsets``; see :mod:`embeddb.trainer.batch`); the
+A feature's ids arrive as CSR (``values``, ``offsets``; see :mod:`embeddb.features.batch`); the
 embedding worker looks up one vector per id and pools them per sample. Worked example: a batch
 of 3 samples, dim 2, ``offsets = [0, 2, 2, 5]`` (sample 1 is empty)::
 
@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from embeddb.arrays import I64, Bool, Floats, IntP
+from embeddb.common.arrays import I64, Bool, Floats, IntP
 from embeddb.config import FeatureConfig
 from embeddb.errors import InvalidArgumentError
 

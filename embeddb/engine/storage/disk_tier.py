@@ -1,0 +1,408 @@
+"""The disk tier: rows evicted from RAM, kept in RocksDB (via ``rocksdict``).
+
+One RocksDB database per shard, one column family per table (``table.<name>``). A key is the
+id as 8 big-endian bytes (so RocksDB's order is numeric order); a value is the row's raw
+float32 bytes ``[vector | state]``. All traffic is batched: one multi-get per lookup, one write
+batch per eviction or promotion.
+
+RocksDB's own write-ahead log is disabled: this tier is a spill area, not the durability
+mechanism. The disk tier survives a clean :meth:`close` (the shard first writes back every dirty
+RAM row and records that it did); crash recovery is the update log's job.
+
+The rocksdict API takes Python lists of ``bytes``; keys and values are converted with numpy's
+void-dtype views (``tolist`` on a ``V8`` array builds the list in C), never a per-id Python loop.
+
+**Read-only** (``read_only=True``, for tools that read a snapshot's checkpoint, such as
+``embeddb reshard``): nothing is ever written to ``path``. RocksDB's own read-only mode writes
+nothing, but rocksdict rewrites its ``rocksdict-config.json`` on every open (read-only too), and
+a snapshot's files are checksummed and partly hard-linked with the live shard. So the tier opens
+a private *shadow* directory instead: symlinks to every file of ``path`` except that config file,
+removed again by :meth:`close`. Each file is resolved inside ``path``
+(:func:`embeddb.engine.storage.paths.resolve_inside`): a symbolic link out of it is refused with
+:class:`CorruptDataError`.
+
+**Data loss.** A read that fails RocksDB's checks (a ``Corruption`` status: a block checksum
+mismatch, a torn file) raises :class:`CorruptDataError` (gRPC ``DATA_LOSS``); the tier logs one
+ERROR line naming the table and RocksDB's message, and counts the failed read per table
+(:meth:`data_loss`, shown as ``TableStats.data_loss``). Other rows keep serving: RocksDB checks
+each block as it reads it, so only reads that touch a damaged block fail. Iterations
+(:meth:`iter_rows`, :meth:`ids_after`, :meth:`count`: scans, exports, reshards, recovery)
+check the iterator's status when it stops, so a damaged block fails them the same way instead
+of looking like the end of the table.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+import rocksdict
+
+from embeddb.engine.storage.paths import confined_root, resolve_inside
+from embeddb.errors import CorruptDataError, StorageError
+
+__all__ = ["DiskTier"]
+
+logger = logging.getLogger(__name__)
+
+_CF_PREFIX = "table."
+_ROCKSDICT_CONFIG = "rocksdict-config.json"  # written by rocksdict on every open
+
+
+def _keys(ids: npt.NDArray[np.uint64]) -> list[bytes]:
+    keys: list[bytes] = ids.astype(">u8").view("V8").tolist()
+    return keys
+
+
+def _storage_error(what: str, exc: Exception) -> StorageError:
+    """Translate a RocksDB failure: its ``Corruption`` status (a checksum mismatch, a torn
+    file) becomes :class:`CorruptDataError`, anything else :class:`StorageError`."""
+    kind = CorruptDataError if str(exc).startswith("Corruption") else StorageError
+    return kind(f"{what}: {exc}")
+
+
+def _options(cache_mb: int = 256, write_buffer_mb: int | None = None) -> rocksdict.Options:
+    opt = rocksdict.Options(raw_mode=True)
+    opt.create_if_missing(True)
+    if write_buffer_mb is not None:
+        opt.set_write_buffer_size(write_buffer_mb << 20)
+        opt.set_db_write_buffer_size(write_buffer_mb << 20)
+    opt.set_max_background_jobs(2)
+    table = rocksdict.BlockBasedOptions()
+    table.set_bloom_filter(10, False)  # misses (new ids) rarely touch data blocks
+    table.set_block_cache(rocksdict.Cache(cache_mb << 20))
+    # Point lookups only: a hash index inside each data block skips the binary search.
+    table.set_data_block_index_type(rocksdict.DataBlockIndexType.binary_and_hash())
+    opt.set_block_based_table_factory(table)
+    # Reading SST files through mmap saves a pread and a copy per block (about 40% of a
+    # multi-get's cost when the files are in the page cache). Block checksums stay on.
+    opt.set_allow_mmap_reads(True)
+    return opt
+
+
+class DiskTier:
+    """RocksDB storage of spilled rows for all tables of one shard.
+
+    Args:
+        path: the RocksDB directory (created if missing, unless ``read_only``).
+        widths: ``{table name: row width in float32}`` for every table.
+        cache_mb: block cache size in MiB.
+        read_only: open an existing database (e.g. a snapshot's checkpoint) for reading only,
+            through a shadow directory (see the module docstring); writes raise
+            :class:`StorageError`.
+        write_buffer_mb: cap the memtables of the whole database at about this many MiB
+            (default: RocksDB's, 64 MiB per table); bulk writers opening many tiers at once
+            set it to bound their memory.
+
+    Raises:
+        StorageError: RocksDB cannot open the directory (locked, unwritable, corrupt).
+        CorruptDataError: (``read_only``) a table has no column family in the database, or
+            an entry of ``path`` is a symbolic link that resolves outside it.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        widths: dict[str, int],
+        cache_mb: int = 256,
+        *,
+        read_only: bool = False,
+        write_buffer_mb: int | None = None,
+    ) -> None:
+        self.path = Path(path)
+        self.read_only = read_only
+        self._widths = dict(widths)
+        self._write_opts = rocksdict.WriteOptions()
+        self._write_opts.disable_wal = True  # type: ignore[method-assign,assignment]  # stub is wrong: a property
+        self._shadow: Path | None = None
+        self._deleted: dict[str, tuple[int, int]] = {}  # table -> id range holding deletes
+        self._deleted_lock = threading.Lock()
+        self._views: dict[str, rocksdict.Rdict] = {}
+        self._cfs: dict[str, rocksdict.ColumnFamily] = {}
+        self._data_loss = dict.fromkeys(self._widths, 0)  # table -> reads failing RocksDB's checks
+        self._data_loss_lock = threading.Lock()
+        try:
+            if read_only:
+                self._db = self._open_read_only(cache_mb)
+                return
+            self.path.mkdir(parents=True, exist_ok=True)
+            self._db = rocksdict.Rdict(str(self.path), _options(cache_mb, write_buffer_mb))
+            existing = set(rocksdict.Rdict.list_cf(str(self.path), _options()))
+            # Per table: an Rdict view of its column family (multi-get, iteration) and a handle
+            # (write batches).
+            for name in self._widths:
+                cf_name = _CF_PREFIX + name
+                if cf_name not in existing:
+                    self._db.create_column_family(cf_name, _options(256, write_buffer_mb))
+                self._views[name] = self._db.get_column_family(cf_name)
+                self._cfs[name] = self._db.get_column_family_handle(cf_name)
+        except StorageError:
+            raise
+        except Exception as exc:  # rocksdict raises plain Exception subclasses
+            raise _storage_error(f"cannot open disk tier at {self.path}", exc) from exc
+
+    def _open_read_only(self, cache_mb: int) -> rocksdict.Rdict:
+        if not (self.path / "CURRENT").is_file():
+            raise StorageError(f"{self.path} holds no RocksDB database (no CURRENT file)")
+        shadow = Path(tempfile.mkdtemp(prefix="embeddb-readonly-"))
+        self._shadow = shadow
+        try:
+            # Only files inside the (resolved) directory: a link in a copied or planted
+            # checkpoint must not make RocksDB read a file from elsewhere.
+            owner = f"disk tier {self.path}"
+            root = confined_root(self.path, owner)
+            for name in sorted(os.listdir(root)):
+                if name != _ROCKSDICT_CONFIG:
+                    os.symlink(resolve_inside(root, name, owner), shadow / name)
+            opt = _options(cache_mb)
+            opt.create_if_missing(False)
+            db = rocksdict.Rdict(str(shadow), opt, access_type=rocksdict.AccessType.read_only())
+            existing = set(rocksdict.Rdict.list_cf(str(shadow), _options()))
+            for name in self._widths:
+                cf_name = _CF_PREFIX + name
+                if cf_name not in existing:
+                    db.close()
+                    raise CorruptDataError(
+                        f"disk tier at {self.path} has no column family for table {name!r}"
+                    )
+                self._views[name] = db.get_column_family(cf_name)
+        except BaseException:
+            shutil.rmtree(shadow, ignore_errors=True)
+            self._shadow = None
+            raise
+        return db
+
+    def get(
+        self, table: str, ids: npt.NDArray[np.uint64]
+    ) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.float32]]:
+        """Multi-get ``ids``.
+
+        Returns:
+            ``(found, rows)``: ``found[i]`` tells whether ``ids[i]`` is stored; ``rows`` holds
+            the found rows only, in the order of ``ids[found]``.
+
+        Raises:
+            CorruptDataError: a block holding one of ``ids`` failed RocksDB's checks (logged
+                and counted, see :meth:`data_loss`); the whole call fails.
+            StorageError: RocksDB failed otherwise.
+        """
+        width = self._widths[table]
+        if ids.size == 0:
+            return np.zeros(0, dtype=bool), np.empty((0, width), dtype=np.float32)
+        try:
+            values = self._views[table].get(_keys(ids))  # type: ignore[arg-type]
+        except Exception as exc:
+            raise self._read_error(table, exc) from exc
+        found = np.array(values, dtype=object) != None  # noqa: E711 (element-wise, in C)
+        blob = b"".join(filter(None, values))  # type: ignore[arg-type]
+        rows = np.frombuffer(blob, dtype=np.float32).reshape(-1, width).copy()
+        if rows.shape[0] != int(found.sum()):
+            raise StorageError(f"disk tier of table {table!r} holds rows of the wrong width")
+        return found, rows
+
+    def data_loss(self, table: str) -> int:
+        """Reads of ``table`` that failed RocksDB's checks since the tier opened."""
+        return self._data_loss[table]
+
+    def _lost(self, table: str, exc: Exception) -> None:
+        with self._data_loss_lock:
+            self._data_loss[table] += 1
+        logger.error("disk tier data loss in table %r at %s: %s", table, self.path, exc)
+
+    def put(self, table: str, ids: npt.NDArray[np.uint64], rows: npt.NDArray[np.float32]) -> None:
+        """Write ``rows[i]`` under ``ids[i]`` in one write batch."""
+        if ids.size == 0:
+            return
+        width = self._widths[table]
+        values = np.ascontiguousarray(rows, dtype=np.float32).view(f"V{4 * width}").ravel().tolist()
+        batch = rocksdict.WriteBatch(raw_mode=True)
+        cf = self._cfs[table]
+        for key, value in zip(_keys(ids), values, strict=True):
+            batch.put(key, value, cf)
+        self._write(batch, table)
+
+    def delete(self, table: str, ids: npt.NDArray[np.uint64]) -> None:
+        """Delete ``ids`` (absent ids are ignored) in one write batch."""
+        if ids.size == 0:
+            return
+        batch = rocksdict.WriteBatch(raw_mode=True)
+        cf = self._cfs[table]
+        for key in _keys(ids):
+            batch.delete(key, cf)
+        self._write(batch, table)
+        lo, hi = int(ids.min()), int(ids.max())
+        with self._deleted_lock:
+            old = self._deleted.get(table)
+            self._deleted[table] = (lo, hi) if old is None else (min(lo, old[0]), max(hi, old[1]))
+
+    def purge_deleted(self) -> int:
+        """Compact the key ranges where rows were deleted since the last purge, so that their
+        old values leave the SST files instead of lingering under tombstones (user-data
+        removal; a snapshot checkpoint hard-links those files). Returns the tables compacted.
+
+        Raises:
+            StorageError: RocksDB failed.
+        """
+        with self._deleted_lock:
+            pending, self._deleted = self._deleted, {}
+        for table, (lo, hi) in pending.items():
+            keys = _keys(np.array([lo, hi], dtype=np.uint64))
+            try:
+                self._views[table].flush()  # the tombstones must reach the SST files first
+                opts = rocksdict.CompactOptions()
+                # Rewrite the bottommost level too: that is where the old values sit.
+                opts.set_bottommost_level_compaction(rocksdict.BottommostLevelCompaction.force())
+                self._views[table].compact_range(keys[0], keys[1], opts)
+            except Exception as exc:
+                with self._deleted_lock:  # still to do
+                    self._deleted.setdefault(table, (lo, hi))
+                raise _storage_error(
+                    f"disk tier compaction failed for table {table!r}", exc
+                ) from exc
+        return len(pending)
+
+    def _write(self, batch: rocksdict.WriteBatch, table: str) -> None:
+        if self.read_only:
+            raise StorageError(f"disk tier at {self.path} is open read-only")
+        try:
+            self._db.write(batch, self._write_opts)
+        except Exception as exc:
+            raise _storage_error(f"disk tier write failed for table {table!r}", exc) from exc
+
+    def _iterator(self, table: str) -> rocksdict.RdictIter:
+        try:
+            return self._views[table].iter()
+        except Exception as exc:
+            raise self._read_error(table, exc) from exc
+
+    def _read_error(self, table: str, exc: Exception) -> StorageError:
+        """Translate a failed read of ``table``; a ``Corruption`` is logged and counted."""
+        error = _storage_error(f"disk tier read failed for table {table!r}", exc)
+        if isinstance(error, CorruptDataError):
+            self._lost(table, exc)
+        return error
+
+    def _check(self, it: rocksdict.RdictIter, table: str) -> None:
+        """Raise the error that stopped ``it``, if any: an iterator that meets a damaged
+        block just stops being ``valid()``, which looks like the end of the table."""
+        try:
+            it.status()
+        except Exception as exc:
+            raise self._read_error(table, exc) from exc
+
+    def iter_rows(
+        self, table: str, chunk: int = 65536
+    ) -> Iterator[tuple[npt.NDArray[np.uint64], npt.NDArray[np.float32]]]:
+        """Yield ``(ids, rows)`` chunks of every stored row of ``table`` in id order.
+
+        Raises:
+            CorruptDataError: a block failed RocksDB's checks (logged and counted, see
+                :meth:`data_loss`): the iteration fails instead of ending early.
+            StorageError: RocksDB failed otherwise.
+        """
+        width = self._widths[table]
+        it = self._iterator(table)
+        it.seek_to_first()
+        keys: list[bytes] = []
+        values: list[bytes] = []
+        while it.valid():
+            keys.append(it.key())
+            values.append(it.value())
+            if len(keys) == chunk:
+                yield _decode(keys, values, width)
+                keys, values = [], []
+            it.next()
+        self._check(it, table)
+        if keys:
+            yield _decode(keys, values, width)
+
+    def ids_after(self, table: str, after: int | None, limit: int) -> npt.NDArray[np.uint64]:
+        """The first ``limit`` stored ids of ``table`` above ``after`` (all ids when None), in
+        ascending order, read from the keys alone (``embeddb.engine.storage.scan``).
+
+        Raises:
+            CorruptDataError: a block failed RocksDB's checks (logged and counted).
+            StorageError: RocksDB failed otherwise.
+        """
+        if after is not None and after >= (1 << 64) - 1:
+            return np.empty(0, dtype=np.uint64)
+        it = self._iterator(table)
+        if after is None:
+            it.seek_to_first()
+        else:
+            it.seek(_keys(np.array([after + 1], dtype=np.uint64))[0])
+        keys: list[bytes] = []
+        while it.valid() and len(keys) < limit:
+            keys.append(it.key())
+            it.next()
+        self._check(it, table)
+        return np.frombuffer(b"".join(keys), dtype=">u8").astype(np.uint64)
+
+    def count(self, table: str) -> int:
+        """Rows stored for ``table`` (a full key scan: used only by crash recovery).
+
+        Raises:
+            CorruptDataError: a block failed RocksDB's checks (logged and counted).
+            StorageError: RocksDB failed otherwise.
+        """
+        it = self._iterator(table)
+        it.seek_to_first()
+        n = 0
+        while it.valid():
+            n += 1
+            it.next()
+        self._check(it, table)
+        return n
+
+    def checkpoint(self, path: str | os.PathLike[str]) -> None:
+        """A RocksDB checkpoint of every table at ``path`` (which must not exist): the
+        memtables are flushed and the immutable SST files hard-linked, so it is quick.
+
+        Raises:
+            StorageError: RocksDB failed (e.g. ``path`` exists or the disk is full).
+        """
+        try:
+            rocksdict.Checkpoint(self._db).create_checkpoint(str(path))
+        except Exception as exc:
+            raise _storage_error(f"cannot create a disk tier checkpoint at {path}", exc) from exc
+
+    def flush(self) -> None:
+        """Flush every table's memtable to SST files."""
+        try:
+            for view in self._views.values():
+                view.flush()
+        except Exception as exc:
+            raise _storage_error("disk tier flush failed", exc) from exc
+
+    def close(self, flush: bool = True) -> None:
+        """Flush (unless read-only or ``flush`` is false: a shutdown that recovers from the
+        update log) and close the database; further calls fail."""
+        try:
+            if flush and not self.read_only:
+                self.flush()
+            for view in self._views.values():
+                view.close()
+            self._views.clear()
+            self._cfs.clear()
+            self._db.close()
+        except Exception as exc:
+            raise _storage_error("disk tier close failed", exc) from exc
+        finally:
+            if self._shadow is not None:
+                shutil.rmtree(self._shadow, ignore_errors=True)
+                self._shadow = None
+
+
+def _decode(
+    keys: list[bytes], values: list[bytes], width: int
+) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.float32]]:
+    ids = np.frombuffer(b"".join(keys), dtype=">u8").astype(np.uint64)
+    rows = np.frombuffer(b"".join(values), dtype=np.float32).reshape(-1, width).copy()
+    return ids, rows

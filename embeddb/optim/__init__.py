@@ -1,7 +1,0 @@
-"""Server-side embedding optimizers (SGD, Adagrad, Adam) as compiled in-place row updates."""
-
-from __future__ import annotations
-
-from embeddb.optim.optimizer import Optimizer
-
-__all__ = ["Optimizer"]

@@ -1,0 +1,253 @@
+"""The job's validation step, run by ``embeddb train`` before any shard or NN worker starts:
+``python -m embeddb.trainer.launcher.validate JOB.yaml --run-dir RUN``.
+
+What it checks and writes (a job that passes has its data, features and model known good)::
+
+    JobConfig.from_yaml(JOB)              every key (the launcher has checked them too)
+    DatasetSpec.fit()                     a bounded sample of train: columns, values, labels,
+                                          standardize statistics, order_by threshold
+    check_label_classes()                 the first 100,000 rows of the training split hold
+                                          both label classes (else: the values seen)
+      -> RUN/features.json                the fitted FeaturePipeline (every rank loads it)
+      -> RUN/embedding.yaml               with ``embedding_config: auto``: one table per ID
+                                          feature, dim ``embedding_dim`` (auto_embedding_yaml)
+    the model                             builtin:NAME built for the pipeline's widths, or
+                                          FILE.py:NAME / module:NAME imported and called
+    forward on a sample batch             random embeddings of the config's dims; the output
+                                          must be finite logits of shape (n, 1)
+
+Any failure exits with code 2 and ONE line on stderr, ``embeddb: CONFIG ERROR: <message>``
+(the message names the key and the job file's line, or the data file's line), which the
+launcher raises as :class:`~embeddb.errors.ConfigError`. Imports torch (the launcher does not).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import yaml
+from torch import nn
+
+from embeddb.config import EmbeddingConfig
+from embeddb.errors import ConfigError, CorruptDataError, EmbeddbError
+from embeddb.features.batch import Batch
+from embeddb.features.pipeline import PIPELINE_FILE, FeaturePipeline, save_pipeline
+from embeddb.trainer.launcher.job import CONFIG_ERROR, EMBEDDING_FILE, EXIT_CONFIG_ERROR, JobConfig
+from embeddb.trainer.launcher.label_check import check_label_classes
+
+__all__ = [
+    "CONFIG_ERROR",
+    "EXIT_CONFIG_ERROR",
+    "auto_embedding_yaml",
+    "build_job_model",
+    "load_model",
+    "main",
+    "sample_forward",
+    "validate",
+]
+
+SAMPLE_ROWS = 64  # rows of the sample batch the model is run on
+
+# The auto embedding config's table settings (the Criteo example's, proven on CTR data).
+AUTO_OPTIMIZER = {"type": "adagrad", "lr": 0.05, "initial_accumulator": 0.01, "eps": 1e-10}
+AUTO_INITIALIZER = {"type": "normal", "mean": 0.0, "std": 0.05}
+AUTO_CAPACITY = 1_000_000  # RAM rows per table and shard; colder rows spill to the disk tier
+
+
+def auto_embedding_yaml(features: Sequence[str], dim: int) -> str:
+    """The ``embedding_config: auto`` YAML: one table per ID feature of width ``dim``, Adagrad
+    (lr 0.05), normal init (std 0.05), :data:`AUTO_CAPACITY` RAM rows per table."""
+    bits = max(8, (len(features) - 1).bit_length())
+    doc = {
+        "feature_index_prefix_bit": bits,
+        "seed": 0,
+        "slots_config": {name: {"dim": dim} for name in features},
+        "defaults": {
+            "optimizer": AUTO_OPTIMIZER,
+            "initializer": AUTO_INITIALIZER,
+            "capacity": AUTO_CAPACITY,
+        },
+        "store": {"stripes": 2},
+    }
+    header = "# Written by embeddb train (embedding_config: auto): one table per ID feature.\n"
+    return header + yaml.safe_dump(doc, sort_keys=False)
+
+
+def load_model(job: JobConfig) -> nn.Module:
+    """Build the job's model from ``FILE.py:NAME`` (relative to the job file) or
+    ``module:NAME``, called with ``model_args``.
+
+    Raises:
+        ConfigError: naming ``model`` (and its line): no such file or module, no such name,
+            a failing constructor, or something that is not a ``torch.nn.Module``.
+    """
+    target, name = job.model.rsplit(":", 1)
+    try:
+        if target.endswith(".py"):
+            path = (job.base_dir / target).resolve()
+            if not path.is_file():
+                raise ConfigError("model", f"no such model file: {path}")
+            spec = importlib.util.spec_from_file_location(f"embeddb_job_model_{path.stem}", path)
+            if spec is None or spec.loader is None:
+                raise ConfigError("model", f"cannot import {path}")
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+        else:
+            module = importlib.import_module(target)
+    except ConfigError:
+        raise
+    except Exception as exc:
+        raise ConfigError("model", f"importing {target} failed: {_short(exc)}") from exc
+    factory = getattr(module, name, None)
+    if factory is None:
+        known = sorted(
+            k for k, v in vars(module).items() if isinstance(v, type) and issubclass(v, nn.Module)
+        )
+        hint = f" (its nn.Module classes: {', '.join(known)})" if known else ""
+        raise ConfigError("model", f"{target} has no {name!r}{hint}")
+    try:
+        model = factory(**job.model_args)
+    except Exception as exc:
+        raise ConfigError("model_args", f"{job.model}(**model_args) failed: {_short(exc)}") from exc
+    if not isinstance(model, nn.Module):
+        raise ConfigError(
+            "model", f"{job.model} built a {type(model).__name__}, not a torch.nn.Module"
+        )
+    return model
+
+
+def build_job_model(
+    job: JobConfig, pipeline: FeaturePipeline, embedding_config: EmbeddingConfig
+) -> nn.Module:
+    """The job's model: ``builtin:NAME`` built for the pipeline's non-ID widths and the
+    embedding config's dims of its ID features, or :func:`load_model`.
+
+    Raises:
+        ConfigError: naming ``model`` or ``model_args``.
+    """
+    builtin = job.builtin_model
+    if builtin is None:
+        return load_model(job)
+    from embeddb.trainer.models import build_model
+
+    id_dims = [embedding_config.features[name].dim for name in pipeline.id_features]
+    widths = [width for _, width in pipeline.non_id]
+    try:
+        return build_model(builtin, id_dims=id_dims, non_id_widths=widths, **job.model_args)
+    except ConfigError:
+        raise
+    except Exception as exc:  # a model_arg of the wrong type reaching a torch constructor
+        raise ConfigError("model_args", f"{job.model}: {_short(exc)}") from exc
+
+
+def sample_forward(model: nn.Module, batch: Batch, embedding_config: EmbeddingConfig) -> None:
+    """Run ``model`` on ``batch`` with random embeddings of the config's dims, as the
+    training context would call it; the output must be finite ``(n, 1)`` logits.
+
+    Raises:
+        ConfigError: naming ``model``: forward failed or returned something else.
+    """
+    n = batch.batch_size
+    non_id = [torch.from_numpy(np.array(f.data)) for f in batch.non_id_type_features]
+    embeddings: list[Any] = []
+    for feature in batch.id_type_features:
+        config = embedding_config.features[feature.name]
+        if config.embedding_summation:
+            embeddings.append(torch.randn(n, config.dim) * 0.05)
+        else:
+            length = config.sample_fixed_size
+            mask = torch.zeros(n, length, dtype=torch.bool)
+            counts = torch.from_numpy(np.minimum(feature.counts(), length))
+            mask[torch.arange(length)[None, :] < counts[:, None]] = True
+            embeddings.append((torch.randn(n, length, config.dim) * 0.05, mask))
+    try:
+        with torch.no_grad():
+            output = model(non_id, embeddings)
+    except Exception as exc:
+        raise ConfigError("model", f"forward on a sample batch failed: {_short(exc)}") from exc
+    if not isinstance(output, torch.Tensor) or tuple(output.shape) != (n, 1):
+        shape = tuple(output.shape) if isinstance(output, torch.Tensor) else type(output).__name__
+        raise ConfigError(
+            "model", f"forward must return logits of shape ({n}, 1) for {n} samples, got {shape}"
+        )
+    if not torch.isfinite(output).all():
+        raise ConfigError("model", "forward on a sample batch returned non-finite logits")
+
+
+def validate(job: JobConfig, run_dir: Path) -> FeaturePipeline:
+    """Fit the pipeline, write ``RUN/features.json`` (and the auto ``RUN/embedding.yaml``),
+    build the model and run it on a sample batch (see the module docstring).
+
+    Raises:
+        ConfigError: any problem, naming the key and its line or the data file's line.
+    """
+    try:
+        pipeline = job.dataset_spec.fit()
+        check_label_classes(job, pipeline)
+    except CorruptDataError as exc:
+        raise ConfigError("dataset", str(exc)) from exc
+    run_dir.mkdir(parents=True, exist_ok=True)
+    save_pipeline(pipeline, run_dir / PIPELINE_FILE)
+    if job.auto_embedding:
+        text = auto_embedding_yaml(pipeline.id_features, job.embedding_dim)
+        (run_dir / EMBEDDING_FILE).write_text(text, encoding="utf-8")
+    try:
+        embedding_config = EmbeddingConfig.from_yaml(job.embedding_config_path(run_dir))
+    except ConfigError as exc:
+        raise ConfigError("embedding_config", str(exc)) from exc
+    missing = [f for f in pipeline.id_features if f not in embedding_config.features]
+    if missing:
+        raise ConfigError(
+            "embedding_config",
+            f"has no feature {missing[0]!r} of the dataset's ID features "
+            f"({', '.join(pipeline.id_features)}); use embedding_config: auto or add it",
+        )
+    model = build_job_model(job, pipeline, embedding_config)
+    try:
+        reader = job.dataset_spec.reader(pipeline, "train", SAMPLE_ROWS, train=True)
+        batch = next(iter(reader), None)
+    except CorruptDataError as exc:
+        raise ConfigError("dataset", str(exc)) from exc
+    if batch is None:
+        raise ConfigError("dataset.train", "the training split holds no rows")
+    sample_forward(model, batch, embedding_config)
+    return pipeline
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Validate the job; 0 when it is good, 2 (one ``CONFIG ERROR`` line on stderr) if not."""
+    parser = argparse.ArgumentParser(prog="python -m embeddb.trainer.launcher.validate")
+    parser.add_argument("job", type=Path, help="the training job YAML")
+    parser.add_argument("--run-dir", type=Path, required=True, help="the job's run directory")
+    args = parser.parse_args(argv)
+    job: JobConfig | None = None
+    try:
+        job = JobConfig.from_yaml(args.job)
+        validate(job, args.run_dir)
+    except EmbeddbError as exc:
+        error = exc if isinstance(exc, ConfigError) or job is None else ConfigError("", str(exc))
+        if job is not None and isinstance(error, ConfigError):
+            from embeddb.trainer.launcher.job_yaml import Where, with_line
+
+            if isinstance(job.where, Where):
+                error = with_line(error, job.where)
+        print(CONFIG_ERROR + " ".join(str(error).split()), file=sys.stderr, flush=True)
+        return EXIT_CONFIG_ERROR
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
