@@ -91,8 +91,9 @@ class _Reporting:
 
 def serve_timed(conn: Connection, workers: int) -> None:
     """:func:`serve` with the server's stages timed (patched before the server is built)."""
-    from embeddb import shard, wire
+    from embeddb.engine import shard
     from embeddb.server import servicer
+    from embeddb.transport import wire
     from embeddb.transport.rpc import boundary
 
     patch(boundary._Call, "admit", "srv  boundary: decode + checks")

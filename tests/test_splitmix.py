@@ -13,10 +13,11 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from embeddb import _routing_kernel, initializers
 from embeddb.client import _kernels as client_kernels
+from embeddb.common import _routing_kernel
 from embeddb.common.routing import SHARD_SALT, STRIPE_SALT, mix64
 from embeddb.config import InitializerConfig
+from embeddb.engine import initializers
 from embeddb.engine.storage import hash_index
 
 U64_MAX = (1 << 64) - 1
