@@ -61,15 +61,7 @@ construction too, so configs built in code are checked by the same rules.
 
 from __future__ import annotations
 
-from embeddb.config.model import (
-    EmbeddingConfig,
-    FeatureConfig,
-    InitializerConfig,
-    InitializerKind,
-    OptimizerConfig,
-    OptimizerKind,
-    TableConfig,
-)
+from embeddb.config.model import EmbeddingConfig
 from embeddb.config.store import (
     DiskTierConfig,
     ExportConfig,
@@ -80,6 +72,14 @@ from embeddb.config.store import (
     SnapshotConfig,
     StoreConfig,
     UpdateLogConfig,
+)
+from embeddb.config.tables import (
+    FeatureConfig,
+    InitializerConfig,
+    InitializerKind,
+    OptimizerConfig,
+    OptimizerKind,
+    TableConfig,
 )
 
 __all__ = [

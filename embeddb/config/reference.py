@@ -24,10 +24,11 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from embeddb.config import schema
-from embeddb.config.model import (
+from embeddb.config.model import EmbeddingConfig
+from embeddb.config.store import FsyncPolicy, LogRecovery, StoreConfig
+from embeddb.config.tables import (
     INITIALIZER_PARAMS,
     OPTIMIZER_PARAMS,
-    EmbeddingConfig,
     FeatureConfig,
     InitializerConfig,
     InitializerKind,
@@ -35,7 +36,6 @@ from embeddb.config.model import (
     OptimizerKind,
     TableConfig,
 )
-from embeddb.config.store import FsyncPolicy, LogRecovery, StoreConfig
 
 __all__ = ["Row", "attribute_docs", "markdown_table", "render_reference"]
 

@@ -4,7 +4,8 @@ The schema itself, with a worked example, is in the :mod:`embeddb.config` packag
 the key sets here are what the parser accepts (and what :mod:`embeddb.config.reference`
 documents). :class:`~embeddb.config.model.EmbeddingConfig`'s ``from_yaml``, ``from_yaml_text``,
 ``from_dict`` and ``to_dict`` delegate to this module, which builds on the dataclasses of
-:mod:`embeddb.config.model` and :mod:`embeddb.config.store`.
+:mod:`embeddb.config.tables` and :mod:`embeddb.config.store` and never imports
+:mod:`embeddb.config.model` (``tests/test_architecture_cycles.py``).
 """
 
 from __future__ import annotations
@@ -33,10 +34,10 @@ from embeddb.config._checks import (
     group_indices,
     group_of,
 )
-from embeddb.config.model import (
+from embeddb.config.store import StoreConfig
+from embeddb.config.tables import (
     INITIALIZER_PARAMS,
     OPTIMIZER_PARAMS,
-    EmbeddingConfig,
     FeatureConfig,
     InitializerConfig,
     InitializerKind,
@@ -44,7 +45,6 @@ from embeddb.config.model import (
     OptimizerKind,
     TableConfig,
 )
-from embeddb.config.store import StoreConfig
 from embeddb.errors import ConfigError
 
 __all__ = [
@@ -57,13 +57,14 @@ __all__ = [
     "TABLE_KEYS",
     "TABLE_SETTINGS",
     "TOP_KEYS",
+    "feature_to_dict",
     "load_yaml",
     "naming_source",
     "parse",
     "read_yaml_file",
     "store_from_keys",
     "store_keys",
-    "to_dict",
+    "table_to_dict",
 ]
 
 # PERSIA's docs and its versions spell the features section three ways; the first is canonical.
@@ -402,20 +403,8 @@ def store_keys(store: StoreConfig) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------------------------
-# EmbeddingConfig -> YAML schema
+# Dataclasses -> YAML schema (EmbeddingConfig.to_dict puts the parts together)
 # --------------------------------------------------------------------------------------------
-
-
-def to_dict(config: EmbeddingConfig) -> dict[str, Any]:
-    """``config`` as plain data in the YAML schema (see :meth:`EmbeddingConfig.to_dict`)."""
-    return {
-        "feature_index_prefix_bit": config.feature_index_prefix_bit,
-        "seed": config.seed,
-        "slots_config": {name: _feature_to_dict(f) for name, f in config.features.items()},
-        "feature_groups": {name: list(members) for name, members in config.feature_groups.items()},
-        "tables": {name: _table_to_dict(t) for name, t in config.tables.items()},
-        "store": store_keys(config.store),
-    }
 
 
 def _plain(value: object) -> object:
@@ -423,7 +412,8 @@ def _plain(value: object) -> object:
     return value.value if isinstance(value, enum.Enum) else value
 
 
-def _feature_to_dict(feature: FeatureConfig) -> dict[str, Any]:
+def feature_to_dict(feature: FeatureConfig) -> dict[str, Any]:
+    """``feature`` as its ``slots_config`` entry, with its explicit ``table``."""
     slot: dict[str, Any] = {
         "dim": feature.dim,
         "table": feature.table,
@@ -439,7 +429,8 @@ def _feature_to_dict(feature: FeatureConfig) -> dict[str, Any]:
     return slot
 
 
-def _table_to_dict(table: TableConfig) -> dict[str, Any]:
+def table_to_dict(table: TableConfig) -> dict[str, Any]:
+    """``table`` as its full ``tables`` entry (every setting, optimizer and initializer)."""
     optimizer, initializer = table.optimizer, table.initializer
     return {
         "dim": table.dim,
