@@ -140,7 +140,8 @@ def test_command_flags_of_store_keys_use_the_dataclass_validator(command: str) -
         assert isinstance(option.type, StoreSetting) and option.type.key == key, flag
         assert option.name == key
         variable = f"EMBEDDB_{command}_{key}".upper()
-        assert variable in ([option.envvar] if isinstance(option.envvar, str) else option.envvar)
+        variables = [option.envvar] if isinstance(option.envvar, str) else option.envvar
+        assert variables is not None and variable in variables
 
 
 @pytest.mark.parametrize("command", COMMANDS)

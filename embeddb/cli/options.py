@@ -30,7 +30,7 @@ import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -92,7 +92,13 @@ class ExistingPath(click.Path):
             raise click.ClickException(f"Invalid value{where}: {exc.message}") from exc
 
 
-class StoreSetting(click.ParamType):
+if TYPE_CHECKING:
+    _ParamType = click.ParamType[Any]
+else:  # click < 8.2: ParamType is not generic at run time
+    _ParamType = click.ParamType
+
+
+class StoreSetting(_ParamType):
     """The value of one ``store:`` setting given on the command line (or in its variable).
 
     The text is read as the YAML scalar it would be in the config file (``4``, ``always``,
