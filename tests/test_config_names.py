@@ -70,7 +70,8 @@ def test_yaml_code_and_keys_reach_one_validator(key: str, tmp_path: Path) -> Non
     with pytest.raises(ConfigError) as from_keys:
         store_from_keys({key: value})
     assert from_file.value.key == f"store.{key}"
-    assert str(from_file.value) == f"store.{key}: {_message(from_code.value)} (in {path})"
+    message = _message(from_code.value)
+    assert str(from_file.value) == f"store.{key}: {message} (in {path}:3)"  # file:line
     assert from_code.value.key == from_keys.value.key == key  # the YAML key, not the field
     assert str(from_code.value) == str(from_keys.value)
     assert expected in str(from_code.value)

@@ -170,7 +170,8 @@ class EmbeddingConfig:
 
         Raises:
             ConfigError: the file is missing or unreadable, is not valid YAML, or the config is
-                invalid (the message names the key path and the file).
+                invalid (the message names the key path, and the file and the key's line:
+                ``store.fsync: unknown fsync policy ... (in conf.yaml:7)``).
         """
         text, source = schema.read_yaml_file(path)
         return cls.from_yaml_text(text, source=source)
@@ -184,13 +185,15 @@ class EmbeddingConfig:
 
         Args:
             text: the YAML document.
-            source: where the text came from, for error messages.
+            source: where the text came from, for error messages: an invalid config's message
+                ends with `` (in SOURCE:LINE)``, the line of the offending key (or of the
+                nearest key around it), unless ``source`` is ``"<string>"``.
 
         Raises:
             ConfigError: invalid YAML or an invalid config.
         """
         data = schema.load_yaml(text, source)
-        with schema.naming_source(source):
+        with schema.naming_source(source, text):
             return cls.from_dict(data)
 
     @classmethod

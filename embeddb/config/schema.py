@@ -58,6 +58,7 @@ __all__ = [
     "TABLE_SETTINGS",
     "TOP_KEYS",
     "feature_to_dict",
+    "key_line",
     "load_yaml",
     "naming_source",
     "parse",
@@ -514,12 +515,45 @@ def load_yaml(text: str, source: str) -> Any:
         raise ConfigError("", f"{source}: invalid YAML: {exc}") from exc
 
 
+def key_line(text: str, key: str) -> int | None:
+    """The 1-based line of the YAML key path ``key`` (``tables.t.optimizer.lr``) in ``text``,
+    or of its nearest enclosing key that the text holds (a missing ``dim`` is reported at its
+    slot); None when there is none, or the text is not YAML.
+
+    Called only when an error is reported: the text is composed again (node marks only).
+    """
+    try:
+        node = yaml.compose(text, Loader=_YamlLoader)
+    except yaml.YAMLError:
+        return None
+    lines: dict[str, int] = {}
+    pending: list[tuple[str, Any]] = [("", node)]
+    while pending:
+        prefix, current = pending.pop()
+        if not isinstance(current, yaml.MappingNode):
+            continue
+        for key_node, child in current.value:
+            path = _join(prefix, key_node.value)
+            lines.setdefault(path, key_node.start_mark.line + 1)
+            pending.append((path, child))
+    parts = key.split(".")
+    for end in range(len(parts), 0, -1):
+        line = lines.get(".".join(parts[:end]))
+        if line is not None:
+            return line
+    return None
+
+
 @contextlib.contextmanager
-def naming_source(source: str) -> Iterator[None]:
-    """Add `` (in SOURCE)`` to a ConfigError raised inside, unless ``source`` is ``"<string>"``."""
+def naming_source(source: str, text: str | None = None) -> Iterator[None]:
+    """Add `` (in SOURCE:LINE)`` to a ConfigError raised inside, the line being its key's in
+    ``text`` (:func:`key_line`; `` (in SOURCE)`` without one), unless ``source`` is
+    ``"<string>"``."""
     try:
         yield
     except ConfigError as exc:
         if source == "<string>":
             raise
-        raise ConfigError(exc.key, f"{detail(exc)} (in {source})") from exc.__cause__
+        line = key_line(text, exc.key) if text is not None and exc.key else None
+        where = source if line is None else f"{source}:{line}"
+        raise ConfigError(exc.key, f"{detail(exc)} (in {where})") from exc.__cause__
