@@ -386,9 +386,10 @@ _HAND_WRITTEN = (
     "file. A pydantic wrapper that restores the messages of the `store:` keys alone took 75 "
     "lines of code, as many as the checks it would replace for every class, and the rules "
     "between keys (feature groups, shared tables, `defaults` merging, each optimizer's own "
-    "keys) stay hand-written either way. Speed is no reason either: validation takes 0.2 to "
-    "1.3 ms of a 4 to 20 ms load (the presets and a 26-table file; reading the YAML is the "
-    "rest), where the libraries would save at most about 1 ms, while importing pydantic and "
+    "keys) stay hand-written either way. Speed is no reason either: validation is a quarter "
+    "or less of a load (0.2 to 4 ms of 3 to 21 ms for the presets and a 26-table file on a "
+    "shared machine; reading the YAML is most of the rest), so the libraries would save a "
+    "few ms at most, once per process, while importing pydantic and "
     "the prototype's classes adds about 170 ms to a command's start (msgspec: 8 ms) and its "
     "wheels weigh 2.6 MB (msgspec: 0.2 MB) against no new dependency today."
 )
