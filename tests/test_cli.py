@@ -60,8 +60,10 @@ def test_serve_threads_overrides_only_the_store_threads() -> None:
     assert changed.tables == config.tables and changed.store.ram == config.store.ram
 
 
-def test_serve_and_cluster_refuse_a_zero_threads_option() -> None:
+def test_serve_and_cluster_refuse_a_threads_option_out_of_range() -> None:
+    # One validator: the flag is checked by store.threads' own rule, 0 (every CPU) to 256.
     for command in (["serve", "--ephemeral"], ["cluster", "--ephemeral"]):
-        result = CliRunner().invoke(main, [*command, "--threads", "0"])
+        result = CliRunner().invoke(main, [*command, "--threads", "257"])
         assert result.exit_code == 2
         assert "--threads" in result.output and "Traceback" not in result.output
+        assert "threads: must be an integer in [0, 256], got 257" in result.output

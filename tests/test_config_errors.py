@@ -410,7 +410,47 @@ def test_file_errors_name_key_and_file(tmp_path: Path) -> None:
     path = tmp_path / "bad.yaml"
     path.write_text("slots_config: {age: {dim: 0}}\n", encoding="utf-8")
     with pytest.raises(
-        ConfigError, match=r"^slots_config\.age\.dim: .*\(in .*bad\.yaml\)$"
+        ConfigError, match=r"^slots_config\.age\.dim: .*\(in .*bad\.yaml:1\)$"
     ) as info:
         EmbeddingConfig.from_yaml(str(path))
     assert info.value.key == "slots_config.age.dim"
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "line"),
+    [
+        ("slots_config:\n  a: {dim: 4}\nstore:\n  threads: 2\n  fsync: alway\n", "store.fsync", 5),
+        (
+            "slots_config:\n  a: {dim: 4}\ntables:\n  a:\n    optimizer:\n      type: sgd\n"
+            "      lr: -1\n",
+            "tables.a.optimizer.lr",
+            7,
+        ),
+        # a missing key is reported at the entry that lacks it
+        (
+            "seed: 1\nslots_config:\n  a: {dim: 4}\n  b: {sqrt_scaling: true}\n",
+            "slots_config.b.dim",
+            4,
+        ),
+        # a table name with a dot is one component of the path
+        ("slots_config:\n  a: {dim: 4}\ntables:\n  x.y:\n    dim: 0\n", "tables.x.y.dim", 5),
+    ],
+)
+def test_file_errors_name_the_line_of_the_key(
+    tmp_path: Path, text: str, key: str, line: int
+) -> None:
+    path = tmp_path / "conf.yaml"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(ConfigError) as info:
+        EmbeddingConfig.from_yaml(path)
+    assert info.value.key == key
+    assert str(info.value).endswith(f" (in {path}:{line})")
+
+
+def test_an_error_of_the_whole_file_names_the_file_only(tmp_path: Path) -> None:
+    path = tmp_path / "conf.yaml"
+    path.write_text("seed: 1\n", encoding="utf-8")
+    with pytest.raises(ConfigError) as info:
+        EmbeddingConfig.from_yaml(path)
+    assert info.value.key == "tables"  # no tables: no line to point at
+    assert str(info.value).endswith(f" (in {path})")

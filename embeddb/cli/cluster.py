@@ -21,6 +21,7 @@ from embeddb.cli.options import (
     log_options,
     metrics_host_option,
     options,
+    store_option,
 )
 
 __all__ = ["cluster"]
@@ -105,7 +106,7 @@ def _write_stderr(text: str) -> None:
 @click.option("--fail-fast", is_flag=True, help="Stop the cluster when a shard is given up.")
 @log_options()
 @click.option("--workers", type=click.IntRange(min=1), help="Passed to every shard.")
-@click.option("--threads", type=click.IntRange(min=1, max=256), help="Passed to every shard.")
+@store_option("threads", help="Passed to every shard (its store.threads).")
 @click.option("--max-message-mb", type=click.IntRange(min=1), help="Passed to every shard.")
 @click.option("--max-ids-per-request", type=click.IntRange(min=1), help="Passed to every shard.")
 @click.option(

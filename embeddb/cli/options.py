@@ -19,6 +19,9 @@ Groups (the parameter names the command function receives):
                          whose ``config()`` is the server's ``embeddb.transport.rpc.ListenConfig``
     client_auth_options  --[PREFIX]token-file, --[PREFIX]tls-ca, --[PREFIX]tls-server-name:
                          how a command or a server reaches other shards
+    store_option         --KEY for the ``store:`` key KEY (KEY): one name per setting (the flag
+                         is the key with dashes, its variable follows from the flag), one
+                         validator (the setting's dataclass, as for the YAML file)
 """
 
 from __future__ import annotations
@@ -27,12 +30,14 @@ import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from embeddb.cli.common import read_bytes, server_tokens
 from embeddb.cli.logs import LOG_FORMATS
+from embeddb.config.schema import STORE_KEYS, load_yaml, store_from_keys
+from embeddb.errors import ConfigError
 from embeddb.transport.rpc.listen import ListenConfig
 
 __all__ = [
@@ -45,6 +50,7 @@ __all__ = [
     "NEW_FILE",
     "ExistingPath",
     "ListenArgs",
+    "StoreSetting",
     "check_metrics_options",
     "check_tokens_options",
     "client_auth_options",
@@ -58,6 +64,8 @@ __all__ = [
     "metrics_options",
     "options",
     "server_tls_options",
+    "store_flag",
+    "store_option",
     "tokens_options",
 ]
 
@@ -82,6 +90,52 @@ class ExistingPath(click.Path):
             hint = exc.param_hint or (param.get_error_hint(ctx) if param and ctx else None)
             where = f" for {hint}" if hint else ""
             raise click.ClickException(f"Invalid value{where}: {exc.message}") from exc
+
+
+if TYPE_CHECKING:
+    _ParamType = click.ParamType[Any]
+else:  # click < 8.2: ParamType is not generic at run time
+    _ParamType = click.ParamType
+
+
+class StoreSetting(_ParamType):
+    """The value of one ``store:`` setting given on the command line (or in its variable).
+
+    The text is read as the YAML scalar it would be in the config file (``4``, ``always``,
+    ``null``) and checked by the setting's dataclass, the one validator of the setting: a bad
+    value is refused with the message the YAML file gets (``threads: must be an integer in
+    [0, 256], got 300``). The converted value is the dataclass's normalised one.
+    """
+
+    def __init__(self, key: str) -> None:
+        if key not in STORE_KEYS:
+            raise LookupError(f"{key!r} is not a store: key ({', '.join(STORE_KEYS)})")
+        self.key = key
+        self.name = key
+
+    def get_metavar(self, param: click.Parameter, ctx: click.Context) -> str:
+        """``KEY`` upper case (``--fsync-interval-ms FSYNC_INTERVAL_MS``)."""
+        return self.key.upper()
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        """The setting's normalised value.
+
+        Raises:
+            click.BadParameter: the dataclass refuses the value (its message, naming the key).
+        """
+        try:
+            parsed = load_yaml(value, store_flag(self.key)) if isinstance(value, str) else value
+            store = store_from_keys({self.key: parsed})
+        except ConfigError as exc:
+            self.fail(str(exc), param, ctx)
+        group, name = STORE_KEYS[self.key]
+        return getattr(getattr(store, group), name)
+
+
+def store_flag(key: str) -> str:
+    """The command-line flag of the ``store:`` key ``key``: ``--`` + the key, dashes for
+    underscores (``fsync_interval_ms`` -> ``--fsync-interval-ms``)."""
+    return "--" + key.replace("_", "-")
 
 
 LOG_LEVELS = click.Choice(["debug", "info", "warning", "error"])
@@ -111,6 +165,14 @@ def options(*decorators: Decorator) -> Decorator:
 def config_option(help: str) -> Decorator:
     """``--config PATH``: an embedding config YAML (read with ``common.load_config``)."""
     return click.option("--config", "config_path", type=EXISTING_FILE, help=help)
+
+
+def store_option(key: str, help: str) -> Decorator:
+    """``--KEY`` (:func:`store_flag`) overriding the ``store:`` setting ``key`` of the config;
+    the command receives it as the parameter ``key`` (None when not given), checked by the
+    setting's dataclass (:class:`StoreSetting`). :func:`~embeddb.cli.envvars.from_environment`
+    derives its variable from the flag (``EMBEDDB_SERVE_THREADS``)."""
+    return click.option(store_flag(key), key, type=StoreSetting(key), help=help)
 
 
 def data_dir_option(

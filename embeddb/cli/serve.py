@@ -28,6 +28,7 @@ from embeddb.cli.options import (
     data_dir_option,
     listen_options,
     log_options,
+    store_option,
 )
 from embeddb.cli.target import ADDRESSES_METAVAR, addresses_option
 from embeddb.config import StoreConfig
@@ -141,12 +142,11 @@ __all__ = ["serve", "serve_model"]
 @click.option(
     "--workers", type=click.IntRange(min=1), default=ServerConfig().workers, show_default=True
 )
-@click.option(
-    "--threads",
-    type=click.IntRange(min=1, max=256),
-    help="Threads that may serve the stripes of one large call (overrides the config's "
-    "store.threads; default: the config's, 0 = every CPU). `embeddb train` sets it from the "
-    "job's core budget.",
+@store_option(
+    "threads",
+    help="Threads that may serve the stripes of one large call, 0 to 256 (overrides the "
+    "config's store.threads; default: the config's; 0 = every CPU). `embeddb train` sets it "
+    "from the job's core budget.",
 )
 @click.option(
     "--grace",

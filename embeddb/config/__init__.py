@@ -55,21 +55,15 @@ How features map to groups and tables:
   ``eps`` then defaults to 1e-8. A table's ``seed`` defaults to the top-level ``seed``.
 
 Every invalid value raises :class:`~embeddb.errors.ConfigError` whose key is the dotted path of
-the offending YAML key, e.g. ``slots_config.age.dim``. The dataclasses validate themselves on
-construction too, so configs built in code are checked by the same rules.
+the offending YAML key, e.g. ``slots_config.age.dim``; read from a file, the message ends with
+the file and the key's line (``(in conf.yaml:3)``). The dataclasses validate themselves on
+construction too, so configs built in code are checked by the same rules and get the same
+messages (a ``store:`` setting is named by its YAML key in code too: ``log_segment_mb``).
 """
 
 from __future__ import annotations
 
-from embeddb.config.model import (
-    EmbeddingConfig,
-    FeatureConfig,
-    InitializerConfig,
-    InitializerKind,
-    OptimizerConfig,
-    OptimizerKind,
-    TableConfig,
-)
+from embeddb.config.model import EmbeddingConfig
 from embeddb.config.store import (
     DiskTierConfig,
     ExportConfig,
@@ -80,6 +74,14 @@ from embeddb.config.store import (
     SnapshotConfig,
     StoreConfig,
     UpdateLogConfig,
+)
+from embeddb.config.tables import (
+    FeatureConfig,
+    InitializerConfig,
+    InitializerKind,
+    OptimizerConfig,
+    OptimizerKind,
+    TableConfig,
 )
 
 __all__ = [

@@ -4,7 +4,8 @@ The schema itself, with a worked example, is in the :mod:`embeddb.config` packag
 the key sets here are what the parser accepts (and what :mod:`embeddb.config.reference`
 documents). :class:`~embeddb.config.model.EmbeddingConfig`'s ``from_yaml``, ``from_yaml_text``,
 ``from_dict`` and ``to_dict`` delegate to this module, which builds on the dataclasses of
-:mod:`embeddb.config.model` and :mod:`embeddb.config.store`.
+:mod:`embeddb.config.tables` and :mod:`embeddb.config.store` and never imports
+:mod:`embeddb.config.model` (``tests/test_architecture_cycles.py``).
 """
 
 from __future__ import annotations
@@ -33,10 +34,10 @@ from embeddb.config._checks import (
     group_indices,
     group_of,
 )
-from embeddb.config.model import (
+from embeddb.config.store import StoreConfig
+from embeddb.config.tables import (
     INITIALIZER_PARAMS,
     OPTIMIZER_PARAMS,
-    EmbeddingConfig,
     FeatureConfig,
     InitializerConfig,
     InitializerKind,
@@ -44,7 +45,6 @@ from embeddb.config.model import (
     OptimizerKind,
     TableConfig,
 )
-from embeddb.config.store import StoreConfig
 from embeddb.errors import ConfigError
 
 __all__ = [
@@ -57,13 +57,15 @@ __all__ = [
     "TABLE_KEYS",
     "TABLE_SETTINGS",
     "TOP_KEYS",
+    "feature_to_dict",
+    "key_line",
     "load_yaml",
     "naming_source",
     "parse",
     "read_yaml_file",
     "store_from_keys",
     "store_keys",
-    "to_dict",
+    "table_to_dict",
 ]
 
 # PERSIA's docs and its versions spell the features section three ways; the first is canonical.
@@ -402,20 +404,8 @@ def store_keys(store: StoreConfig) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------------------------
-# EmbeddingConfig -> YAML schema
+# Dataclasses -> YAML schema (EmbeddingConfig.to_dict puts the parts together)
 # --------------------------------------------------------------------------------------------
-
-
-def to_dict(config: EmbeddingConfig) -> dict[str, Any]:
-    """``config`` as plain data in the YAML schema (see :meth:`EmbeddingConfig.to_dict`)."""
-    return {
-        "feature_index_prefix_bit": config.feature_index_prefix_bit,
-        "seed": config.seed,
-        "slots_config": {name: _feature_to_dict(f) for name, f in config.features.items()},
-        "feature_groups": {name: list(members) for name, members in config.feature_groups.items()},
-        "tables": {name: _table_to_dict(t) for name, t in config.tables.items()},
-        "store": store_keys(config.store),
-    }
 
 
 def _plain(value: object) -> object:
@@ -423,7 +413,8 @@ def _plain(value: object) -> object:
     return value.value if isinstance(value, enum.Enum) else value
 
 
-def _feature_to_dict(feature: FeatureConfig) -> dict[str, Any]:
+def feature_to_dict(feature: FeatureConfig) -> dict[str, Any]:
+    """``feature`` as its ``slots_config`` entry, with its explicit ``table``."""
     slot: dict[str, Any] = {
         "dim": feature.dim,
         "table": feature.table,
@@ -439,7 +430,8 @@ def _feature_to_dict(feature: FeatureConfig) -> dict[str, Any]:
     return slot
 
 
-def _table_to_dict(table: TableConfig) -> dict[str, Any]:
+def table_to_dict(table: TableConfig) -> dict[str, Any]:
+    """``table`` as its full ``tables`` entry (every setting, optimizer and initializer)."""
     optimizer, initializer = table.optimizer, table.initializer
     return {
         "dim": table.dim,
@@ -523,12 +515,45 @@ def load_yaml(text: str, source: str) -> Any:
         raise ConfigError("", f"{source}: invalid YAML: {exc}") from exc
 
 
+def key_line(text: str, key: str) -> int | None:
+    """The 1-based line of the YAML key path ``key`` (``tables.t.optimizer.lr``) in ``text``,
+    or of its nearest enclosing key that the text holds (a missing ``dim`` is reported at its
+    slot); None when there is none, or the text is not YAML.
+
+    Called only when an error is reported: the text is composed again (node marks only).
+    """
+    try:
+        node = yaml.compose(text, Loader=_YamlLoader)
+    except yaml.YAMLError:
+        return None
+    lines: dict[str, int] = {}
+    pending: list[tuple[str, Any]] = [("", node)]
+    while pending:
+        prefix, current = pending.pop()
+        if not isinstance(current, yaml.MappingNode):
+            continue
+        for key_node, child in current.value:
+            path = _join(prefix, key_node.value)
+            lines.setdefault(path, key_node.start_mark.line + 1)
+            pending.append((path, child))
+    parts = key.split(".")
+    for end in range(len(parts), 0, -1):
+        line = lines.get(".".join(parts[:end]))
+        if line is not None:
+            return line
+    return None
+
+
 @contextlib.contextmanager
-def naming_source(source: str) -> Iterator[None]:
-    """Add `` (in SOURCE)`` to a ConfigError raised inside, unless ``source`` is ``"<string>"``."""
+def naming_source(source: str, text: str | None = None) -> Iterator[None]:
+    """Add `` (in SOURCE:LINE)`` to a ConfigError raised inside, the line being its key's in
+    ``text`` (:func:`key_line`; `` (in SOURCE)`` without one), unless ``source`` is
+    ``"<string>"``."""
     try:
         yield
     except ConfigError as exc:
         if source == "<string>":
             raise
-        raise ConfigError(exc.key, f"{detail(exc)} (in {source})") from exc.__cause__
+        line = key_line(text, exc.key) if text is not None and exc.key else None
+        where = source if line is None else f"{source}:{line}"
+        raise ConfigError(exc.key, f"{detail(exc)} (in {where})") from exc.__cause__
