@@ -62,7 +62,6 @@ from embeddb.config import EmbeddingConfig, StoreConfig
 from embeddb.durability.dirlock import DirectoryLock
 from embeddb.durability.snapshot import Chunk, SnapshotReceiver, read_manifest
 from embeddb.errors import (
-    ERROR_BY_STATUS,
     ConfigError,
     CorruptDataError,
     EmbeddbError,
@@ -72,6 +71,7 @@ from embeddb.errors import (
     UnauthenticatedError,
     UnavailableError,
 )
+from embeddb.status import error_from_rpc
 from embeddb.server.follower_config import (
     PrimaryLayout,
     SnapshotLimits,
@@ -566,10 +566,7 @@ class Follower:
                 call.cancel()
 
     def _translate(self, exc: grpc.RpcError, method: str) -> EmbeddbError:
-        code = exc.code()
-        status = getattr(code, "name", str(code))
-        message = f"primary {self.options.primary} {method}: {status}: {exc.details()}"
-        return ERROR_BY_STATUS.get(status, UnavailableError)(message)
+        return error_from_rpc(exc, f"primary {self.options.primary} {method}")
 
     @staticmethod
     def _discard(shard: Shard) -> None:
