@@ -23,9 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "embeddb"
 
 #: The top-level modules outside the core (docs/architecture.md §2): transports, the SDKs, the CLI.
-NOT_CORE = {
-    "__main__", "cli", "demo", "client", "trainer", "server", "rpc", "status", "wire", "v1"
-}
+NOT_CORE = {"__main__", "cli", "demo", "client", "trainer", "server", "rpc", "status", "wire", "v1"}
 #: What the client may import: the stubs, the wire format and the core's leaf modules.
 CLIENT_MAY_IMPORT = {
     "client",

@@ -79,7 +79,7 @@ def test_only_unavailable_and_cancelled_are_retried_by_default(code: grpc.Status
     policy = RetryPolicy(jitter=0)
     expected = 0.05 if code in (Code.UNAVAILABLE, Code.CANCELLED) else None
     assert policy.delay(code, 1) == expected
-    assert DEFAULT_RETRYABLE == {Code.UNAVAILABLE, Code.CANCELLED}
+    assert frozenset({Code.UNAVAILABLE, Code.CANCELLED}) == DEFAULT_RETRYABLE
     assert Code.RESOURCE_EXHAUSTED not in policy.retryable  # a limit the retry meets again
 
 
@@ -113,7 +113,7 @@ def test_an_error_is_retried_by_its_status() -> None:
     ],
 )
 def test_a_bad_policy_names_its_key(kwargs: dict[str, Any], key: str) -> None:
-    with pytest.raises(ConfigError, match=f"^{key}: "):
+    with pytest.raises(ConfigError, match=rf"^{key}: "):
         RetryPolicy(**kwargs)
 
 
@@ -126,7 +126,7 @@ def test_the_older_settings_map_onto_the_policy() -> None:
     assert ClientOptions().retry_policy == RetryPolicy()
     own = RetryPolicy(attempts=7)
     assert ClientOptions(retry=own).retry_policy is own
-    with pytest.raises(ConfigError, match="^retry: "):
+    with pytest.raises(ConfigError, match=r"^retry: "):
         ClientOptions(retry=3)  # type: ignore[arg-type]
     worker = EmbeddingWorkerConfig(retries=3, retry_backoff=0.2)
     policy = worker.retry_policy

@@ -233,9 +233,11 @@ def test_a_server_bug_reaches_the_client_as_internal_error(
         raise ZeroDivisionError("division by zero")
 
     monkeypatch.setattr(served.shards[0], "stats", bug)
-    with Client(served.addresses, ClientOptions(verify_topology=False)) as client:
-        with pytest.raises(EmbeddbError) as info:
-            client.stats()
+    with (
+        Client(served.addresses, ClientOptions(verify_topology=False)) as client,
+        pytest.raises(EmbeddbError) as info,
+    ):
+        client.stats()
     assert type(info.value) is InternalError
     assert not isinstance(info.value, OSError)
     assert "Stats failed: INTERNAL: internal error in" in str(info.value)
@@ -256,9 +258,11 @@ def test_a_storage_error_on_the_server_is_internal_and_a_full_disk_exhausted(
             raise error
 
         monkeypatch.setattr(served.shards[0], "stats", fail)
-        with Client(served.addresses, ClientOptions(verify_topology=False)) as client:
-            with pytest.raises(EmbeddbError) as info:
-                client.stats()
+        with (
+            Client(served.addresses, ClientOptions(verify_topology=False)) as client,
+            pytest.raises(EmbeddbError) as info,
+        ):
+            client.stats()
         assert type(info.value) is expected
         assert str(raised) in str(info.value)
 

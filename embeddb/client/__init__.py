@@ -46,8 +46,8 @@ if __name__ != "embeddb.client":  # the top-level folder is a link, not a second
 from .aio import AsyncClient
 from .errors import DeadlineExceededError, InternalError, RemoteError
 from .options import ClientOptions, SimulatedNetwork, read_address_file
-from .retry import RetryPolicy
 from .plans import CheckpointPart, ListedSnapshot, PushResult, ShardStatsDict, TableDescription
+from .retry import RetryPolicy
 from .sync import Client
 from .warmup import warm_up_client
 

@@ -59,10 +59,10 @@ from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import Message
 
 from embeddb.errors import EmbeddbError, InvalidArgumentError, ResourceExhaustedError
-from embeddb.status import code_of
 from embeddb.rpc.auth import CALLER_ROLE, AccessPolicy, Role, Tokens, authenticate
 from embeddb.rpc.budget import MemoryBudget
 from embeddb.rpc.interceptors import RateLimitedLog
+from embeddb.status import code_of
 
 __all__ = [
     "ANSWER_COPIES",

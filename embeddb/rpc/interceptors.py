@@ -114,9 +114,7 @@ class ErrorInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
 
         return rewrap(handler, guarded)
 
-    def _unexpected(
-        self, method: str, context: grpc.ServicerContext, error: Exception
-    ) -> NoReturn:
+    def _unexpected(self, method: str, context: grpc.ServicerContext, error: Exception) -> NoReturn:
         """Log the exception being handled (rate-limited) and answer with its code (INTERNAL)."""
         self._log.log(logging.ERROR, method, f"unexpected error in {method}", exc_info=True)
         context.abort(code_of(error), f"internal error in {method}; see server log")

@@ -71,7 +71,6 @@ from embeddb.errors import (
     UnauthenticatedError,
     UnavailableError,
 )
-from embeddb.status import error_from_rpc
 from embeddb.server.follower_config import (
     PrimaryLayout,
     SnapshotLimits,
@@ -82,6 +81,7 @@ from embeddb.server.follower_config import (
 from embeddb.server.served_shard import ServedShard
 from embeddb.server.servicer import HEARTBEAT_S
 from embeddb.shard import Shard
+from embeddb.status import error_from_rpc
 from embeddb.v1 import embeddb_pb2 as pb
 from embeddb.v1 import embeddb_pb2_grpc as pb_grpc
 
@@ -153,7 +153,7 @@ class FollowerOptions:
         # gRPC's own reconnect backoff (up to 2 minutes by default) would delay resuming after a
         # primary restart; keep it within ours.
         options: list[tuple[str, Any]] = [
-            *self.client.channel_options,
+            *(o for o in self.client.channel_options if not o[0].endswith("reconnect_backoff_ms")),
             ("grpc.initial_reconnect_backoff_ms", int(self.backoff * 1000)),
             ("grpc.min_reconnect_backoff_ms", int(self.backoff * 1000)),
             ("grpc.max_reconnect_backoff_ms", int(self.max_backoff * 1000)),
