@@ -155,4 +155,5 @@ def status_of(error: EmbeddbError) -> str:
     """
     from embeddb.status import code_of
 
-    return code_of(error).name
+    name: str = code_of(error).name
+    return name

@@ -339,3 +339,17 @@ def test_the_worker_resumes_once_the_shard_is_back(
     asyncio.run(main())
     assert seen[0] == (Code.UNAVAILABLE, 1)
     assert [n for _, n in seen] == list(range(1, len(seen) + 1)) and len(seen) <= config.retries
+
+
+def test_the_follower_reconnects_with_the_same_backoff() -> None:
+    """The follower's reconnect loop waits ``backoff(n)`` of two policies (the feed's, and the
+    longer one of re-bootstraps that follow each other), no backoff of its own."""
+    from embeddb.server.follower import FollowerOptions
+
+    options = FollowerOptions(
+        "127.0.0.1:7070", backoff=0.125, max_backoff=0.5, max_bootstrap_backoff=1.0
+    )
+    feed, boot = options.reconnect_policy, options.bootstrap_policy
+    assert [feed.backoff(n) for n in range(1, 6)] == [0.125, 0.25, 0.5, 0.5, 0.5]
+    assert [boot.backoff(n) for n in range(1, 6)] == [0.125, 0.25, 0.5, 1.0, 1.0]
+    assert feed.jittered(0.5, Fixed(1.0)) == 0.25 and feed.jittered(0.5, Fixed(0.0)) == 0.5

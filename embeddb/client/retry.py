@@ -147,10 +147,15 @@ class RetryPolicy:
         jitter source (``None``: the :mod:`random` module's)."""
         if not self.should_retry(code, attempt):
             return None
-        wait = self.backoff(attempt)
-        if self.jitter:
-            wait *= 1.0 - self.jitter * (rng or random).random()
+        wait = self.jittered(self.backoff(attempt), rng)
         return wait if wait < remaining else None
+
+    def jittered(self, seconds: float, rng: random.Random | None = None) -> float:
+        """``seconds`` less the random fraction ``jitter`` of it (``rng``: the jitter source;
+        ``None``: the :mod:`random` module's)."""
+        if not self.jitter:
+            return seconds
+        return seconds * (1.0 - self.jitter * (rng or random).random())
 
     def delay_after(
         self,

@@ -45,7 +45,6 @@ stream the log).
 from __future__ import annotations
 
 import logging
-import random
 import shutil
 import threading
 import time
@@ -58,6 +57,7 @@ import grpc
 
 from embeddb.client.options import ClientOptions, check_address
 from embeddb.client.plans import TableDescription
+from embeddb.client.retry import RetryPolicy
 from embeddb.config import EmbeddingConfig, StoreConfig
 from embeddb.durability.dirlock import DirectoryLock
 from embeddb.durability.snapshot import Chunk, SnapshotReceiver, read_manifest
@@ -129,6 +129,16 @@ class FollowerOptions:
     store: StoreConfig | None = None
     max_bootstrap_backoff: float = 60.0
     limits: SnapshotLimits = field(default_factory=SnapshotLimits)
+
+    @property
+    def reconnect_policy(self) -> RetryPolicy:
+        """The waits between reconnects (only the backoff is used: the follower never stops)."""
+        return RetryPolicy(initial_backoff=self.backoff, max_backoff=self.max_backoff)
+
+    @property
+    def bootstrap_policy(self) -> RetryPolicy:
+        """The waits before re-bootstraps that follow each other (at least a reconnect's)."""
+        return RetryPolicy(initial_backoff=self.backoff, max_backoff=self.max_bootstrap_backoff)
 
     def __post_init__(self) -> None:
         check_address(self.primary, "primary")
@@ -331,7 +341,8 @@ class Follower:
 
     # ------------------------------------------------------------------ the loop
     def _run(self) -> None:
-        delay = boot_delay = self.options.backoff
+        feed, boot = self.options.reconnect_policy, self.options.bootstrap_policy
+        reconnects = boots = 0  # since records last flowed / since rows were last applied
         bootstrap, take_new = True, False
         failures = 0  # in a row, without progress: only some are logged as warnings
         try:
@@ -369,20 +380,20 @@ class Follower:
                 if self._stop.is_set():
                     break
                 if self._progress:
-                    delay = self.options.backoff
+                    reconnects = 0
                 if self.applied_records > applied:
-                    boot_delay = self.options.backoff
-                wait = delay
+                    boots = 0
+                reconnects += 1
+                wait = feed.backoff(reconnects)
                 if bootstrap and self.bootstraps:  # a re-bootstrap: back off between copies
-                    wait = max(delay, boot_delay)
+                    boots += 1
+                    wait = max(wait, boot.backoff(boots))
                     logger.warning(
                         "bootstrapping again from %s in %.2fs (%d bootstraps so far)",
                         self.options.primary, wait, self.bootstraps,
                     )  # fmt: skip
-                    boot_delay = min(self.options.max_bootstrap_backoff, boot_delay * 2)
                 self.reconnects += 1
-                self._stop.wait(wait * (0.5 + 0.5 * random.random()))
-                delay = min(self.options.max_backoff, delay * 2)
+                self._stop.wait(feed.jittered(wait))
         except _Fatal as exc:
             self.error = exc.error
             logger.error("follower of %s stopped: %s", self.options.primary, exc.error)
