@@ -3,24 +3,24 @@ server's HTTP statuses). Every server and every client translates through it.
 
 One row per status code (``OK`` aside)::
 
-    code                 a client raises        a server sends it for              HTTP
-    CANCELLED            UnavailableError       (none: UnavailableError is UNAVAILABLE) 503
-    UNKNOWN              RemoteError            RemoteError                         500
-    INVALID_ARGUMENT     InvalidArgumentError   InvalidArgumentError, ConfigError   400
-    DEADLINE_EXCEEDED    DeadlineExceededError  DeadlineExceededError               504
-    NOT_FOUND            NotFoundError          NotFoundError                       404
-    ALREADY_EXISTS       RemoteError            (none)                              409
-    PERMISSION_DENIED    PermissionDeniedError  PermissionDeniedError               403
-    RESOURCE_EXHAUSTED   ResourceExhaustedError ResourceExhaustedError              413
-    FAILED_PRECONDITION  FailedPreconditionError FailedPreconditionError            400
-    ABORTED              RemoteError            (none)                              409
-    OUT_OF_RANGE         OutOfRangeError        OutOfRangeError                     400
-    UNIMPLEMENTED        RemoteError            (none)                              501
-    INTERNAL             InternalError          InternalError, StorageError, any    500
-                                                other exception (a bug)
-    UNAVAILABLE          UnavailableError       UnavailableError                    503
-    DATA_LOSS            CorruptDataError       CorruptDataError                    500
-    UNAUTHENTICATED      UnauthenticatedError   UnauthenticatedError                401
+    code                 a client raises          a server sends it for                 HTTP
+    CANCELLED            UnavailableError         (none)                                503
+    UNKNOWN              RemoteError              RemoteError                           500
+    INVALID_ARGUMENT     InvalidArgumentError     InvalidArgumentError, ConfigError     400
+    DEADLINE_EXCEEDED    DeadlineExceededError    DeadlineExceededError                 504
+    NOT_FOUND            NotFoundError            NotFoundError                         404
+    ALREADY_EXISTS       RemoteError              (none)                                409
+    PERMISSION_DENIED    PermissionDeniedError    PermissionDeniedError                 403
+    RESOURCE_EXHAUSTED   ResourceExhaustedError   ResourceExhaustedError                413
+    FAILED_PRECONDITION  FailedPreconditionError  FailedPreconditionError               400
+    ABORTED              RemoteError              (none)                                409
+    OUT_OF_RANGE         OutOfRangeError          OutOfRangeError                       400
+    UNIMPLEMENTED        RemoteError              (none)                                501
+    INTERNAL             InternalError            InternalError, StorageError, and any  500
+                                                  other exception (a bug)
+    UNAVAILABLE          UnavailableError         UnavailableError                      503
+    DATA_LOSS            CorruptDataError         CorruptDataError                      500
+    UNAUTHENTICATED      UnauthenticatedError     UnauthenticatedError                  401
 
 Server side (:func:`code_of`): an exception is sent as the code of the first class of its MRO
 listed in the third column, so subclasses follow their parents (``TableNotFoundError`` is
