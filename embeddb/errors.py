@@ -17,30 +17,34 @@ one type. Errors caused by the caller's input also derive from the matching buil
     │                                              (embeddb.engine.durability.log; re-bootstrap)
     ├── UnauthenticatedError                       missing or wrong credentials
     ├── UnavailableError                           the shard is closed or not serving
+    ├── DeadlineExceededError       (TimeoutError) a call ran past its deadline
+    ├── InternalError                              the other side failed unexpectedly (a bug)
+    ├── RemoteError                                a status embeddb does not map (UNKNOWN, ...)
     └── StorageError                (OSError)      the disk tier or data directory failed
         ├── CorruptDataError                       a stored artefact failed its checks
         ├── StorageFullError  (ResourceExhausted)  the data directory is full (ENOSPC)
         └── StorageFaultError (Unavailable)        an I/O error or a read-only filesystem
 
 Foreign exceptions (RocksDB, YAML, OS) are translated at the layer that calls them, to the most
-specific type above, with ``raise ... from exc`` so the cause stays visible. The server maps this
-tree to gRPC status codes in one table (:data:`STATUS_BY_ERROR`, below) and the client maps them
-back (:data:`ERROR_BY_STATUS`).
+specific type above, with ``raise ... from exc`` so the cause stays visible. Servers map this
+tree to gRPC status codes, and clients map the codes back, with the one table of
+:mod:`embeddb.transport.status` (which imports grpc; this module does not).
 """
 
 from __future__ import annotations
 
 __all__ = [
-    "ERROR_BY_STATUS",
-    "STATUS_BY_ERROR",
     "ConfigError",
     "CorruptDataError",
+    "DeadlineExceededError",
     "EmbeddbError",
     "FailedPreconditionError",
+    "InternalError",
     "InvalidArgumentError",
     "NotFoundError",
     "OutOfRangeError",
     "PermissionDeniedError",
+    "RemoteError",
     "ResourceExhaustedError",
     "StorageError",
     "StorageFaultError",
@@ -48,7 +52,6 @@ __all__ = [
     "TableNotFoundError",
     "UnauthenticatedError",
     "UnavailableError",
-    "status_of",
 ]
 
 
@@ -108,6 +111,22 @@ class UnavailableError(EmbeddbError):
     """The shard is closed, shutting down, or otherwise not serving."""
 
 
+class DeadlineExceededError(EmbeddbError, TimeoutError):
+    """A call did not finish within its deadline (status ``DEADLINE_EXCEEDED``): the
+    client's ``timeout`` ran out, or a link went silent."""
+
+
+class InternalError(EmbeddbError):
+    """The other side failed unexpectedly (status ``INTERNAL``): a bug in the server, logged
+    there with its traceback. Not a :class:`StorageError`: nothing says a disk failed."""
+
+
+class RemoteError(EmbeddbError):
+    """A status embeddb does not map to a class of its own (``UNKNOWN``, ``UNIMPLEMENTED``,
+    ``ABORTED``, ``ALREADY_EXISTS``): the other side speaks a protocol this side does not
+    know, or something between them (a proxy) answered."""
+
+
 class StorageError(EmbeddbError, OSError):
     """The disk tier or the data directory failed (I/O error, full disk, wrong layout)."""
 
@@ -124,44 +143,3 @@ class StorageFullError(ResourceExhaustedError, StorageError):
 class StorageFaultError(UnavailableError, StorageError):
     """A write or fsync failed with an I/O error, or the filesystem is read-only: the shard
     refuses writes until it is restarted (``UNAVAILABLE``)."""
-
-
-# The one table between this tree and gRPC status codes (by name, so the core never imports
-# grpc). The server maps an error to the status of its most specific listed class; the client
-# maps a status back to the class listed for it.
-STATUS_BY_ERROR: dict[type[EmbeddbError], str] = {
-    ConfigError: "INVALID_ARGUMENT",
-    InvalidArgumentError: "INVALID_ARGUMENT",
-    TableNotFoundError: "NOT_FOUND",
-    NotFoundError: "NOT_FOUND",
-    ResourceExhaustedError: "RESOURCE_EXHAUSTED",
-    PermissionDeniedError: "PERMISSION_DENIED",
-    FailedPreconditionError: "FAILED_PRECONDITION",
-    OutOfRangeError: "OUT_OF_RANGE",
-    UnauthenticatedError: "UNAUTHENTICATED",
-    UnavailableError: "UNAVAILABLE",
-    CorruptDataError: "DATA_LOSS",
-    StorageFullError: "RESOURCE_EXHAUSTED",
-    StorageFaultError: "UNAVAILABLE",
-    StorageError: "INTERNAL",
-}
-ERROR_BY_STATUS: dict[str, type[EmbeddbError]] = {
-    "INVALID_ARGUMENT": InvalidArgumentError,
-    "NOT_FOUND": NotFoundError,
-    "RESOURCE_EXHAUSTED": ResourceExhaustedError,
-    "PERMISSION_DENIED": PermissionDeniedError,
-    "FAILED_PRECONDITION": FailedPreconditionError,
-    "OUT_OF_RANGE": OutOfRangeError,
-    "UNAUTHENTICATED": UnauthenticatedError,
-    "UNAVAILABLE": UnavailableError,
-    "DATA_LOSS": CorruptDataError,
-    "INTERNAL": StorageError,
-}
-
-
-def status_of(error: EmbeddbError) -> str:
-    """The gRPC status name of ``error`` (its most specific class in :data:`STATUS_BY_ERROR`)."""
-    for cls in type(error).__mro__:
-        if cls in STATUS_BY_ERROR:
-            return STATUS_BY_ERROR[cls]
-    return "UNKNOWN"

@@ -37,8 +37,8 @@ from embeddb.errors import (
     StorageError,
     StorageFaultError,
     StorageFullError,
-    status_of,
 )
+from embeddb.transport.status import code_of
 from tests.support import blocked_in, eventually
 
 DIM = 64
@@ -123,7 +123,7 @@ def test_a_full_disk_fails_a_call_spanning_stripes_and_tables_without_a_trace(
         acked = state(primary)
         with pytest.raises(StorageFullError) as failed:
             run(primary, ("apply", 2))  # both tables, every stripe: one record
-        assert status_of(failed.value) == "RESOURCE_EXHAUSTED"
+        assert code_of(failed.value).name == "RESOURCE_EXHAUSTED"
         assert str(tmp_path) not in str(failed.value)  # paths go to the server log only
         assert same(state(primary), acked)  # nothing of the failed call is visible
         assert primary.read_only
@@ -152,7 +152,7 @@ def test_an_io_error_stops_writes_until_a_restart_and_shutdown_still_succeeds(
         acked = state(primary)
         with pytest.raises(StorageFaultError) as failed:
             run(primary, ("lookup", 1))  # a training lookup that admits rows
-        assert status_of(failed.value) == "UNAVAILABLE"
+        assert code_of(failed.value).name == "UNAVAILABLE"
         assert same(state(primary), acked)
         with pytest.raises(StorageFaultError, match="restarted"):  # fail-stop, even with
             run(primary, ("assign", 2))  # a working disk: the page cache is not trusted
@@ -369,7 +369,7 @@ def test_primary_recovered_and_follower_equal_the_acknowledged_history(
             try:
                 run(primary, op)
             except StorageError as exc:
-                assert status_of(exc) in ("RESOURCE_EXHAUSTED", "UNAVAILABLE"), exc
+                assert code_of(exc).name in ("RESOURCE_EXHAUSTED", "UNAVAILABLE"), exc
                 assert same(state(primary), before)  # nothing of it is visible
                 if k % 3 == 2:
                     io.free()

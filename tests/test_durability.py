@@ -320,7 +320,8 @@ _FULL_DISK = textwrap.dedent(
     import resource, signal, sys
     import numpy as np
     from dataclasses import replace
-    from embeddb.errors import StorageFullError, status_of
+    from embeddb.errors import StorageFullError
+    from embeddb.transport.status import code_of
     from embeddb.engine.shard import Shard
     from tests.conftest import one_table_config
 
@@ -337,7 +338,7 @@ _FULL_DISK = textwrap.dedent(
             shard.assign("t", ids, np.ones((8, 4), np.float32))
         print("no failure")
     except StorageFullError as exc:
-        print("failed:", status_of(exc), "path named:", sys.argv[1] in str(exc))
+        print("failed:", code_of(exc).name, "path named:", sys.argv[1] in str(exc))
         print("failed call visible:", int(shard.peek("t", ids)[0].sum()))
         print("failed at:", int(ids[0]))
     print("read-only:", shard.read_only)
@@ -345,7 +346,7 @@ _FULL_DISK = textwrap.dedent(
         shard.apply_gradients("t", np.arange(8, dtype=np.uint64), np.ones((8, 4), np.float32))
         print("mutation accepted")
     except StorageFullError as exc:
-        print("retry:", status_of(exc))
+        print("retry:", code_of(exc).name)
     now = shard.peek("t", np.arange(8, dtype=np.uint64))[1]
     print("reads intact:", bool(np.array_equal(now, kept)))
     resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))

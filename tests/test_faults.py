@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 
 from embeddb.client import Client, ClientOptions
-from embeddb.errors import EmbeddbError, status_of
+from embeddb.errors import EmbeddbError
+from embeddb.transport.status import code_of
 from tests.support import START_TIMEOUT_S, StartServe, eventually, serve_processes
 
 CONFIG = (
@@ -71,7 +72,7 @@ def test_a_full_disk_leaves_no_trace_of_the_failed_call_anywhere(
             try:
                 client.assign("t", ids, vectors)
             except EmbeddbError as exc:
-                assert status_of(exc) == "RESOURCE_EXHAUSTED", exc
+                assert code_of(exc).name == "RESOURCE_EXHAUSTED", exc
                 assert str(small_disk) not in str(exc)  # the path is in the server log only
                 failed = (ids, vectors)
                 break

@@ -23,10 +23,11 @@ from prometheus_client import CollectorRegistry
 from embeddb.client import Client, ClientOptions
 from embeddb.engine.durability.fileio import REAL, FaultyIO, FileIO
 from embeddb.engine.shard import Shard
-from embeddb.errors import EmbeddbError, status_of
+from embeddb.errors import EmbeddbError
 from embeddb.server import ServerConfig, build_server
 from embeddb.server.app import SERVICE_NAME, WRITES_HEALTH_NAME
 from embeddb.transport.rpc import ListenConfig, RpcServer
+from embeddb.transport.status import code_of
 from tests.conftest import one_table_config
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -86,7 +87,7 @@ def test_writes_health_follows_a_full_disk_and_comes_back_with_space(
         io.nth = io.calls["write"] + 1  # the disk is full from the next write on
         with pytest.raises(EmbeddbError) as failed:
             assign(client, 2.0)
-        assert status_of(failed.value) == "RESOURCE_EXHAUSTED"
+        assert code_of(failed.value).name == "RESOURCE_EXHAUSTED"
         assert node.status(WRITES_HEALTH_NAME) == NOT_SERVING
         assert node.status("") == node.status(SERVICE_NAME) == SERVING  # reads are served
         assert node.read_only_gauge() == 1  # what the EmbeddbReadOnly alert fires on
@@ -107,7 +108,7 @@ def test_writes_health_stays_down_after_an_io_error_until_a_restart(
         io.nth = io.calls["write"] + 1
         with pytest.raises(EmbeddbError) as failed:
             assign(client, 2.0)
-        assert status_of(failed.value) == "UNAVAILABLE"
+        assert code_of(failed.value).name == "UNAVAILABLE"
         assert node.status(WRITES_HEALTH_NAME) == NOT_SERVING
         with pytest.raises(EmbeddbError):  # fail-stop: the disk works again, writes do not
             assign(client, 3.0)

@@ -27,7 +27,8 @@ from embeddb.config import (
 )
 from embeddb.engine.durability.fileio import FaultyIO, FileIO, Operation
 from embeddb.engine.shard import Shard
-from embeddb.errors import StorageError, StorageFaultError, status_of
+from embeddb.errors import StorageError, StorageFaultError
+from embeddb.transport.status import code_of
 
 
 def _two_tables(fsync: str = "always") -> EmbeddingConfig:
@@ -81,7 +82,7 @@ def test_a_failed_snapshot_leaves_no_snapshot_and_the_shard_serving(
         with pytest.raises(StorageError) as failed:
             shard.snapshot("s2")
         assert io.fired
-        assert status_of(failed.value) == status
+        assert code_of(failed.value).name == status
         assert str(tmp_path) not in str(failed.value)  # paths go to the server log only
         # No partial snapshot that recovery could pick: no s2, no temporary directory.
         assert [s.snapshot_id for s in shard.snapshots()] == ["s1"]

@@ -26,6 +26,7 @@ from embeddb.errors import (
     StorageError,
     UnavailableError,
 )
+from embeddb.transport.status import code_of
 from tests.support import blocked_in, eventually
 
 SEGMENT_HEADER = 24
@@ -561,7 +562,7 @@ def test_append_time_is_known_for_recent_records_of_this_process(tmp_path: Path)
 
 
 def test_a_truncated_reader_error_is_out_of_range(tmp_path: Path) -> None:
-    from embeddb.errors import OutOfRangeError, status_of
+    from embeddb.errors import OutOfRangeError
 
     with UpdateLog(tmp_path / "log", small(segment_bytes=200)) as log:
         for seq in range(1, 30):
@@ -570,4 +571,4 @@ def test_a_truncated_reader_error_is_out_of_range(tmp_path: Path) -> None:
         with pytest.raises(LogTruncatedError) as info:
             log.read(1)
         assert isinstance(info.value, OutOfRangeError) and isinstance(info.value, StorageError)
-        assert status_of(info.value) == "OUT_OF_RANGE"
+        assert code_of(info.value).name == "OUT_OF_RANGE"

@@ -32,7 +32,8 @@ their shared state in :mod:`~embeddb.client.base`),
 in :mod:`~embeddb.client.snapshots`), :mod:`~embeddb.client.topology` (the ``DescribeShard``
 check and the request budgets), :mod:`~embeddb.client.batching` (dedup, split, merge; pure
 numpy), :mod:`~embeddb.client.calls` (the plan and call types both clients execute),
-:mod:`~embeddb.client.options` (settings, retry policy, address file; the simulated network's
+:mod:`~embeddb.client.options` (settings, address file; the retry policy in
+:mod:`~embeddb.client.retry`; the simulated network's
 calls in :mod:`~embeddb.client.netsim`),
 :mod:`~embeddb.client.errors` (gRPC status → embeddb exception).
 """
@@ -43,7 +44,7 @@ if __name__ != "embeddb.client":  # the top-level folder is a link, not a second
     raise ImportError(f"import embeddb.client, not {__name__}")
 
 from embeddb.client.aio import AsyncClient
-from embeddb.client.errors import DeadlineExceededError, RemoteError
+from embeddb.client.errors import DeadlineExceededError, InternalError, RemoteError
 from embeddb.client.options import ClientOptions, SimulatedNetwork, read_address_file
 from embeddb.client.plans import (
     CheckpointPart,
@@ -52,6 +53,7 @@ from embeddb.client.plans import (
     ShardStatsDict,
     TableDescription,
 )
+from embeddb.client.retry import RetryPolicy
 from embeddb.client.sync import Client
 from embeddb.client.warmup import warm_up_client
 
@@ -61,9 +63,11 @@ __all__ = [
     "Client",
     "ClientOptions",
     "DeadlineExceededError",
+    "InternalError",
     "ListedSnapshot",
     "PushResult",
     "RemoteError",
+    "RetryPolicy",
     "ShardStatsDict",
     "SimulatedNetwork",
     "TableDescription",

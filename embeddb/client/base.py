@@ -53,12 +53,15 @@ class ClientBase:
 
         Raises:
             EmbeddbError: the translated ``exc`` (naming the shard) when ``call`` is not retried
-                again (see :meth:`ClientOptions.retry_delay`).
+                again: not idempotent, or the options' :class:`~embeddb.client.RetryPolicy`
+                gives up.
         """
-        with self._rng_lock:
-            delay = self.options.retry_delay(
-                call.idempotent, exc.code().name, attempt, deadline - time.monotonic(), self._rng
-            )
+        delay = None
+        if call.idempotent:
+            with self._rng_lock:
+                delay = self.options.retry_policy.delay(
+                    exc.code(), attempt, self._rng, deadline - time.monotonic()
+                )
         if delay is None:
             address = self.addresses[call.shard]
             raise translate_rpc_error(exc, call.shard, address, call.method, attempt) from exc

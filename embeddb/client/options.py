@@ -1,4 +1,5 @@
-"""Client settings (frozen, validated once), the retry policy and the address file.
+"""Client settings (frozen, validated once; the retry policy is :mod:`embeddb.client.retry`)
+and the address file.
 
 Shared by :class:`~embeddb.client.Client` and :class:`~embeddb.client.AsyncClient`, which differ
 only in how they wait (threads vs. ``asyncio``).
@@ -10,13 +11,13 @@ import math
 import os
 import random
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import grpc
 
-from embeddb.client.errors import UNAVAILABLE_STATUSES
+from embeddb.client.retry import RetryPolicy
 from embeddb.errors import ConfigError
 
 __all__ = [
@@ -121,9 +122,13 @@ class ClientOptions:
         retries: extra attempts after an ``UNAVAILABLE`` (or server-side ``CANCELLED``) answer,
             for idempotent calls only (evaluation lookups, assign, delete, metadata). Training
             lookups and gradient pushes change the shard's state and are never retried.
+            ``RetryPolicy.attempts`` is ``retries + 1``.
         backoff: the first retry waits about this many seconds; each further one twice as long
-            (up to ``max_backoff``), each delay jittered to between half and all of its value.
-        max_backoff: cap of one retry delay, in seconds.
+            (up to ``max_backoff``), each delay jittered to between half and all of its value
+            (``RetryPolicy.initial_backoff``, ``multiplier=2``, ``jitter=0.5``).
+        max_backoff: cap of one retry delay, in seconds (``RetryPolicy.max_backoff``).
+        retry: the whole :class:`~embeddb.client.retry.RetryPolicy`; when set, it replaces
+            ``retries``, ``backoff`` and ``max_backoff`` (:attr:`retry_policy` is the one used).
         fp16: lookups return, and gradients travel as, per-row scaled float16 (lossy: each
             element within ``2**-11 * max|row|``). Assigned vectors always travel as float32.
         lz4_min_bytes: LZ4-compress payloads (both directions) at least this large; 0 (the
@@ -163,6 +168,8 @@ class ClientOptions:
     tune_allocator: bool = True
     verify_topology: bool = True
     network: SimulatedNetwork | None = None
+    retry: RetryPolicy | None = None
+    _policy: RetryPolicy = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.timeout) and self.timeout > 0):
@@ -190,6 +197,18 @@ class ClientOptions:
             raise ConfigError(
                 "network", f"must be a SimulatedNetwork or None, got {self.network!r}"
             )
+        if self.retry is not None and not isinstance(self.retry, RetryPolicy):
+            raise ConfigError("retry", f"must be a RetryPolicy or None, got {self.retry!r}")
+        policy = self.retry
+        if policy is None:
+            policy = RetryPolicy.from_retries(self.retries, self.backoff, self.max_backoff)
+        object.__setattr__(self, "_policy", policy)
+
+    @property
+    def retry_policy(self) -> RetryPolicy:
+        """The policy the client retries with: :attr:`retry`, else the one of ``retries``,
+        ``backoff`` and ``max_backoff``."""
+        return self._policy
 
     @property
     def metadata(self) -> tuple[tuple[str, str], ...]:
@@ -198,16 +217,19 @@ class ClientOptions:
 
     @property
     def channel_options(self) -> list[tuple[str, int]]:
-        """gRPC channel arguments."""
+        """gRPC channel arguments (the channel's reconnect backoff that of the retry policy)."""
         return [
             ("grpc.max_send_message_length", self.max_message_bytes),
             ("grpc.max_receive_message_length", self.max_message_bytes),
+            *self.retry_policy.channel_options(),
         ]
 
     def retry_delay(
         self, idempotent: bool, status: str, attempt: int, remaining: float, rng: random.Random
     ) -> float | None:
-        """Seconds to wait before retrying a failed attempt, or ``None`` to give up.
+        """Seconds to wait before retrying a failed attempt, or ``None`` to give up
+        (:meth:`RetryPolicy.delay` of :attr:`retry_policy`; never for a call that is not
+        idempotent).
 
         Args:
             idempotent: whether repeating the call is harmless.
@@ -216,11 +238,10 @@ class ClientOptions:
             remaining: seconds left of the call's ``timeout``.
             rng: the client's jitter source.
         """
-        if not idempotent or status not in UNAVAILABLE_STATUSES or attempt > self.retries:
+        if not idempotent:
             return None
-        full = min(self.max_backoff, self.backoff * 2.0 ** (attempt - 1))
-        delay = full * (0.5 + 0.5 * rng.random())
-        return delay if delay < remaining else None
+        code = getattr(grpc.StatusCode, status, None)
+        return self.retry_policy.delay(code, attempt, rng, remaining)
 
 
 def check_addresses(addresses: Sequence[str]) -> tuple[str, ...]:

@@ -45,7 +45,6 @@ stream the log).
 from __future__ import annotations
 
 import logging
-import random
 import shutil
 import threading
 import time
@@ -58,12 +57,12 @@ import grpc
 
 from embeddb.client.options import ClientOptions, check_address
 from embeddb.client.plans import TableDescription
+from embeddb.client.retry import RetryPolicy
 from embeddb.config import EmbeddingConfig, StoreConfig
 from embeddb.engine.durability.dirlock import DirectoryLock
 from embeddb.engine.durability.snapshot import Chunk, SnapshotReceiver, read_manifest
 from embeddb.engine.shard import Shard
 from embeddb.errors import (
-    ERROR_BY_STATUS,
     ConfigError,
     CorruptDataError,
     EmbeddbError,
@@ -82,6 +81,7 @@ from embeddb.server.follower_config import (
 )
 from embeddb.server.served_shard import ServedShard
 from embeddb.server.servicer import HEARTBEAT_S
+from embeddb.transport.status import error_from_rpc
 from embeddb.v1 import embeddb_pb2 as pb
 from embeddb.v1 import embeddb_pb2_grpc as pb_grpc
 
@@ -130,6 +130,16 @@ class FollowerOptions:
     max_bootstrap_backoff: float = 60.0
     limits: SnapshotLimits = field(default_factory=SnapshotLimits)
 
+    @property
+    def reconnect_policy(self) -> RetryPolicy:
+        """The waits between reconnects (only the backoff is used: the follower never stops)."""
+        return RetryPolicy(initial_backoff=self.backoff, max_backoff=self.max_backoff)
+
+    @property
+    def bootstrap_policy(self) -> RetryPolicy:
+        """The waits before re-bootstraps that follow each other (at least a reconnect's)."""
+        return RetryPolicy(initial_backoff=self.backoff, max_backoff=self.max_bootstrap_backoff)
+
     def __post_init__(self) -> None:
         check_address(self.primary, "primary")
         if not 0 < self.backoff <= self.max_backoff:
@@ -153,7 +163,7 @@ class FollowerOptions:
         # gRPC's own reconnect backoff (up to 2 minutes by default) would delay resuming after a
         # primary restart; keep it within ours.
         options: list[tuple[str, Any]] = [
-            *self.client.channel_options,
+            *(o for o in self.client.channel_options if not o[0].endswith("reconnect_backoff_ms")),
             ("grpc.initial_reconnect_backoff_ms", int(self.backoff * 1000)),
             ("grpc.min_reconnect_backoff_ms", int(self.backoff * 1000)),
             ("grpc.max_reconnect_backoff_ms", int(self.max_backoff * 1000)),
@@ -331,7 +341,8 @@ class Follower:
 
     # ------------------------------------------------------------------ the loop
     def _run(self) -> None:
-        delay = boot_delay = self.options.backoff
+        feed, boot = self.options.reconnect_policy, self.options.bootstrap_policy
+        reconnects = boots = 0  # since records last flowed / since rows were last applied
         bootstrap, take_new = True, False
         failures = 0  # in a row, without progress: only some are logged as warnings
         try:
@@ -369,20 +380,20 @@ class Follower:
                 if self._stop.is_set():
                     break
                 if self._progress:
-                    delay = self.options.backoff
+                    reconnects = 0
                 if self.applied_records > applied:
-                    boot_delay = self.options.backoff
-                wait = delay
+                    boots = 0
+                reconnects += 1
+                wait = feed.backoff(reconnects)
                 if bootstrap and self.bootstraps:  # a re-bootstrap: back off between copies
-                    wait = max(delay, boot_delay)
+                    boots += 1
+                    wait = max(wait, boot.backoff(boots))
                     logger.warning(
                         "bootstrapping again from %s in %.2fs (%d bootstraps so far)",
                         self.options.primary, wait, self.bootstraps,
                     )  # fmt: skip
-                    boot_delay = min(self.options.max_bootstrap_backoff, boot_delay * 2)
                 self.reconnects += 1
-                self._stop.wait(wait * (0.5 + 0.5 * random.random()))
-                delay = min(self.options.max_backoff, delay * 2)
+                self._stop.wait(feed.jittered(wait))
         except _Fatal as exc:
             self.error = exc.error
             logger.error("follower of %s stopped: %s", self.options.primary, exc.error)
@@ -566,10 +577,7 @@ class Follower:
                 call.cancel()
 
     def _translate(self, exc: grpc.RpcError, method: str) -> EmbeddbError:
-        code = exc.code()
-        status = getattr(code, "name", str(code))
-        message = f"primary {self.options.primary} {method}: {status}: {exc.details()}"
-        return ERROR_BY_STATUS.get(status, UnavailableError)(message)
+        return error_from_rpc(exc, f"primary {self.options.primary} {method}")
 
     @staticmethod
     def _discard(shard: Shard) -> None:

@@ -22,10 +22,10 @@ import grpc
 import numpy as np
 import numpy.typing as npt
 
-from embeddb.client.errors import DeadlineExceededError, RemoteError
-from embeddb.errors import ERROR_BY_STATUS, EmbeddbError, InvalidArgumentError
+from embeddb.errors import EmbeddbError, InvalidArgumentError
 from embeddb.features.batch import Batch
 from embeddb.serving.codec import decode_scores, encode_request
+from embeddb.transport.status import error_from_rpc
 from embeddb.v1 import model_pb2 as mpb
 from embeddb.v1 import model_pb2_grpc as mpb_grpc
 
@@ -92,14 +92,14 @@ class ModelClient:
                 mpb.DescribeModelRequest(), timeout=self._timeout, metadata=self._metadata
             )
         except grpc.RpcError as exc:
-            raise _translate(exc, self.address) from exc
+            raise _translate(exc, self.address, "DescribeModel") from exc
 
     def predict_request(self, request: mpb.PredictRequest) -> npt.NDArray[np.float32]:
         """Send a prepared request (:func:`~embeddb.serving.codec.encode_request`)."""
         try:
             response = self._stub.Predict(request, timeout=self._timeout, metadata=self._metadata)
         except grpc.RpcError as exc:
-            raise _translate(exc, self.address) from exc
+            raise _translate(exc, self.address, "Predict") from exc
         return decode_scores(response, int(request.num_records))
 
     def close(self) -> None:
@@ -117,13 +117,5 @@ class ModelClient:
         self.close()
 
 
-def _translate(exc: Any, address: str) -> EmbeddbError:
-    code = exc.code()
-    status = str(getattr(code, "name", code))
-    message = f"model server {address} Predict failed: {status}: {exc.details() or 'no details'}"
-    cls: type[EmbeddbError] = (
-        DeadlineExceededError
-        if status == "DEADLINE_EXCEEDED"
-        else ERROR_BY_STATUS.get(status, RemoteError)
-    )
-    return cls(message)
+def _translate(exc: Any, address: str, method: str) -> EmbeddbError:
+    return error_from_rpc(exc, f"model server {address} {method} failed")

@@ -73,13 +73,14 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 
-from embeddb.errors import EmbeddbError, InvalidArgumentError, ResourceExhaustedError, status_of
+from embeddb.errors import EmbeddbError, InvalidArgumentError, ResourceExhaustedError
 from embeddb.serving.batcher import MicroBatcher
 from embeddb.serving.body import MAX_JSON_DEPTH, json_depth, parse_json
 from embeddb.serving.codec import finite_scores
 from embeddb.serving.metrics import ModelMetrics
 from embeddb.transport.rpc.auth import authenticate
 from embeddb.transport.rpc.interceptors import RateLimitedLog
+from embeddb.transport.status import code_of
 
 if TYPE_CHECKING:
     from embeddb.serving.server import ModelServerConfig, Predictor
@@ -412,7 +413,7 @@ def _handler(front: HttpFrontend) -> type[BaseHTTPRequestHandler]:
                 invalid = "invalid_argument"
                 self._send(200, {"scores": front.predict(doc)})
             except EmbeddbError as exc:
-                status = status_of(exc)
+                status = code_of(exc).name
                 code = HTTP_STATUS.get(status, 500)
                 reason = (
                     None

@@ -35,7 +35,6 @@ from embeddb.errors import ConfigError, NotFoundError
 from embeddb.trainer.checkpoints import files as ckpt
 
 if TYPE_CHECKING:
-
     from torch import nn
 
     from embeddb.trainer.config import TrainerConfig

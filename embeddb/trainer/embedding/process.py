@@ -430,7 +430,7 @@ class _Server:
             self._addresses,
             ClientOptions(
                 timeout=cfg.shard_timeout,
-                retries=cfg.retries,
+                retry=cfg.retry_policy,  # the worker's own: one policy for both layers
                 fp16=cfg.fp16,
                 token=cfg.token,
                 network=cfg.network,

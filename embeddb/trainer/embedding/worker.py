@@ -36,7 +36,8 @@ Modes. ``sync`` is ``max_staleness = 1``: the lookup of batch t + 1 waits until 
 gradients are acknowledged by the shards. ``hybrid`` lets lookups run ``max_staleness - 1``
 batches ahead of the one training (plus the one whose gradients are in flight).
 
-Failures. A lookup that still fails after ``retries`` raises :class:`LookupFailedError`
+Failures. The worker and its client retry with one policy (``EmbeddingWorkerConfig.retry_policy``).
+A lookup that still fails after ``retries`` raises :class:`LookupFailedError`
 (the NN worker's ``forward`` raises it); a push that still fails is logged, counted and
 reported through ``on_failure`` (the NN worker raises :class:`GradientPushFailedError` at its
 next call). Failures count once per operation (a batch's lookup, a batch's push) and their
@@ -53,16 +54,17 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import TypeVar
 
 import numpy as np
 
-from embeddb.client import AsyncClient, DeadlineExceededError, PushResult
+from embeddb.client import AsyncClient, PushResult, RetryPolicy
 from embeddb.client.batching import IdBatch
 from embeddb.client.options import SimulatedNetwork
 from embeddb.common.arrays import F32, I64, U64
 from embeddb.config import EmbeddingConfig
-from embeddb.errors import ConfigError, UnavailableError
+from embeddb.errors import ConfigError, EmbeddbError
 from embeddb.trainer.embedding.metrics import WorkerMetrics
 from embeddb.trainer.embedding.staleness import StalenessWindow
 from embeddb.trainer.errors import (
@@ -90,7 +92,6 @@ IdFeature = tuple[str, U64, "I64 | None"]
 """One ID feature of a batch as the NN worker sends it: name, raw ids in sample order, and CSR
 offsets (``None`` when every sample has exactly one id)."""
 
-_RETRYABLE = (UnavailableError, DeadlineExceededError)
 _EXPIRED_MEMORY = 4096  # refs of expired batches remembered, to name late gradients
 
 
@@ -161,6 +162,12 @@ class EmbeddingWorkerConfig:
             raise ConfigError("threads", f"must be an integer >= 1 or None, got {self.threads!r}")
         if self.network is not None and not isinstance(self.network, SimulatedNetwork):
             raise ConfigError("network", f"must be a SimulatedNetwork, got {self.network!r}")
+
+    @cached_property
+    def retry_policy(self) -> RetryPolicy:
+        """The worker's and its client's one policy: ``retries + 1`` attempts, waits ``retry_backoff
+        * 2**n`` (no cap, no jitter); retried: UNAVAILABLE, CANCELLED and DEADLINE_EXCEEDED."""
+        return RetryPolicy.from_retries(self.retries, self.retry_backoff, jitter=0, timeouts=True)
 
 
 @dataclass
@@ -291,6 +298,7 @@ class EmbeddingWorker:
         self._expired: OrderedDict[int, None] = OrderedDict()
         self._pushes: set[asyncio.Task[None]] = set()
         self._closing = False
+        self._policy = config.retry_policy  # the object its client got (worker_process.py)
         self._lookups_in_flight = 0
         self._lookups_drained: asyncio.Event | None = None
 
@@ -430,10 +438,9 @@ class EmbeddingWorker:
         # Already deduplicated (step 1): IdBatch.distinct spares the client a second hash pass.
         requests = {t: IdBatch.distinct(batch.unique) for t, batch in plan.tables.items()}
         # Evaluation lookups are idempotent: the client retries them itself.
-        retries = self.config.retries if train else 0
         try:
             vectors: dict[str, F32] = await self._retrying(
-                "lookup", lambda: self._client.lookup_many(requests, train), retries
+                "lookup", lambda: self._client.lookup_many(requests, train), train
             )
         except BaseException as exc:
             self.metrics.failures.labels("lookup").inc()
@@ -486,7 +493,7 @@ class EmbeddingWorker:
                     await self._retrying(
                         "gradient_push",
                         lambda: self._client.apply_gradients_many(updates),
-                        self.config.retries,
+                        True,
                     )
                     if updates
                     else {}
@@ -579,24 +586,19 @@ class EmbeddingWorker:
         self._window.release()
 
     # ------------------------------------------------------------------ retries
-    async def _retrying(self, operation: str, call: Callable[[], Awaitable[T]], retries: int) -> T:
+    async def _retrying(self, operation: str, call: Callable[[], Awaitable[T]], retry: bool) -> T:
         attempt = 0
         while True:
+            attempt += 1
             try:
                 return await call()
-            except _RETRYABLE as exc:
-                if attempt >= retries or self._closing:
+            except EmbeddbError as exc:
+                delay = self._policy.delay_after(exc, attempt) if retry else None
+                if delay is None or self._closing:
                     raise
-                delay = self.config.retry_backoff * 2.0**attempt
-                attempt += 1
                 self.metrics.retries.labels(operation).inc()
+                why, retries = f"{type(exc).__name__}: {exc}", self._policy.retries
                 logger.warning(
-                    "%s failed (%s: %s); retry %d/%d in %.2g s",
-                    operation,
-                    type(exc).__name__,
-                    exc,
-                    attempt,
-                    retries,
-                    delay,
+                    "%s failed (%s); retry %d/%d in %.2g s", operation, why, attempt, retries, delay
                 )
                 await asyncio.sleep(delay)

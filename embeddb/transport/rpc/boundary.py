@@ -59,10 +59,11 @@ import grpc
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import Message
 
-from embeddb.errors import EmbeddbError, InvalidArgumentError, ResourceExhaustedError, status_of
+from embeddb.errors import EmbeddbError, InvalidArgumentError, ResourceExhaustedError
 from embeddb.transport.rpc.auth import CALLER_ROLE, AccessPolicy, Role, Tokens, authenticate
 from embeddb.transport.rpc.budget import MemoryBudget
 from embeddb.transport.rpc.interceptors import RateLimitedLog
+from embeddb.transport.status import code_of
 
 __all__ = [
     "ANSWER_COPIES",
@@ -263,7 +264,7 @@ class Boundary(grpc.ServerInterceptor):  # type: ignore[misc]
         self, service: str, method: str, refusal: _Refusal, seconds: float, size: int
     ) -> None:
         """Count and (rate-limited) log one refused call."""
-        status = status_of(refusal.error)
+        status = code_of(refusal.error).name
         if self._on_refused is not None:
             self._on_refused(RefusedCall(service, method, status, seconds, size, refusal.reason))
         level = logging.WARNING if refusal.reason is not None else logging.INFO
@@ -353,7 +354,7 @@ class _Call:
             self.service, self.method, refusal, time.perf_counter() - started, _size(raw)
         )
         error = refusal.error
-        context.abort(getattr(grpc.StatusCode, status_of(error)), str(error))
+        context.abort(code_of(error), str(error))
         raise AssertionError("unreachable: ServicerContext.abort raises")  # pragma: no cover
 
     def unary(self, behaviour: Callable[..., Any]) -> Callable[..., Any]:

@@ -11,7 +11,8 @@ from typing import Any, NoReturn
 
 import grpc
 
-from embeddb.errors import EmbeddbError, status_of
+from embeddb.errors import EmbeddbError
+from embeddb.transport.status import code_of
 
 __all__ = ["ErrorInterceptor", "RateLimitedLog", "abort_with", "rewrap"]
 
@@ -56,16 +57,17 @@ class RateLimitedLog:
 
 
 def abort_with(context: grpc.ServicerContext, error: EmbeddbError) -> NoReturn:
-    """End the call with the status of ``error`` (``embeddb.errors.STATUS_BY_ERROR``)."""
-    context.abort(getattr(grpc.StatusCode, status_of(error)), str(error))
+    """End the call with the status of ``error`` (the table of :mod:`embeddb.transport.status`)."""
+    context.abort(code_of(error), str(error))
     raise AssertionError("unreachable: ServicerContext.abort raises")  # pragma: no cover
 
 
 class ErrorInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
-    """Turns embeddb exceptions into gRPC statuses (``embeddb.errors.STATUS_BY_ERROR``).
+    """Turns embeddb exceptions into gRPC statuses (the table of :mod:`embeddb.transport.status`).
 
     Unary calls and server-streaming calls (raised before or between the streamed messages).
-    An unexpected exception is answered with ``INTERNAL`` and logged with its traceback, at
+    An unexpected exception (outside the embeddb tree) is answered with ``INTERNAL`` (its code in
+    the table; a client raises ``InternalError``) and logged with its traceback, at
     most once per ``log_interval`` seconds per method (a caller who found such a request cannot
     flood the log); the server keeps serving either way. Non-blocking handlers (the health
     service's ``Watch``, which answers through a callback and holds no thread) pass untouched.
@@ -94,8 +96,8 @@ class ErrorInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
                     yield from streaming(request, context)
                 except EmbeddbError as exc:
                     abort_with(context, exc)
-                except Exception:
-                    unexpected(method, context)
+                except Exception as exc:
+                    unexpected(method, context, exc)
 
             return rewrap(handler, guarded_stream)
         if handler.unary_unary is None:
@@ -107,15 +109,15 @@ class ErrorInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
                 return inner(request, context)
             except EmbeddbError as exc:
                 abort_with(context, exc)
-            except Exception:
-                unexpected(method, context)
+            except Exception as exc:
+                unexpected(method, context, exc)
 
         return rewrap(handler, guarded)
 
-    def _unexpected(self, method: str, context: grpc.ServicerContext) -> NoReturn:
-        """Log the exception being handled (rate-limited) and answer INTERNAL."""
+    def _unexpected(self, method: str, context: grpc.ServicerContext, error: Exception) -> NoReturn:
+        """Log the exception being handled (rate-limited) and answer with its code (INTERNAL)."""
         self._log.log(logging.ERROR, method, f"unexpected error in {method}", exc_info=True)
-        context.abort(grpc.StatusCode.INTERNAL, f"internal error in {method}; see server log")
+        context.abort(code_of(error), f"internal error in {method}; see server log")
         raise AssertionError("unreachable: ServicerContext.abort raises")  # pragma: no cover
 
 
