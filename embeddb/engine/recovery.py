@@ -53,7 +53,9 @@ from embeddb.config import EmbeddingConfig
 from embeddb.engine.durability import records, snapshot, topology, unfinished
 from embeddb.engine.durability.dirlock import DirectoryLock
 from embeddb.engine.durability.fileio import REAL, FileIO
-from embeddb.engine.durability.log import LogConfig, LogCut, UpdateLog
+from embeddb.engine.durability.log import UpdateLog
+from embeddb.engine.durability.log_config import LogConfig
+from embeddb.engine.durability.log_scan import LogCut
 from embeddb.engine.storage import DiskTier, TieredTable
 from embeddb.engine.storage.parallel import StripePool
 from embeddb.engine.storage.private import private_dir

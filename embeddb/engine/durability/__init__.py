@@ -23,6 +23,7 @@ This package is core: it never imports grpc or torch.
 
 from __future__ import annotations
 
-from embeddb.engine.durability.log import LogConfig, LogRecord, LogTruncatedError, UpdateLog
+from embeddb.engine.durability.log import LogRecord, LogTruncatedError, UpdateLog
+from embeddb.engine.durability.log_config import LogConfig
 
 __all__ = ["LogConfig", "LogRecord", "LogTruncatedError", "UpdateLog"]
