@@ -48,7 +48,8 @@ from embeddb.engine.durability import snapshot
 from embeddb.engine.durability.export import Exporter
 from embeddb.engine.durability.fileio import REAL, FileIO
 from embeddb.engine.durability.log import LogRecord, UpdateLog
-from embeddb.engine.durability.snapshot import SnapshotInfo, SnapshotReader
+from embeddb.engine.durability.snapshot_dirs import SnapshotInfo
+from embeddb.engine.durability.snapshot_transfer import SnapshotReader
 from embeddb.engine.feed import LogReaders, RecordApplier, start_export, stop_export
 from embeddb.engine.journal import Journal
 from embeddb.engine.recovery import (

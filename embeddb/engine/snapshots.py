@@ -15,9 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from embeddb.common.routing import Topology
-from embeddb.engine.durability import snapshot
+from embeddb.engine.durability import snapshot, snapshot_dirs
 from embeddb.engine.durability.fileio import REAL, FileIO
-from embeddb.engine.durability.snapshot import SnapshotInfo, SnapshotReader
+from embeddb.engine.durability.snapshot_dirs import SnapshotInfo
+from embeddb.engine.durability.snapshot_transfer import SnapshotReader
 from embeddb.engine.storage import DiskTier, TieredTable
 from embeddb.engine.storage.parallel import StripePool
 from embeddb.errors import NotFoundError
@@ -66,7 +67,7 @@ class ShardSnapshots:
 
     def complete(self) -> list[SnapshotInfo]:
         """Complete snapshots, oldest first."""
-        return [s for s in snapshot.list_snapshots(self.root) if s.seq >= 0]
+        return [s for s in snapshot_dirs.list_snapshots(self.root) if s.seq >= 0]
 
     def take(
         self, snapshot_id: str | None, current_seq: Callable[[], int]
@@ -135,7 +136,7 @@ class ShardSnapshots:
 
     def prune(self, keep: int) -> None:
         """Delete complete snapshots beyond the newest ``keep``."""
-        snapshot.prune(self.root, keep)
+        snapshot_dirs.prune(self.root, keep)
 
     def open(self, snapshot_id: str | None) -> SnapshotReader:
         """Open complete snapshot ``snapshot_id`` (None: the newest) for sending; the caller
