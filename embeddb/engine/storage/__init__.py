@@ -6,6 +6,7 @@ that stored data gives (a manifest's, a checkpoint's listing) to their directory
 from __future__ import annotations
 
 from embeddb.engine.storage.disk_tier import DiskTier
-from embeddb.engine.storage.table import ShardStats, TableStats, TieredTable, UpdateResult
+from embeddb.engine.storage.stats import ShardStats, TableStats, UpdateResult
+from embeddb.engine.storage.table import TieredTable
 
 __all__ = ["DiskTier", "ShardStats", "TableStats", "TieredTable", "UpdateResult"]
