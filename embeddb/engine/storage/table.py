@@ -287,7 +287,7 @@ class TieredTable:
                 ids, slots = stripe.resident()
                 self._tiers.write_back(stripe, ids, slots)
 
-    # ------------------------------------------------------------------ durability
+    # ------------------------------------------------ durability: rows back from a log or snapshot
     def replay(self, change: Change, locked: bool = False) -> None:
         """Apply a logged change (recovery, followers): rows are written as they are, ids
         deleted; nothing is journaled and no optimizer or initializer runs. ``locked``: the
@@ -316,46 +316,6 @@ class TieredTable:
                 else:
                     self._tiers.remove(stripe, sub)
 
-    def capture_buffers(self) -> list[tuple[F32, npt.NDArray[np.uint8], U64]]:
-        """Buffers for :meth:`capture_into`, allocated and touched now — before the caller
-        takes the stripe locks — so that the copy under the locks is a plain memcpy."""
-        bufs = []
-        for stripe in self.stripes:
-            rows = np.zeros_like(stripe.rows)  # zeros: the pages are faulted in here
-            flags = np.zeros_like(stripe.flags)
-            ids = np.zeros_like(stripe.ids)
-            bufs.append((rows, flags, ids))
-        return bufs
-
-    def capture_into(
-        self, bufs: list[tuple[F32, npt.NDArray[np.uint8], U64]], first: int = 0
-    ) -> None:
-        """Copy the slots of stripes ``first, first + 1, ...`` into ``bufs`` (one per stripe);
-        the caller holds their locks."""
-        for stripe, (rows, flags, ids) in zip(self.stripes[first:], bufs, strict=False):
-            np.copyto(rows, stripe.rows)
-            np.copyto(flags, stripe.flags)
-            np.copyto(ids, stripe.ids)
-
-    @staticmethod
-    def captured(
-        bufs: list[tuple[F32, npt.NDArray[np.uint8], U64]],
-    ) -> tuple[U64, F32, npt.NDArray[np.uint8]]:
-        """``(ids, rows, flags)`` of the resident rows in captured buffers: a slot is occupied
-        exactly when its flags are non-zero (every resident row is DIRTY or ON_DISK; a freed
-        slot's flags are zeroed)."""
-        masks = [flags != 0 for _, flags, _ in bufs]
-        ids = np.concatenate([i[m] for (_, _, i), m in zip(bufs, masks, strict=True)])
-        rows = np.concatenate([r[m] for (r, _, _), m in zip(bufs, masks, strict=True)])
-        flags = np.concatenate([f[m] for (_, f, _), m in zip(bufs, masks, strict=True)])
-        return ids, rows, flags
-
-    def capture_ram(self) -> tuple[U64, F32, npt.NDArray[np.uint8]]:
-        """``(ids, rows, flags)`` of every resident row. The caller holds every stripe lock."""
-        bufs = self.capture_buffers()
-        self.capture_into(bufs)
-        return self.captured(bufs)
-
     def load_ram(self, ids: U64, rows: F32, flags: npt.NDArray[np.uint8]) -> None:
         """Make captured rows resident again (into an empty table), keeping which have a disk
         copy and which differ from it. Rows beyond the RAM capacity overflow to disk."""
@@ -371,10 +331,6 @@ class TieredTable:
                         stripe, sub[mask], rows[rows_of], on_disk[rows_of], tick, is_dirty
                     )
             stripe.counters.promoted -= int(on_disk[where].sum())  # a restore, not promotions
-
-    def stats_unlocked_disk_rows(self) -> int:
-        """The disk-tier row count; the caller holds every stripe lock."""
-        return sum(s.counters.disk_rows for s in self.stripes)
 
     def set_disk_rows(self, n: int) -> None:
         """Set the disk-tier row count (after a restore replaced the disk tier)."""
