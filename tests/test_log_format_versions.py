@@ -12,7 +12,8 @@ import crc32c
 import pytest
 
 from embeddb.config import FsyncPolicy
-from embeddb.engine.durability.log import LogConfig, UpdateLog
+from embeddb.engine.durability.log import UpdateLog
+from embeddb.engine.durability.log_config import LogConfig
 from embeddb.errors import CorruptDataError
 
 NEVER = LogConfig(fsync=FsyncPolicy.NEVER)

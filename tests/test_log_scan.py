@@ -15,7 +15,9 @@ import numpy as np
 import pytest
 
 from embeddb.config import EmbeddingConfig, FsyncPolicy, LogRecovery, StoreConfig
-from embeddb.engine.durability.log import LogConfig, LogCut, UpdateLog
+from embeddb.engine.durability.log import UpdateLog
+from embeddb.engine.durability.log_config import LogConfig
+from embeddb.engine.durability.log_scan import LogCut
 from embeddb.errors import ConfigError, CorruptDataError
 
 SEGMENT_HEADER = 24

@@ -19,7 +19,7 @@ import pytest
 from embeddb.client import Client, ClientOptions
 from embeddb.config import EmbeddingConfig
 from embeddb.engine.durability import reshard as reshard_module
-from embeddb.engine.durability import snapshot
+from embeddb.engine.durability import snapshot_dirs
 from embeddb.engine.durability.dirlock import DirectoryInUseError, DirectoryLock
 from embeddb.engine.shard import Shard
 from embeddb.errors import StorageError
@@ -146,7 +146,7 @@ def test_an_interrupted_restore_names_the_command_that_finishes_it(
         raise OSError("No space left on device")  # after the log was set aside
 
     with monkeypatch.context() as patch:
-        patch.setattr(snapshot, "copy_disk", fail)
+        patch.setattr(snapshot_dirs, "copy_disk", fail)
         with pytest.raises(StorageError, match="No space left"):
             Shard(config, data, restore="s1")
     refused = serve("--data-dir", str(data), "--config", str(config_file), expect_exit=True)

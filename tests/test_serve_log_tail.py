@@ -120,7 +120,9 @@ def test_fsync_interval_cuts_a_corrupt_tail_logs_counts_and_records_it(
     served.stop()
     assert 'embeddb_log_tail_cuts_total{kind="corrupt"} 1.0' in metrics
     assert 'embeddb_log_tail_cuts_total{kind="torn"} 0.0' in metrics
-    error = re.search(r" ERROR embeddb\.durability\.log: (.*cut a corrupt tail.*)", served.stderr())
+    error = re.search(
+        r" ERROR embeddb\.engine\.durability\.log: (.*cut a corrupt tail.*)", served.stderr()
+    )
     assert error is not None, served.stderr()
     assert segment.name in error[1] and f"at offset {offset}" in error[1]
     [line] = cut_lines(data)

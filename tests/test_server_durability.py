@@ -22,7 +22,8 @@ from embeddb.client import AsyncClient, Client, ClientOptions
 from embeddb.config import EmbeddingConfig
 from embeddb.config.schema import store_from_keys
 from embeddb.engine.durability import records
-from embeddb.engine.durability.snapshot import Chunk, SnapshotReceiver, verify
+from embeddb.engine.durability.manifest import verify
+from embeddb.engine.durability.snapshot_transfer import Chunk, SnapshotReceiver
 from embeddb.engine.shard import Shard
 from embeddb.errors import CorruptDataError, InvalidArgumentError, PermissionDeniedError
 from embeddb.server import ServerConfig, build_server

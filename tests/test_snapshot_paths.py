@@ -35,9 +35,9 @@ from embeddb.cli import main
 from embeddb.client import Client
 from embeddb.common.routing import shard_of
 from embeddb.config import EmbeddingConfig
-from embeddb.engine.durability import snapshot
+from embeddb.engine.durability import snapshot, snapshot_dirs
 from embeddb.engine.durability.reshard import reshard
-from embeddb.engine.durability.snapshot import Chunk, SnapshotReader, SnapshotReceiver
+from embeddb.engine.durability.snapshot_transfer import Chunk, SnapshotReader, SnapshotReceiver
 from embeddb.engine.shard import Shard
 from embeddb.engine.storage import DiskTier
 from embeddb.engine.storage.paths import confined_root, resolve_inside, walk_inside
@@ -401,7 +401,7 @@ def test_copy_disk_copies_no_file_from_outside(tmp_path: Path) -> None:
         good = shard.snapshot("good").info.path
     os.symlink(secret, good / "disk" / "000999.sst")
     with pytest.raises(CorruptDataError, match=r"000999\.sst"):
-        snapshot.copy_disk(good, tmp_path / "copy")
+        snapshot_dirs.copy_disk(good, tmp_path / "copy")
     copied = tmp_path / "copy"
     assert not any(MARKER in p.read_bytes() for p in copied.rglob("*") if p.is_file())
 

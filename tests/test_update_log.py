@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 from embeddb.config import FsyncPolicy
-from embeddb.engine.durability.log import LogConfig, LogRecord, LogTruncatedError, UpdateLog
+from embeddb.engine.durability.log import LogRecord, LogTruncatedError, UpdateLog
+from embeddb.engine.durability.log_config import LogConfig
 from embeddb.engine.durability.log_format import segment_name
 from embeddb.errors import (
     ConfigError,
@@ -468,7 +469,8 @@ def test_a_segment_that_cannot_be_created_leaves_the_log_usable(tmp_path: Path) 
 _FILE_SIZE_LIMIT = """
 import resource, signal, sys
 from embeddb.config import FsyncPolicy
-from embeddb.engine.durability.log import LogConfig, UpdateLog
+from embeddb.engine.durability.log import UpdateLog
+from embeddb.engine.durability.log_config import LogConfig
 from embeddb.errors import StorageError
 
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG

@@ -50,10 +50,12 @@ from typing import Any
 
 from embeddb.common.routing import Topology
 from embeddb.config import EmbeddingConfig
-from embeddb.engine.durability import records, snapshot, topology, unfinished
+from embeddb.engine.durability import records, snapshot, snapshot_dirs, topology, unfinished
 from embeddb.engine.durability.dirlock import DirectoryLock
 from embeddb.engine.durability.fileio import REAL, FileIO
-from embeddb.engine.durability.log import LogConfig, LogCut, UpdateLog
+from embeddb.engine.durability.log import UpdateLog
+from embeddb.engine.durability.log_config import LogConfig
+from embeddb.engine.durability.log_scan import LogCut
 from embeddb.engine.storage import DiskTier, TieredTable
 from embeddb.engine.storage.parallel import StripePool
 from embeddb.engine.storage.private import private_dir
@@ -297,7 +299,7 @@ class ShardOpener:
                 restore is None or unfinished.read_mark(self._data_dir, unfinished.RESHARDING)
             ):
                 raise StorageError(interrupted)  # a restore is finished by restoring again
-        snapshot.remove_incomplete(snapshots_dir)
+        snapshot_dirs.remove_incomplete(snapshots_dir)
         if not (self._ephemeral or self._follower):
             topology.check_directory(self._data_dir, self._topology)
         if restore is not None:
@@ -311,7 +313,7 @@ class ShardOpener:
         has_disk = disk_dir.exists() and any(disk_dir.iterdir())
         log_dir = self._data_dir / "log"
         has_log = log_dir.exists() and any(log_dir.glob("*.log"))
-        has_snapshots = bool(snapshot.list_snapshots(snapshots_dir))
+        has_snapshots = bool(snapshot_dirs.list_snapshots(snapshots_dir))
         if not (has_disk or has_log or has_snapshots):
             self._start_tables(disk_rows={})
             self._start_log(0)
@@ -361,7 +363,7 @@ class ShardOpener:
     def _recover(self, fallback: bool, has_log: bool) -> Recovery:
         base = read_record(self._data_dir, BASE)
         base_seq = int(base["seq"]) if base is not None else -1
-        listed = snapshot.list_snapshots(self._data_dir / "snapshots")
+        listed = snapshot_dirs.list_snapshots(self._data_dir / "snapshots")
         # A snapshot whose manifest is unreadable might be the newest: never skip it silently.
         unreadable = [s for s in listed if s.seq < 0]
         candidates = unreadable + [s for s in reversed(listed) if s.seq > base_seq]
@@ -442,7 +444,7 @@ class ShardOpener:
         disk_dir = self._data_dir / "disk"
         shutil.rmtree(disk_dir, ignore_errors=True)
         try:
-            snapshot.copy_disk(path, disk_dir)
+            snapshot_dirs.copy_disk(path, disk_dir)
         except OSError as exc:
             raise StorageError(f"cannot copy the disk tier of snapshot {path}: {exc}") from exc
         tables = manifest["tables"]

@@ -1,14 +1,8 @@
 """One shard of embeddb: every table's tiered store, its optimizer, update log and snapshots.
 
-No transport here: the gRPC servicers (and tests) call this class directly. It validates every
-argument once, at this boundary, and raises from :mod:`embeddb.errors`; the layers below trust
-it.
-
-An ID batch as the shard sees it (table ``user``, ``dim = 2``)::
-
-    ids     = [ 7, 42,  7]                      uint64, any order, duplicates allowed
-    lookup  → [[a0, a1], [b0, b1], [a0, a1]]    float32 (3, 2), row i is the vector of ids[i]
-    grads   = [[g0, g1], [h0, h1], [k0, k1]]    float32 (3, 2); id 7 is updated once with g + k
+No transport here: the gRPC servicers (and tests) call this class directly. Every argument is
+validated once, at this boundary (:mod:`embeddb.engine.validation`), and errors are raised from
+:mod:`embeddb.errors`; the layers below trust it.
 
 Durability (docs/architecture.md §5, docs/durability.md). The update log is the commit point:
 each mutating call — gradient push, assign, delete, rows created by a training lookup — is
@@ -18,14 +12,17 @@ directory without a clean-shutdown record is **recovered** from its newest verif
 last clean shutdown, then the log after it (:mod:`embeddb.engine.recovery`). A full disk fails
 writes until there is space again; an I/O error stops writes until a restart; reads go on.
 
-:class:`Shard` is a facade: it keeps validation, the data plane and the lifecycle, and
-delegates the rest to parts that each take only the state they need::
+:class:`Shard` is a facade: this module keeps its lifecycle (opening, closing, discarding) and
+the entry points of its snapshots and followers' feed; the rest is done by parts that each take
+only the state they need::
 
-    embeddb.engine.recovery   ShardOpener: opens the directory, builds the disk tier, tables
-                             and update log the shard takes over; Recovery; shutdown records
-    embeddb.engine.journal    Journal: mutations into the update log; read-only mode
+    embeddb.engine.data_plane  DataPlane (the base of Shard): the data calls on the tables
+    embeddb.engine.validation  the checks of every request's arguments
+    embeddb.engine.recovery    ShardOpener: opens the directory, builds the disk tier, tables
+                               and update log the shard takes over; Recovery; shutdown records
+    embeddb.engine.journal     Journal: mutations into the update log; read-only mode
     embeddb.engine.snapshots   ShardSnapshots: takes, lists and opens snapshots
-    embeddb.engine.feed       LogReaders, RecordApplier: followers' feed and the export
+    embeddb.engine.feed        LogReaders, RecordApplier: followers' feed and the export
 """
 
 from __future__ import annotations
@@ -35,20 +32,19 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Generator, Iterable, Iterator, Sequence
+from collections.abc import Generator, Iterator
 from pathlib import Path
 from types import TracebackType
 
-import numpy as np
-import numpy.typing as npt
-
-from embeddb.common.routing import Topology, as_ids
+from embeddb.common.routing import Topology
 from embeddb.config import EmbeddingConfig
+from embeddb.engine.data_plane import DataPlane
 from embeddb.engine.durability import snapshot
 from embeddb.engine.durability.export import Exporter
 from embeddb.engine.durability.fileio import REAL, FileIO
 from embeddb.engine.durability.log import LogRecord, UpdateLog
-from embeddb.engine.durability.snapshot import SnapshotInfo, SnapshotReader
+from embeddb.engine.durability.snapshot_dirs import SnapshotInfo
+from embeddb.engine.durability.snapshot_transfer import SnapshotReader
 from embeddb.engine.feed import LogReaders, RecordApplier, start_export, stop_export
 from embeddb.engine.journal import Journal
 from embeddb.engine.recovery import (
@@ -60,20 +56,16 @@ from embeddb.engine.recovery import (
     shut_down,
 )
 from embeddb.engine.snapshots import ShardSnapshots, SnapshotResult
-from embeddb.engine.storage import DiskTier, ShardStats, TieredTable, UpdateResult
+from embeddb.engine.storage import DiskTier, ShardStats, UpdateResult
 from embeddb.engine.storage.parallel import StripePool, default_threads
-from embeddb.engine.storage.scan import ScanPage, scan_table
 from embeddb.errors import (
     FailedPreconditionError,
-    InvalidArgumentError,
-    TableNotFoundError,
-    UnavailableError,
 )
 
 __all__ = ["Recovery", "Shard", "ShardStats", "SnapshotInfo", "SnapshotResult", "UpdateResult"]
 
 
-class Shard:
+class Shard(DataPlane):
     """The tables of one shard, each a RAM tier (LRU) over a RocksDB disk tier, made durable by
     an update log and snapshots (see the module docstring).
 
@@ -396,199 +388,3 @@ class Shard:
         if not self.follower:
             raise FailedPreconditionError("only a follower applies a primary's log records")
         return self._applier.apply(seq, payload)
-
-    def _table_check_open(self) -> None:
-        if self._closed:
-            raise UnavailableError("shard is closed")
-
-    # ------------------------------------------------------------------ validation
-    def _table(self, name: str) -> TieredTable:
-        self._table_check_open()
-        try:
-            return self._tables[name]
-        except (KeyError, TypeError):
-            raise TableNotFoundError(str(name), tuple(self._tables)) from None
-
-    def _owned(self, ids: object, field: str = "ids") -> npt.NDArray[np.uint64]:
-        """``ids`` validated, if this shard owns every one (FailedPreconditionError naming
-        the first foreign id otherwise)."""
-        id_arr = as_ids(ids, field)
-        self.topology.check_owned(id_arr, field)
-        return id_arr
-
-    @staticmethod
-    def _matrix(values: object, n: int, dim: int, field: str) -> npt.NDArray[np.float32]:
-        arr = np.asarray(values)
-        if arr.dtype != np.float32:
-            raise InvalidArgumentError(f"{field} must be float32, got dtype {arr.dtype}")
-        if arr.shape != (n, dim):
-            raise InvalidArgumentError(
-                f"{field} must have shape ({n}, {dim}) (one row of dim {dim} per id), "
-                f"got {arr.shape}"
-            )
-        return np.ascontiguousarray(arr)
-
-    # ------------------------------------------------------------------ data plane
-    @property
-    def tables(self) -> tuple[str, ...]:
-        return tuple(self._tables)
-
-    def lookup(self, table: str, ids: object, train: bool = True) -> npt.NDArray[np.float32]:
-        """Return the ``(len(ids), dim)`` vectors of ``ids`` in input order.
-
-        Args:
-            table: table name.
-            ids: 1-D non-negative integer ids; duplicates allowed.
-            train: a training lookup creates admitted rows, promotes disk rows and refreshes
-                recency. ``False`` (evaluation, inference) changes nothing: unknown ids read as
-                zeros, disk rows are read in place.
-
-        Raises:
-            TableNotFoundError, InvalidArgumentError, StorageError; FailedPreconditionError:
-            an id another shard owns (nothing is looked up), or a training lookup on a
-            read-only shard.
-        """
-        t = self._table(table)
-        id_arr = self._owned(ids)
-        if not train:
-            return t.lookup(id_arr, False)
-        before = self._journal.mutating()
-        vectors = t.lookup(id_arr, True)
-        self._journal.acknowledge(before)
-        return vectors
-
-    def apply_gradients(self, table: str, ids: object, grads: object) -> UpdateResult:
-        """Apply the table's optimizer to ``ids`` with ``grads`` (float32, ``(len(ids), dim)``).
-
-        Gradients of duplicate ids are summed first. Ids whose summed gradient contains NaN or
-        Inf are skipped and counted; ids stored in neither tier are ignored and counted as
-        missing. ``weight_bound`` clamps vectors after the update. Every data call (this one,
-        the lookups, :meth:`assign`, :meth:`delete`) refuses a batch holding an id another
-        shard owns with :class:`FailedPreconditionError`, changing nothing.
-        """
-        t = self._table(table)
-        id_arr = self._owned(ids)
-        g = self._matrix(grads, id_arr.size, t.dim, "grads")
-        before = self._journal.mutating()
-        result = t.apply_gradients(id_arr, g)
-        self._journal.acknowledge(before)
-        return result
-
-    def lookup_many(
-        self, parts: Sequence[tuple[str, object, bool]]
-    ) -> list[npt.NDArray[np.float32]]:
-        """:meth:`lookup` of several tables at once: one ``(table, ids, train)`` per part.
-
-        Every part is validated before any is looked up, so an invalid part fails the call with
-        nothing inserted or refreshed; a call with a training part waits once for durability.
-
-        Returns:
-            One ``(len(ids), dim)`` array per part, in order.
-
-        Raises:
-            TableNotFoundError, InvalidArgumentError (also: a table named by two parts),
-            FailedPreconditionError (a training part on a read-only shard), StorageError.
-        """
-        checked = [
-            (self._table(table), self._owned(ids, f"lookups[{k}].ids"), bool(train))
-            for k, (table, ids, train) in enumerate(parts)
-        ]
-        self._distinct(table for table, _, _ in parts)
-        if not any(train for _, _, train in checked):
-            return [t.lookup(ids, False) for t, ids, _ in checked]
-        before = self._journal.mutating()
-        plans = {k: p[0].lookup_begin(p[1], True) for k, p in enumerate(checked) if p[2]}
-        self._journal.commit([checked[k][0].lookup_call(plan) for k, plan in plans.items()])
-        out = [
-            plans[k].out if k in plans else t.lookup(i, False)
-            for k, (t, i, _) in enumerate(checked)
-        ]
-        self._journal.acknowledge(before)
-        return out
-
-    def apply_gradients_many(
-        self, parts: Sequence[tuple[str, object, object]]
-    ) -> list[UpdateResult]:
-        """:meth:`apply_gradients` of several tables at once: one ``(table, ids, grads)`` per
-        part.
-
-        Every part is validated before any is applied, so an invalid part fails the call with
-        no row changed; NaN/Inf gradients are skipped and counted per part, as in
-        :meth:`apply_gradients`. The call waits once for durability.
-
-        Returns:
-            One result per part, in order.
-
-        Raises:
-            TableNotFoundError, InvalidArgumentError (also: a table named by two parts),
-            FailedPreconditionError, StorageError.
-        """
-        checked: list[tuple[TieredTable, npt.NDArray[np.uint64], npt.NDArray[np.float32]]] = []
-        for k, (table, ids, grads) in enumerate(parts):
-            t = self._table(table)
-            id_arr = self._owned(ids, f"updates[{k}].ids")
-            checked.append((t, id_arr, self._matrix(grads, id_arr.size, t.dim, "grads")))
-        self._distinct(table for table, _, _ in parts)
-        before = self._journal.mutating()
-        results = self._journal.commit([t.update_call(ids, g) for t, ids, g in checked])
-        self._journal.acknowledge(before)
-        return results
-
-    @staticmethod
-    def _distinct(tables: Iterable[str]) -> None:
-        seen: set[str] = set()
-        for table in tables:
-            if table in seen:
-                raise InvalidArgumentError(
-                    f"table {table!r} is named by more than one part of the request; merge "
-                    f"its ids into one part"
-                )
-            seen.add(table)
-
-    def assign(self, table: str, ids: object, vectors: object) -> int:
-        """Set vectors (creating rows regardless of admission) and reset optimizer state.
-
-        For duplicate ids the last vector wins. Returns the number of distinct ids written.
-        """
-        t = self._table(table)
-        id_arr = self._owned(ids)
-        v = self._matrix(vectors, id_arr.size, t.dim, "vectors")
-        if not np.isfinite(v).all():
-            raise InvalidArgumentError("vectors must be finite (found NaN or Inf)")
-        before = self._journal.mutating()
-        written = t.assign(id_arr, v)
-        self._journal.acknowledge(before)
-        return written
-
-    def delete(self, table: str, ids: object) -> int:
-        """Remove ``ids`` from both tiers. Returns how many of them existed."""
-        t = self._table(table)
-        id_arr = self._owned(ids)
-        before = self._journal.mutating()
-        deleted = t.delete(id_arr)
-        self._journal.acknowledge(before)
-        return deleted
-
-    def peek(
-        self, table: str, ids: object
-    ) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.float32]]:
-        """Full rows ``[vector | optimizer state]`` of ``ids``, changing nothing.
-
-        Returns:
-            ``(found, rows)`` with ``rows`` of shape ``(len(ids), dim + state_dim)``; rows of
-            ids stored in neither tier are zeros and ``found`` is false there.
-        """
-        t = self._table(table)
-        return t.peek(as_ids(ids))
-
-    def scan(self, table: str, after: int | None, limit: int) -> ScanPage:
-        """Up to ``limit`` rows with ids above ``after`` (None: from the smallest), ascending,
-        changing nothing (:mod:`embeddb.engine.storage.scan`; the caller bounds ``limit >= 1``)."""
-        t = self._table(table)
-        assert self._disk is not None  # an open shard has its disk tier
-        return scan_table(t, self._disk, after, limit)
-
-    def stats(self) -> ShardStats:
-        """Sizes and counters of every table."""
-        self._table_check_open()
-        return ShardStats({name: t.stats() for name, t in self._tables.items()})

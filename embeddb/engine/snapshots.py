@@ -15,10 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from embeddb.common.routing import Topology
-from embeddb.engine.durability import snapshot
+from embeddb.engine.durability import snapshot, snapshot_dirs
 from embeddb.engine.durability.fileio import REAL, FileIO
-from embeddb.engine.durability.snapshot import SnapshotInfo, SnapshotReader
-from embeddb.engine.storage import DiskTier, TieredTable
+from embeddb.engine.durability.snapshot_dirs import SnapshotInfo
+from embeddb.engine.durability.snapshot_transfer import SnapshotReader
+from embeddb.engine.storage import DiskTier, TieredTable, capture
 from embeddb.engine.storage.parallel import StripePool
 from embeddb.errors import NotFoundError
 
@@ -66,7 +67,7 @@ class ShardSnapshots:
 
     def complete(self) -> list[SnapshotInfo]:
         """Complete snapshots, oldest first."""
-        return [s for s in snapshot.list_snapshots(self.root) if s.seq >= 0]
+        return [s for s in snapshot_dirs.list_snapshots(self.root) if s.seq >= 0]
 
     def take(
         self, snapshot_id: str | None, current_seq: Callable[[], int]
@@ -93,7 +94,7 @@ class ShardSnapshots:
             # by tombstones: compact their key ranges (again under the locks, for deletes that
             # arrive meanwhile; usually nothing then).
             self._disk.purge_deleted()
-            buffers = {n: t.capture_buffers() for n, t in self._tables.items()}
+            buffers = {n: capture.capture_buffers(t.stripes) for n, t in self._tables.items()}
             with ExitStack() as locked:
                 paused = time.perf_counter()
                 for table in self._tables.values():
@@ -104,12 +105,14 @@ class ShardSnapshots:
                 work = [
                     (t, k, buf) for n, t in self._tables.items() for k, buf in enumerate(buffers[n])
                 ]
-                self._pool.map(lambda w: w[0].capture_into([w[2]], w[1]), work, 1 << 62)
-                disk_rows = {n: t.stats_unlocked_disk_rows() for n, t in self._tables.items()}
+                self._pool.map(
+                    lambda w: capture.capture_into(w[0].stripes, [w[2]], w[1]), work, 1 << 62
+                )
+                disk_rows = {n: capture.disk_rows(t.stripes) for n, t in self._tables.items()}
                 self._disk.purge_deleted()
                 self._disk.checkpoint(writer.disk_dir)
                 pause = time.perf_counter() - paused
-            captured = {n: TieredTable.captured(b) for n, b in buffers.items()}
+            captured = {n: capture.captured(b) for n, b in buffers.items()}
             del buffers
             for n, (ids, rows, flags) in captured.items():
                 writer.write_table(n, ids, rows, flags)
@@ -135,7 +138,7 @@ class ShardSnapshots:
 
     def prune(self, keep: int) -> None:
         """Delete complete snapshots beyond the newest ``keep``."""
-        snapshot.prune(self.root, keep)
+        snapshot_dirs.prune(self.root, keep)
 
     def open(self, snapshot_id: str | None) -> SnapshotReader:
         """Open complete snapshot ``snapshot_id`` (None: the newest) for sending; the caller

@@ -28,7 +28,7 @@ import tempfile
 from pathlib import Path
 
 from embeddb.common.routing import ROUTING_ALGORITHM, Topology
-from embeddb.engine.durability import snapshot
+from embeddb.engine.durability import snapshot, snapshot_dirs
 from embeddb.errors import ConfigError, CorruptDataError
 
 __all__ = ["IDENTITY_FILE", "TOPOLOGY_FILE", "check_directory", "read_topology", "write_topology"]
@@ -94,7 +94,7 @@ def write_topology(data_dir: Path, topology: Topology, name: str = TOPOLOGY_FILE
 
 def _from_snapshots(data_dir: Path) -> tuple[Topology, str] | None:
     """The topology of the newest snapshot whose manifest is readable, and its id."""
-    for info in reversed(snapshot.list_snapshots(data_dir / "snapshots")):
+    for info in reversed(snapshot_dirs.list_snapshots(data_dir / "snapshots")):
         if info.seq < 0:
             continue
         try:

@@ -33,7 +33,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from functools import partial
 from typing import TypeVar
 
@@ -42,13 +42,14 @@ import numpy.typing as npt
 
 from embeddb.common.arrays import F32, I64, U64
 from embeddb.config import RamTierConfig, TableConfig
-from embeddb.engine.initializers import initial_vectors, table_key
 from embeddb.engine.optim import Optimizer
 from embeddb.engine.storage import hash_index, writes
 from embeddb.engine.storage.changes import Change, Op
 from embeddb.engine.storage.disk_tier import DiskTier
+from embeddb.engine.storage.lookups import LookupPlan, Lookups
 from embeddb.engine.storage.parallel import StripePool
 from embeddb.engine.storage.ram_tier import DIRTY, ON_DISK, Counters, RamStripe
+from embeddb.engine.storage.stats import TableStats, UpdateResult
 from embeddb.engine.storage.tiering import Tiers
 from embeddb.engine.storage.writes import Prepared, commit, hold
 from embeddb.errors import CorruptDataError
@@ -56,103 +57,7 @@ from embeddb.errors import CorruptDataError
 T = TypeVar("T")
 Call = tuple["TieredTable", list[threading.Lock], Callable[[], Prepared[T]]]
 
-__all__ = ["LookupPlan", "ShardStats", "TableStats", "TieredTable", "UpdateResult"]
-
-
-@dataclass(frozen=True)
-class UpdateResult:
-    """Outcome of one ``apply_gradients`` call (counts of distinct ids)."""
-
-    applied: int
-    nan_skipped: int
-    missing: int
-
-
-@dataclass(frozen=True)
-class TableStats:
-    """A table's sizes and event counters on one shard.
-
-    ``rows`` is the number of distinct rows stored; ``ram_rows`` are resident; ``disk_rows`` are
-    the rows with a disk-tier copy (a resident row may have one too, see the module docstring).
-    ``data_loss`` counts the disk-tier reads of this table that failed RocksDB's checks (each
-    answered ``DATA_LOSS``; see :class:`~embeddb.engine.storage.disk_tier.DiskTier`).
-    """
-
-    table: str
-    dim: int
-    rows: int
-    ram_rows: int
-    ram_capacity: int
-    disk_rows: int
-    lookup_ids: int
-    ram_hits: int
-    disk_hits: int
-    misses: int
-    admitted: int
-    rejected: int
-    evicted: int
-    written_back: int
-    promoted: int
-    overflow: int
-    update_ids: int
-    updated_rows: int
-    nan_skipped: int
-    missing_updates: int
-    assigned_rows: int
-    deleted_rows: int
-    data_loss: int
-
-    def as_dict(self) -> dict[str, int | str]:
-        return asdict(self)
-
-
-@dataclass(frozen=True)
-class ShardStats:
-    """Per-table statistics of one shard."""
-
-    tables: dict[str, TableStats]
-
-    def totals(self) -> dict[str, int]:
-        """Counters summed over tables."""
-        out: dict[str, int] = {}
-        for stats in self.tables.values():
-            for key, value in stats.as_dict().items():
-                if isinstance(value, int) and key != "dim":
-                    out[key] = out.get(key, 0) + value
-        return out
-
-
-@dataclass(frozen=True)
-class _Misses:
-    """One stripe's RAM misses from phase 1 of a lookup."""
-
-    stripe: int
-    ids: U64  # missed ids, one per missed position (duplicates kept)
-    where: I64  # their positions in the caller's ids
-    tick: int
-    disk_generation: int
-
-
-@dataclass(frozen=True)
-class LookupPlan:
-    """A lookup after phases 1 and 2: its answer so far, and the misses phase 3 settles."""
-
-    out: F32
-    pending: list[_Misses]
-    uniq: U64  # the distinct missed ids of every stripe, sorted
-    inverse: I64  # the pending misses' ids (concatenated) as indices into uniq
-    found: npt.NDArray[np.bool_]  # uniq has a disk copy (as phase 2 read it)
-    values: F32  # uniq's disk rows (zeros where not found)
-    starts: I64  # pending[k]'s ids are inverse[starts[k] : starts[k + 1]]
-
-
-_NO_MISSES = (
-    np.empty(0, np.uint64),
-    np.empty(0, np.int64),
-    np.empty(0, bool),
-    np.empty((0, 0), np.float32),
-    np.zeros(1, np.int64),
-)
+__all__ = ["TieredTable"]
 
 
 def _stripe_count(requested: int, capacity: int, min_rows: int) -> int:
@@ -197,14 +102,14 @@ class TieredTable:
         self.width = config.dim + self.optimizer.state_dim
         self._disk = disk
         self._tiers = Tiers(disk, config.name)  # moves rows between the stripes and disk
-        self._key = table_key(config.name, config.seed)
         n = _stripe_count(ram.stripes, config.capacity, ram.min_stripe_rows)
         self._shift = np.uint64(64 - (n.bit_length() - 1))
         caps = [config.capacity // n + (1 if i < config.capacity % n else 0) for i in range(n)]
         self.stripes = [RamStripe(c, self.width, int(c * ram.eviction_chunk)) for c in caps]
-        seed_seq = np.random.SeedSequence([config.seed, int(self._key)])
-        self._rngs = [np.random.default_rng(s) for s in seed_seq.spawn(n)]
         self.stripes[0].counters.disk_rows = disk_rows
+        self._lookups = Lookups(
+            config, self.optimizer, self.stripes, disk, self._tiers, self._pool, self._split
+        )
 
     # ------------------------------------------------------------------ routing to stripes
     def _split(self, ids: U64) -> Iterator[tuple[int, U64, I64]]:
@@ -226,14 +131,11 @@ class TieredTable:
     def lookup(self, ids: U64, train: bool) -> F32:
         """Vectors of ``ids`` in input order (see the module docstring for what train does).
 
-        Three phases, so that RocksDB sees one multi-get per call rather than one per stripe
-        (about 25% cheaper per key) and no stripe lock is held while it runs: (1) per stripe,
-        under its lock, copy resident vectors and collect the misses; (2) read every miss from
-        the disk tier; (3) settle the misses — re-checking RAM and, if the stripe wrote to disk
-        meanwhile, the disk copies, since another thread may have promoted, updated, evicted or
-        deleted one of these ids between the phases. An evaluation lookup settles each stripe
-        under its lock in turn; a training lookup holds the locks of every missed stripe at once
-        and publishes the rows it admits only once they are logged, as one record
+        Three phases (:mod:`embeddb.engine.storage.lookups`): (1) per stripe, under its lock,
+        copy resident vectors and collect the misses; (2) read every miss from the disk tier in
+        one multi-get, no lock held; (3) settle the misses. An evaluation lookup settles each
+        stripe under its lock in turn; a training lookup holds the locks of every missed stripe
+        at once and publishes the rows it admits only once they are logged, as one record
         (:mod:`embeddb.engine.storage.writes`).
         """
         plan = self.lookup_begin(ids, train)
@@ -242,7 +144,7 @@ class TieredTable:
         if not train:
             for k, m in enumerate(plan.pending):
                 with self.stripes[m.stripe].lock:
-                    self._settle(plan, k, train=False)
+                    self._lookups.settle(plan, k, train=False)
             return plan.out
         with hold(self.lookup_locks(plan)):
             (out,) = commit([self.prepare_lookup(plan)], self.journal, self.on_failure)
@@ -250,26 +152,7 @@ class TieredTable:
 
     def lookup_begin(self, ids: U64, train: bool) -> LookupPlan:
         """Phases 1 and 2 of :meth:`lookup` (each stripe's lock taken in turn)."""
-        out = np.empty((ids.size, self.dim), dtype=np.float32)
-
-        def gather(part: tuple[int, U64, I64]) -> _Misses | None:
-            s, sub, where = part
-            stripe = self.stripes[s]
-            with stripe.lock:
-                return self._gather_stripe(s, stripe, sub, where, out, train)
-
-        gathered = self._pool.map(gather, list(self._split(ids)), ids.size)
-        pending = [m for m in gathered if m is not None]
-        if not pending:
-            return LookupPlan(out, [], *_NO_MISSES)
-        uniq, inverse = np.unique(
-            np.concatenate([m.ids for m in pending]), return_inverse=True
-        )  # sorted: RocksDB's multi-get is fastest on ordered keys
-        found, disk_rows = self._disk.get(self.name, uniq)
-        values = np.zeros((uniq.size, self.width), dtype=np.float32)
-        values[found] = disk_rows
-        starts = np.cumsum([0] + [m.ids.size for m in pending], dtype=np.int64)
-        return LookupPlan(out, pending, uniq, inverse, found, values, starts)
+        return self._lookups.begin(ids, train)
 
     def lookup_locks(self, plan: LookupPlan) -> list[threading.Lock]:
         """The locks phase 3 of a training lookup holds (its missed stripes, ascending)."""
@@ -278,25 +161,8 @@ class TieredTable:
     def prepare_lookup(self, plan: LookupPlan) -> Prepared[F32]:
         """Phase 3 of a training lookup, prepared (locks of :meth:`lookup_locks` held): the
         rows it admits are published once logged."""
-        parts = [self._settle(plan, k, train=True) for k in range(len(plan.pending))]
+        parts = [self._lookups.settle(plan, k, train=True) for k in range(len(plan.pending))]
         return writes.combine(parts, lambda _: plan.out)
-
-    def _settle(self, plan: LookupPlan, k: int, train: bool) -> Prepared[F32]:
-        m = plan.pending[k]
-        mine = plan.inverse[plan.starts[k] : plan.starts[k + 1]]
-        local, local_inv = np.unique(mine, return_inverse=True)
-        stripe = self.stripes[m.stripe]
-        rows, prepared = self._settle_stripe(
-            m,
-            stripe,
-            plan.uniq[local],
-            plan.values[local],
-            plan.found[local],
-            local_inv,
-            train,
-        )
-        plan.out[m.where] = rows[local_inv, : self.dim]
-        return prepared
 
     def apply_gradients(self, ids: U64, grads: F32) -> UpdateResult:
         """Sum duplicate ids' gradients, skip non-finite rows, run the optimizer."""
@@ -421,7 +287,7 @@ class TieredTable:
                 ids, slots = stripe.resident()
                 self._tiers.write_back(stripe, ids, slots)
 
-    # ------------------------------------------------------------------ durability
+    # ------------------------------------------------ durability: rows back from a log or snapshot
     def replay(self, change: Change, locked: bool = False) -> None:
         """Apply a logged change (recovery, followers): rows are written as they are, ids
         deleted; nothing is journaled and no optimizer or initializer runs. ``locked``: the
@@ -450,46 +316,6 @@ class TieredTable:
                 else:
                     self._tiers.remove(stripe, sub)
 
-    def capture_buffers(self) -> list[tuple[F32, npt.NDArray[np.uint8], U64]]:
-        """Buffers for :meth:`capture_into`, allocated and touched now — before the caller
-        takes the stripe locks — so that the copy under the locks is a plain memcpy."""
-        bufs = []
-        for stripe in self.stripes:
-            rows = np.zeros_like(stripe.rows)  # zeros: the pages are faulted in here
-            flags = np.zeros_like(stripe.flags)
-            ids = np.zeros_like(stripe.ids)
-            bufs.append((rows, flags, ids))
-        return bufs
-
-    def capture_into(
-        self, bufs: list[tuple[F32, npt.NDArray[np.uint8], U64]], first: int = 0
-    ) -> None:
-        """Copy the slots of stripes ``first, first + 1, ...`` into ``bufs`` (one per stripe);
-        the caller holds their locks."""
-        for stripe, (rows, flags, ids) in zip(self.stripes[first:], bufs, strict=False):
-            np.copyto(rows, stripe.rows)
-            np.copyto(flags, stripe.flags)
-            np.copyto(ids, stripe.ids)
-
-    @staticmethod
-    def captured(
-        bufs: list[tuple[F32, npt.NDArray[np.uint8], U64]],
-    ) -> tuple[U64, F32, npt.NDArray[np.uint8]]:
-        """``(ids, rows, flags)`` of the resident rows in captured buffers: a slot is occupied
-        exactly when its flags are non-zero (every resident row is DIRTY or ON_DISK; a freed
-        slot's flags are zeroed)."""
-        masks = [flags != 0 for _, flags, _ in bufs]
-        ids = np.concatenate([i[m] for (_, _, i), m in zip(bufs, masks, strict=True)])
-        rows = np.concatenate([r[m] for (r, _, _), m in zip(bufs, masks, strict=True)])
-        flags = np.concatenate([f[m] for (_, f, _), m in zip(bufs, masks, strict=True)])
-        return ids, rows, flags
-
-    def capture_ram(self) -> tuple[U64, F32, npt.NDArray[np.uint8]]:
-        """``(ids, rows, flags)`` of every resident row. The caller holds every stripe lock."""
-        bufs = self.capture_buffers()
-        self.capture_into(bufs)
-        return self.captured(bufs)
-
     def load_ram(self, ids: U64, rows: F32, flags: npt.NDArray[np.uint8]) -> None:
         """Make captured rows resident again (into an empty table), keeping which have a disk
         copy and which differ from it. Rows beyond the RAM capacity overflow to disk."""
@@ -506,91 +332,8 @@ class TieredTable:
                     )
             stripe.counters.promoted -= int(on_disk[where].sum())  # a restore, not promotions
 
-    def stats_unlocked_disk_rows(self) -> int:
-        """The disk-tier row count; the caller holds every stripe lock."""
-        return sum(s.counters.disk_rows for s in self.stripes)
-
     def set_disk_rows(self, n: int) -> None:
         """Set the disk-tier row count (after a restore replaced the disk tier)."""
         for i, stripe in enumerate(self.stripes):
             with stripe.lock:
                 stripe.counters.disk_rows = n if i == 0 else 0
-
-    # ------------------------------------------------------------------ per-stripe work
-    def _gather_stripe(
-        self, s: int, stripe: RamStripe, ids: U64, where: I64, out: F32, train: bool
-    ) -> _Misses | None:
-        """Phase 1 of :meth:`lookup`: copy resident vectors to ``out``, return the misses."""
-        c = stripe.counters
-        tick = stripe.next_tick() if train else 0
-        miss = np.empty(ids.size, dtype=np.int64)
-        n_miss = hash_index.lookup_gather(
-            stripe.index, stripe.rows, ids, where, out, tick, train, miss
-        )
-        c.lookup_ids += ids.size
-        c.ram_hits += ids.size - n_miss
-        if n_miss == 0:
-            return None
-        miss = miss[:n_miss]
-        return _Misses(s, ids[miss], where[miss], tick, stripe.disk_generation)
-
-    def _settle_stripe(
-        self,
-        m: _Misses,
-        stripe: RamStripe,
-        uniq: U64,
-        values: F32,
-        found: npt.NDArray[np.bool_],
-        inverse: I64,
-        train: bool,
-    ) -> tuple[F32, Prepared[F32]]:
-        """Phase 3 of :meth:`lookup` for one stripe's distinct missed ids ``uniq``.
-
-        ``values``/``found`` are what phase 2 read from disk. Returns the full rows to answer
-        with, and (a training lookup) the admitted new rows, prepared; disk rows are promoted.
-        """
-        c = stripe.counters
-        slots = np.empty(uniq.size, dtype=np.int64)
-        hash_index.probe(stripe.index, uniq, m.tick, train, slots)
-        resident = slots >= 0  # made resident by another call since phase 1
-        values[resident] = stripe.rows[slots[resident]]
-        absent = ~resident
-        if stripe.disk_generation != m.disk_generation and absent.any():
-            now_found, now_rows = self._disk.get(self.name, uniq[absent])
-            fresh = np.zeros((now_found.size, self.width), dtype=np.float32)
-            fresh[now_found] = now_rows
-            values[absent] = fresh
-            found[absent] = now_found
-        occurrences = np.bincount(inverse, minlength=uniq.size)
-        c.ram_hits += int(occurrences[resident].sum())
-        c.disk_hits += int(occurrences[absent & found].sum())
-        c.misses += int(occurrences[absent & ~found].sum())
-        if not train:
-            return values, Prepared([], lambda: values)
-        new = absent & ~found
-        admitted = new.copy()
-        p = self.config.admit_probability
-        if p < 1.0 and new.any():
-            admitted[new] = self._rngs[m.stripe].random(int(new.sum())) < p
-        if admitted.any():
-            values[admitted] = self._new_rows(uniq[admitted])
-        promoted = absent & found  # clean: no reader can tell
-        self._tiers.store(stripe, uniq[promoted], values[promoted], found[promoted], m.tick, False)
-        ids, rows = uniq[admitted], values[admitted]
-        n_new = int(new.sum())
-
-        def publish() -> F32:
-            self._tiers.store(stripe, ids, rows, np.zeros(ids.size, bool), m.tick, dirty=False)
-            c.admitted += ids.size
-            c.rejected += n_new - ids.size
-            return values
-
-        changes = [Change(Op.PUT, self.name, ids, rows)] if ids.size else []
-        return values, Prepared(changes, publish)
-
-    # ------------------------------------------------------------------ new rows
-    def _new_rows(self, ids: U64) -> F32:
-        rows = np.empty((ids.size, self.width), dtype=np.float32)
-        rows[:, : self.dim] = initial_vectors(ids, self.dim, self.config.initializer, self._key)
-        rows[:, self.dim :] = self.optimizer.initial_state(ids.size)
-        return rows

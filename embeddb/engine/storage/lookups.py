@@ -1,0 +1,236 @@
+"""The lookup path of one table: answering a lookup in three phases, and creating new rows.
+
+A lookup runs in three phases, so that RocksDB sees one multi-get per call rather than one per
+stripe (about 25% cheaper per key) and no stripe lock is held while it runs:
+
+1. per stripe, under its lock, copy the resident vectors into the answer and collect the misses
+   (:meth:`Lookups.begin`; a training lookup stamps the hits with the stripe's tick);
+2. read every distinct miss from the disk tier (:meth:`Lookups.begin`, sorted ids);
+3. settle the misses (:meth:`Lookups.settle`) — re-checking RAM and, if the stripe wrote to disk
+   meanwhile, the disk copies, since another thread may have promoted, updated, evicted or
+   deleted one of these ids between the phases. A training lookup promotes the disk rows it
+   found (clean) and creates the ids found in neither tier when admitted (probability
+   ``admit_probability``, one draw per attempt from the stripe's own generator): their vectors
+   come from the deterministic initializer, their state from the optimizer. The rows it admits
+   are prepared, not published: the table hands them to its journal first
+   (:mod:`embeddb.engine.storage.writes`).
+
+:class:`~embeddb.engine.storage.table.TieredTable` owns one :class:`Lookups` and takes the
+locks; this module never takes more than one stripe lock at a time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from embeddb.common.arrays import F32, I64, U64
+from embeddb.config import TableConfig
+from embeddb.engine.initializers import initial_vectors, table_key
+from embeddb.engine.optim import Optimizer
+from embeddb.engine.storage import hash_index
+from embeddb.engine.storage.changes import Change, Op
+from embeddb.engine.storage.disk_tier import DiskTier
+from embeddb.engine.storage.parallel import StripePool
+from embeddb.engine.storage.ram_tier import RamStripe
+from embeddb.engine.storage.tiering import Tiers
+from embeddb.engine.storage.writes import Prepared
+
+__all__ = ["LookupPlan", "Lookups"]
+
+Split = Callable[[U64], Iterator[tuple[int, U64, I64]]]
+
+
+@dataclass(frozen=True)
+class _Misses:
+    """One stripe's RAM misses from phase 1 of a lookup."""
+
+    stripe: int
+    ids: U64  # missed ids, one per missed position (duplicates kept)
+    where: I64  # their positions in the caller's ids
+    tick: int
+    disk_generation: int
+
+
+@dataclass(frozen=True)
+class LookupPlan:
+    """A lookup after phases 1 and 2: its answer so far, and the misses phase 3 settles."""
+
+    out: F32
+    pending: list[_Misses]
+    uniq: U64  # the distinct missed ids of every stripe, sorted
+    inverse: I64  # the pending misses' ids (concatenated) as indices into uniq
+    found: npt.NDArray[np.bool_]  # uniq has a disk copy (as phase 2 read it)
+    values: F32  # uniq's disk rows (zeros where not found)
+    starts: I64  # pending[k]'s ids are inverse[starts[k] : starts[k + 1]]
+
+
+_NO_MISSES = (
+    np.empty(0, np.uint64),
+    np.empty(0, np.int64),
+    np.empty(0, bool),
+    np.empty((0, 0), np.float32),
+    np.zeros(1, np.int64),
+)
+
+
+class Lookups:
+    """The lookup path of one table (see the module docstring); the caller holds the locks
+    :meth:`settle` needs.
+
+    Args:
+        config: the table's settings (name, dim, admission, initializer, seed).
+        optimizer: the table's optimizer (the state of new rows).
+        stripes: the table's RAM stripes.
+        disk: the shard's disk tier.
+        tiers: moves rows between the stripes and the disk tier.
+        pool: runs phase 1 of large calls on several stripes at once.
+        split: the table's ids-to-stripes split.
+    """
+
+    def __init__(
+        self,
+        config: TableConfig,
+        optimizer: Optimizer,
+        stripes: list[RamStripe],
+        disk: DiskTier,
+        tiers: Tiers,
+        pool: StripePool,
+        split: Split,
+    ) -> None:
+        self.config = config
+        self.name = config.name
+        self.dim = config.dim
+        self.optimizer = optimizer
+        self.width = config.dim + optimizer.state_dim
+        self.stripes = stripes
+        self._disk = disk
+        self._tiers = tiers
+        self._pool = pool
+        self._split = split
+        self._key = table_key(config.name, config.seed)
+        seed_seq = np.random.SeedSequence([config.seed, int(self._key)])
+        self._rngs = [np.random.default_rng(s) for s in seed_seq.spawn(len(stripes))]
+
+    def begin(self, ids: U64, train: bool) -> LookupPlan:
+        """Phases 1 and 2 (each stripe's lock taken in turn)."""
+        out = np.empty((ids.size, self.dim), dtype=np.float32)
+
+        def gather(part: tuple[int, U64, I64]) -> _Misses | None:
+            s, sub, where = part
+            stripe = self.stripes[s]
+            with stripe.lock:
+                return self._gather_stripe(s, stripe, sub, where, out, train)
+
+        gathered = self._pool.map(gather, list(self._split(ids)), ids.size)
+        pending = [m for m in gathered if m is not None]
+        if not pending:
+            return LookupPlan(out, [], *_NO_MISSES)
+        uniq, inverse = np.unique(
+            np.concatenate([m.ids for m in pending]), return_inverse=True
+        )  # sorted: RocksDB's multi-get is fastest on ordered keys
+        found, disk_rows = self._disk.get(self.name, uniq)
+        values = np.zeros((uniq.size, self.width), dtype=np.float32)
+        values[found] = disk_rows
+        starts = np.cumsum([0] + [m.ids.size for m in pending], dtype=np.int64)
+        return LookupPlan(out, pending, uniq, inverse, found, values, starts)
+
+    def settle(self, plan: LookupPlan, k: int, train: bool) -> Prepared[F32]:
+        """Phase 3 for the misses of ``plan.pending[k]`` (its stripe's lock held): fills their
+        rows of ``plan.out``; a training lookup's admitted rows are prepared, not published."""
+        m = plan.pending[k]
+        mine = plan.inverse[plan.starts[k] : plan.starts[k + 1]]
+        local, local_inv = np.unique(mine, return_inverse=True)
+        stripe = self.stripes[m.stripe]
+        rows, prepared = self._settle_stripe(
+            m,
+            stripe,
+            plan.uniq[local],
+            plan.values[local],
+            plan.found[local],
+            local_inv,
+            train,
+        )
+        plan.out[m.where] = rows[local_inv, : self.dim]
+        return prepared
+
+    def _gather_stripe(
+        self, s: int, stripe: RamStripe, ids: U64, where: I64, out: F32, train: bool
+    ) -> _Misses | None:
+        """Phase 1 for one stripe (its lock held): copy resident vectors to ``out``, return
+        the misses."""
+        c = stripe.counters
+        tick = stripe.next_tick() if train else 0
+        miss = np.empty(ids.size, dtype=np.int64)
+        n_miss = hash_index.lookup_gather(
+            stripe.index, stripe.rows, ids, where, out, tick, train, miss
+        )
+        c.lookup_ids += ids.size
+        c.ram_hits += ids.size - n_miss
+        if n_miss == 0:
+            return None
+        miss = miss[:n_miss]
+        return _Misses(s, ids[miss], where[miss], tick, stripe.disk_generation)
+
+    def _settle_stripe(
+        self,
+        m: _Misses,
+        stripe: RamStripe,
+        uniq: U64,
+        values: F32,
+        found: npt.NDArray[np.bool_],
+        inverse: I64,
+        train: bool,
+    ) -> tuple[F32, Prepared[F32]]:
+        """Phase 3 for one stripe's distinct missed ids ``uniq``.
+
+        ``values``/``found`` are what phase 2 read from disk. Returns the full rows to answer
+        with, and (a training lookup) the admitted new rows, prepared; disk rows are promoted.
+        """
+        c = stripe.counters
+        slots = np.empty(uniq.size, dtype=np.int64)
+        hash_index.probe(stripe.index, uniq, m.tick, train, slots)
+        resident = slots >= 0  # made resident by another call since phase 1
+        values[resident] = stripe.rows[slots[resident]]
+        absent = ~resident
+        if stripe.disk_generation != m.disk_generation and absent.any():
+            now_found, now_rows = self._disk.get(self.name, uniq[absent])
+            fresh = np.zeros((now_found.size, self.width), dtype=np.float32)
+            fresh[now_found] = now_rows
+            values[absent] = fresh
+            found[absent] = now_found
+        occurrences = np.bincount(inverse, minlength=uniq.size)
+        c.ram_hits += int(occurrences[resident].sum())
+        c.disk_hits += int(occurrences[absent & found].sum())
+        c.misses += int(occurrences[absent & ~found].sum())
+        if not train:
+            return values, Prepared([], lambda: values)
+        new = absent & ~found
+        admitted = new.copy()
+        p = self.config.admit_probability
+        if p < 1.0 and new.any():
+            admitted[new] = self._rngs[m.stripe].random(int(new.sum())) < p
+        if admitted.any():
+            values[admitted] = self._new_rows(uniq[admitted])
+        promoted = absent & found  # clean: no reader can tell
+        self._tiers.store(stripe, uniq[promoted], values[promoted], found[promoted], m.tick, False)
+        ids, rows = uniq[admitted], values[admitted]
+        n_new = int(new.sum())
+
+        def publish() -> F32:
+            self._tiers.store(stripe, ids, rows, np.zeros(ids.size, bool), m.tick, dirty=False)
+            c.admitted += ids.size
+            c.rejected += n_new - ids.size
+            return values
+
+        changes = [Change(Op.PUT, self.name, ids, rows)] if ids.size else []
+        return values, Prepared(changes, publish)
+
+    def _new_rows(self, ids: U64) -> F32:
+        rows = np.empty((ids.size, self.width), dtype=np.float32)
+        rows[:, : self.dim] = initial_vectors(ids, self.dim, self.config.initializer, self._key)
+        rows[:, self.dim :] = self.optimizer.initial_state(ids.size)
+        return rows
