@@ -17,7 +17,8 @@ from embeddb.client import AsyncClient, Client, ClientOptions
 from embeddb.config import EmbeddingConfig
 from embeddb.errors import ConfigError
 from embeddb.features.batch import IDTypeFeature, IDTypeFeatureWithSingleID
-from embeddb.trainer.embedding.worker import EmbeddingWorker, EmbeddingWorkerConfig, IdFeature
+from embeddb.trainer.embedding.plan import IdFeature
+from embeddb.trainer.embedding.worker import EmbeddingWorker, EmbeddingWorkerConfig
 from embeddb.trainer.errors import (
     EmbeddingWorkerError,
     GradientPushFailedError,

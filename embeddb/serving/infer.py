@@ -66,7 +66,7 @@ from embeddb.errors import (
 )
 from embeddb.features.batch import Batch, IDTypeFeature, NonIDTypeFeature
 from embeddb.serving.records import check_records, hashed_batch
-from embeddb.trainer.embedding.worker import IdFeature, plan_lookup, pool_lookup, pooling_specs
+from embeddb.trainer.embedding.plan import IdFeature, plan_lookup, pool_lookup, pooling_specs
 from embeddb.trainer.export import quiet_jit
 from embeddb.trainer.model_spec import (
     DENSE_FILE,

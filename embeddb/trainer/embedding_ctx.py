@@ -35,8 +35,8 @@ from embeddb.config import EmbeddingConfig
 from embeddb.errors import InvalidArgumentError
 from embeddb.features.batch import Batch
 from embeddb.trainer.config import TrainerConfig
+from embeddb.trainer.embedding.plan import IdFeature
 from embeddb.trainer.embedding.process import EmbeddingWorkerProcess
-from embeddb.trainer.embedding.worker import IdFeature
 from embeddb.trainer.errors import EmbeddingWorkerError, TrainerError
 from embeddb.trainer.pooling import Pooled
 

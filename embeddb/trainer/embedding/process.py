@@ -55,13 +55,14 @@ from embeddb.errors import EmbeddbError
 from embeddb.trainer.embedding import protocol as msg
 from embeddb.trainer.embedding.channel import RingChannel, RingFiles
 from embeddb.trainer.embedding.metrics import WorkerMetrics
+from embeddb.trainer.embedding.plan import IdFeature
 from embeddb.trainer.embedding.spawn import (
     StartReport,
     check_main_guard,
     ignore_sigint,
     report_failure,
 )
-from embeddb.trainer.embedding.worker import EmbeddingWorker, EmbeddingWorkerConfig, IdFeature
+from embeddb.trainer.embedding.worker import EmbeddingWorker, EmbeddingWorkerConfig
 from embeddb.trainer.errors import EmbeddingWorkerError, TrainerError
 from embeddb.trainer.pooling import Pooled
 from embeddb.transport.rpc.metrics_http import serve_metrics

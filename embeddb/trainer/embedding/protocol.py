@@ -41,7 +41,7 @@ from typing import TypeAlias
 from embeddb import errors as core_errors
 from embeddb.common.arrays import F32
 from embeddb.trainer import errors as trainer_errors
-from embeddb.trainer.embedding.worker import IdFeature
+from embeddb.trainer.embedding.plan import IdFeature
 from embeddb.trainer.pooling import Pooled
 
 __all__ = [

@@ -62,10 +62,17 @@ import numpy as np
 from embeddb.client import AsyncClient, PushResult, RetryPolicy
 from embeddb.client.batching import IdBatch
 from embeddb.client.options import SimulatedNetwork
-from embeddb.common.arrays import F32, I64, U64
+from embeddb.common.arrays import F32
 from embeddb.config import EmbeddingConfig
 from embeddb.errors import ConfigError, EmbeddbError
 from embeddb.trainer.embedding.metrics import WorkerMetrics
+from embeddb.trainer.embedding.plan import (
+    IdFeature,
+    LookupPlan,
+    plan_lookup,
+    pool_lookup,
+    pooling_specs,
+)
 from embeddb.trainer.embedding.staleness import StalenessWindow
 from embeddb.trainer.errors import (
     EmbeddingWorkerError,
@@ -73,24 +80,13 @@ from embeddb.trainer.errors import (
     LookupFailedError,
     TrainerError,
 )
-from embeddb.trainer.pooling import Pooled, Pooling, PoolingSpec, Segments, pool, truncate, unpool
+from embeddb.trainer.pooling import Pooled, Pooling, unpool
 
-__all__ = [
-    "EmbeddingWorker",
-    "EmbeddingWorkerConfig",
-    "IdFeature",
-    "plan_lookup",
-    "pool_lookup",
-    "pooling_specs",
-]
+__all__ = ["EmbeddingWorker", "EmbeddingWorkerConfig"]
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-IdFeature = tuple[str, U64, "I64 | None"]
-"""One ID feature of a batch as the NN worker sends it: name, raw ids in sample order, and CSR
-offsets (``None`` when every sample has exactly one id)."""
 
 _EXPIRED_MEMORY = 4096  # refs of expired batches remembered, to name late gradients
 
@@ -171,94 +167,9 @@ class EmbeddingWorkerConfig:
 
 
 @dataclass
-class _FeaturePlan:
-    name: str
-    table: str
-    start: int  # rows of the table's concatenated ids
-    stop: int
-    rounds: int  # hash-stack rounds (1 without a hash stack)
-    dim: int
-    segments: Segments
-    spec: PoolingSpec
-
-
-@dataclass
-class _Plan:
-    features: list[_FeaturePlan]
-    tables: dict[str, IdBatch]
-
-
-@dataclass
 class _Buffered:
-    plan: _Plan
+    plan: LookupPlan
     deadline: float
-
-
-def pooling_specs(
-    embedding_config: EmbeddingConfig, overrides: Mapping[str, Pooling]
-) -> dict[str, PoolingSpec]:
-    """Every feature's pooling: the config's, or the override named for it."""
-    return {
-        name: PoolingSpec.of(feature, overrides.get(name))
-        for name, feature in embedding_config.features.items()
-    }
-
-
-def plan_lookup(
-    embedding_config: EmbeddingConfig,
-    specs: Mapping[str, PoolingSpec],
-    features: Sequence[IdFeature],
-) -> _Plan:
-    """Step 1 of the module docstring: each feature's ids truncated (sequence features),
-    encoded (group prefix, hash stack), concatenated per table and deduplicated once per table.
-    Feature names are trusted (checked by the caller against the config)."""
-    parts: dict[str, list[U64]] = {}
-    sizes: dict[str, int] = {}
-    plans: list[_FeaturePlan] = []
-    for name, values, offsets in features:
-        feature = embedding_config.features[name]
-        spec = specs[name]
-        if offsets is None:
-            segments = Segments.single_ids(values.size)
-        else:
-            if spec.sequence:
-                values, offsets = truncate(values, offsets, spec.fixed_size)
-            segments = Segments.of(offsets)
-        ids = feature.encode(values).reshape(-1)
-        start = sizes.get(feature.table, 0)
-        sizes[feature.table] = start + ids.size
-        parts.setdefault(feature.table, []).append(ids)
-        rounds = max(feature.hash_stack_rounds, 1)
-        plans.append(
-            _FeaturePlan(
-                name,
-                feature.table,
-                start,
-                start + ids.size,
-                rounds,
-                feature.dim,
-                segments,
-                spec,
-            )
-        )
-    tables = {
-        table: IdBatch.of(chunks[0] if len(chunks) == 1 else np.concatenate(chunks))
-        for table, chunks in parts.items()
-    }
-    return _Plan(plans, tables)
-
-
-def pool_lookup(plan: _Plan, vectors: Mapping[str, F32]) -> list[Pooled]:
-    """Step 4: the looked-up vectors of every table's unique ids pooled per feature, in the
-    plan's feature order (hash-stack rounds summed first)."""
-    expanded = {table: plan.tables[table].expand(v) for table, v in vectors.items()}
-    out: list[Pooled] = []
-    for fp in plan.features:
-        rows = expanded[fp.table][fp.start : fp.stop]
-        if fp.rounds > 1:
-            rows = rows.reshape(-1, fp.rounds, rows.shape[1]).sum(axis=1)
-        out.append(pool(rows, fp.segments, fp.spec))
-    return out
 
 
 class EmbeddingWorker:
@@ -431,10 +342,10 @@ class EmbeddingWorker:
                 self._buffer[batch_ref] = _Buffered(plan, self._clock() + self.config.batch_timeout)
         return pooled
 
-    def _plan(self, features: Sequence[IdFeature]) -> _Plan:
+    def _plan(self, features: Sequence[IdFeature]) -> LookupPlan:
         return plan_lookup(self._embedding_config, self._specs, features)
 
-    async def _lookup_tables(self, batch_ref: int, plan: _Plan, train: bool) -> dict[str, F32]:
+    async def _lookup_tables(self, batch_ref: int, plan: LookupPlan, train: bool) -> dict[str, F32]:
         # Already deduplicated (step 1): IdBatch.distinct spares the client a second hash pass.
         requests = {t: IdBatch.distinct(batch.unique) for t, batch in plan.tables.items()}
         # Evaluation lookups are idempotent: the client retries them itself.
@@ -457,7 +368,7 @@ class EmbeddingWorker:
         return vectors
 
     @staticmethod
-    def _pool(plan: _Plan, vectors: Mapping[str, F32]) -> list[Pooled]:
+    def _pool(plan: LookupPlan, vectors: Mapping[str, F32]) -> list[Pooled]:
         return pool_lookup(plan, vectors)
 
     # ------------------------------------------------------------------ backward
@@ -481,7 +392,7 @@ class EmbeddingWorker:
         task.add_done_callback(self._pushes.discard)
         return task
 
-    async def _push(self, batch_ref: int, plan: _Plan, grads: Sequence[F32 | None]) -> None:
+    async def _push(self, batch_ref: int, plan: LookupPlan, grads: Sequence[F32 | None]) -> None:
         started = time.perf_counter()
         tables: list[str] = []
         try:
@@ -525,7 +436,7 @@ class EmbeddingWorker:
         )
 
     @staticmethod
-    def _unpool(plan: _Plan, grads: Sequence[F32 | None]) -> dict[str, F32]:
+    def _unpool(plan: LookupPlan, grads: Sequence[F32 | None]) -> dict[str, F32]:
         rows: dict[str, list[F32]] = {}
         present: set[str] = set()
         for fp, grad in zip(plan.features, grads, strict=True):
