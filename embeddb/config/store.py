@@ -35,6 +35,11 @@ __all__ = [
     "SnapshotConfig",
     "StoreConfig",
     "UpdateLogConfig",
+    "check_fsync",
+    "check_fsync_interval_ms",
+    "check_log_lz4_min_bytes",
+    "check_log_recovery",
+    "check_log_segment_bytes",
 ]
 
 _MAX_STRIPES = 64
@@ -155,14 +160,39 @@ class UpdateLogConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.enabled, bool):
             raise ConfigError("update_log", f"must be true or false, got {self.enabled!r}")
-        set_field(self, "fsync", as_kind(FsyncPolicy, self.fsync, "fsync", "fsync policy"))
-        interval = as_float(self.fsync_interval_ms, "fsync_interval_ms", low=0.0, high=60_000.0,
-                            low_open=True)  # fmt: skip
-        set_field(self, "fsync_interval_ms", interval)
+        set_field(self, "fsync", check_fsync(self.fsync))
+        set_field(self, "fsync_interval_ms", check_fsync_interval_ms(self.fsync_interval_ms))
         set_field(self, "segment_mb", as_int(self.segment_mb, "log_segment_mb", minimum=1))
-        set_field(self, "lz4_min_bytes", as_int(self.lz4_min_bytes, "log_lz4_min_bytes", minimum=0))
-        recovery = as_kind(LogRecovery, self.recovery, "log_recovery", "log recovery mode")
-        set_field(self, "recovery", recovery)
+        set_field(self, "lz4_min_bytes", check_log_lz4_min_bytes(self.lz4_min_bytes))
+        set_field(self, "recovery", check_log_recovery(self.recovery))
+
+
+# The one validator of each update-log setting, named by its YAML key: UpdateLogConfig (the
+# store: section, the CLI) and the engine's LogConfig (embeddb.engine.durability.log_config)
+# both call these.
+def check_fsync(value: object) -> FsyncPolicy:
+    """``store.fsync``: ``always``, ``interval`` or ``never``."""
+    return as_kind(FsyncPolicy, value, "fsync", "fsync policy")
+
+
+def check_fsync_interval_ms(value: object) -> float:
+    """``store.fsync_interval_ms``: in (0, 60000]."""
+    return as_float(value, "fsync_interval_ms", low=0.0, high=60_000.0, low_open=True)
+
+
+def check_log_segment_bytes(value: object) -> int:
+    """``store.log_segment_mb`` in bytes (the engine's unit): at least 1."""
+    return as_int(value, "log_segment_mb", minimum=1)
+
+
+def check_log_lz4_min_bytes(value: object) -> int:
+    """``store.log_lz4_min_bytes``: at least 0."""
+    return as_int(value, "log_lz4_min_bytes", minimum=0)
+
+
+def check_log_recovery(value: object) -> LogRecovery:
+    """``store.log_recovery``: a :class:`LogRecovery` mode."""
+    return as_kind(LogRecovery, value, "log_recovery", "log recovery mode")
 
 
 @dataclass(frozen=True)

@@ -480,13 +480,8 @@ class ShardOpener:
     def _start_log(self, start_seq: int) -> None:
         if not self.logged or self.log is not None:
             return
-        settings = self._config.store.log
-        cfg = LogConfig(
-            fsync=settings.fsync,
-            interval_ms=settings.fsync_interval_ms,
-            segment_bytes=settings.segment_mb << 20,
-            lz4_min_bytes=settings.lz4_min_bytes,
-            recovery=settings.recovery,
+        cfg = LogConfig.of(
+            self._config.store.log,
             cut_corrupt_tail=self._cut_corrupt_log_tail,
             cuts_dir=self._data_dir,
         )

@@ -12,8 +12,8 @@ the kernel still holds it. The policies differ on **power loss or a kernel crash
   share it. Loses nothing acknowledged; costs an fsync (~0.1–10 ms by device) per group of
   concurrent requests.
 - ``interval`` (the default, every 5 ms): ``wait_durable`` returns at once; a background thread
-  fsyncs every ``interval_ms``. Loses at most the acknowledged updates of the last
-  ``interval_ms`` plus the duration of one fsync.
+  fsyncs every ``fsync_interval_ms``. Loses at most the acknowledged updates of the last
+  ``fsync_interval_ms`` plus the duration of one fsync.
 - ``never``: fsync is left to the kernel's writeback (typically up to 30 s of updates lost).
 
 The default is ``interval`` because ``always`` puts an fsync in the path of every acknowledged
@@ -39,8 +39,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from embeddb.config import FsyncPolicy, LogRecovery
-from embeddb.errors import ConfigError
+from embeddb.config import FsyncPolicy, LogRecovery, UpdateLogConfig
+from embeddb.config.store import (
+    check_fsync,
+    check_fsync_interval_ms,
+    check_log_lz4_min_bytes,
+    check_log_recovery,
+    check_log_segment_bytes,
+)
 
 __all__ = ["LogConfig"]
 
@@ -51,7 +57,7 @@ class LogConfig:
 
     Attributes:
         fsync: the fsync policy; a string (``"always"``) is converted.
-        interval_ms: how often the ``interval`` policy's background thread fsyncs.
+        fsync_interval_ms: how often the ``interval`` policy's background thread fsyncs.
         segment_bytes: a segment is sealed before a record would take it past this size (a
             record larger than this gets a segment of its own).
         lz4_min_bytes: payloads of at least this many bytes are stored LZ4-compressed when that
@@ -69,7 +75,7 @@ class LogConfig:
     """
 
     fsync: FsyncPolicy = FsyncPolicy.INTERVAL
-    interval_ms: float = 5.0
+    fsync_interval_ms: float = 5.0
     segment_bytes: int = 64 << 20
     lz4_min_bytes: int = 4096
     recovery: LogRecovery = LogRecovery.AUTO
@@ -77,23 +83,30 @@ class LogConfig:
     cuts_dir: Path | None = None
 
     def __post_init__(self) -> None:
-        try:
-            object.__setattr__(self, "fsync", FsyncPolicy(self.fsync))
-        except ValueError:
-            raise ConfigError(
-                "fsync", f"must be always, interval or never, got {self.fsync!r}"
-            ) from None
-        try:
-            object.__setattr__(self, "recovery", LogRecovery(self.recovery))
-        except ValueError:
-            modes = ", ".join(m.value for m in LogRecovery)
-            raise ConfigError("recovery", f"must be {modes}, got {self.recovery!r}") from None
-        if not self.interval_ms > 0:
-            raise ConfigError("interval_ms", f"must be > 0, got {self.interval_ms!r}")
-        if self.segment_bytes < 1:
-            raise ConfigError("segment_bytes", f"must be > 0, got {self.segment_bytes!r}")
-        if self.lz4_min_bytes < 0:
-            raise ConfigError("lz4_min_bytes", f"must be >= 0, got {self.lz4_min_bytes!r}")
+        # the store: section's validators, so a value is checked once, under its YAML name
+        object.__setattr__(self, "fsync", check_fsync(self.fsync))
+        object.__setattr__(
+            self, "fsync_interval_ms", check_fsync_interval_ms(self.fsync_interval_ms)
+        )
+        object.__setattr__(self, "segment_bytes", check_log_segment_bytes(self.segment_bytes))
+        object.__setattr__(self, "lz4_min_bytes", check_log_lz4_min_bytes(self.lz4_min_bytes))
+        object.__setattr__(self, "recovery", check_log_recovery(self.recovery))
+
+    @classmethod
+    def of(
+        cls, settings: UpdateLogConfig, *, cut_corrupt_tail: bool = False,
+        cuts_dir: Path | None = None,
+    ) -> LogConfig:  # fmt: skip
+        """The log settings of a shard's ``store:`` section (``log_segment_mb`` in bytes)."""
+        return cls(
+            fsync=settings.fsync,
+            fsync_interval_ms=settings.fsync_interval_ms,
+            segment_bytes=settings.segment_mb << 20,
+            lz4_min_bytes=settings.lz4_min_bytes,
+            recovery=settings.recovery,
+            cut_corrupt_tail=cut_corrupt_tail,
+            cuts_dir=cuts_dir,
+        )
 
     @property
     def tail_recovery(self) -> LogRecovery:

@@ -6,7 +6,7 @@ windows are drawn in :mod:`.log_config`):
 
 - **group commit** (``always``): :meth:`LogSync.wait_durable` takes the sync lock, and whoever
   holds it fsyncs for every record appended so far, so concurrent waiters share one fsync;
-- the **interval thread** (``interval``): fsyncs every ``interval_ms`` while records wait;
+- the **interval thread** (``interval``): fsyncs every ``fsync_interval_ms`` while records wait;
 - **sealed segments** are fsynced by the next sync (never inline on the append path, where an
   fsync of a whole segment would stall every writer), before the active one, so
   ``durable_seq`` never covers an unsynced record; a process crash tears at most the last
@@ -70,7 +70,7 @@ class LogSync(LogReader):
         if self.config.fsync is FsyncPolicy.INTERVAL:
             self._syncer = threading.Thread(
                 target=self._sync_every,
-                args=(self.config.interval_ms / 1000.0,),
+                args=(self.config.fsync_interval_ms / 1000.0,),
                 name=f"embeddb-log-sync:{self.directory.name}",
                 daemon=True,
             )
