@@ -43,6 +43,19 @@ _DOORS: tuple[tuple[Any, str, str], ...] = (
 )
 
 
+def _command(door: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    """`` for [argv]``: what ``subprocess.Popen`` or ``os.system`` was asked to run, cut to a
+    line; empty for the other doors."""
+    if door == "subprocess.Popen":
+        command = kwargs.get("args", args[1] if len(args) > 1 else None)
+    elif door == "os.system":
+        command = args[0] if args else None
+    else:
+        return ""
+    text = repr(command)
+    return f" for {text[:160]}{'...' if len(text) > 160 else ''}"
+
+
 class ProcessGuard:
     """Closes the doors of ``_DOORS`` while installed; ``attempts`` names each door tried."""
 
@@ -54,7 +67,7 @@ class ProcessGuard:
     def _refuse(self, door: str) -> Callable[..., Any]:
         def refused(*args: Any, **kwargs: Any) -> Any:
             self.attempts.append(door)
-            raise FastTierProcessError(f"{door} called: {MESSAGE}")
+            raise FastTierProcessError(f"{door} called{_command(door, args, kwargs)}: {MESSAGE}")
 
         return refused
 

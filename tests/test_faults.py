@@ -21,6 +21,9 @@ from embeddb.client import Client, ClientOptions
 from embeddb.errors import EmbeddbError, status_of
 from tests.support import START_TIMEOUT_S, StartServe, eventually, serve_processes
 
+# Starts processes or runs for seconds: the full suite's, not the fast tier's.
+pytestmark = pytest.mark.slow
+
 CONFIG = (
     "tables: {t: {dim: 16, capacity: 200000, optimizer: {type: sgd, lr: 0.1}}}\n"
     "store: {fsync: always, log_lz4_min_bytes: 0}\n"
