@@ -25,6 +25,9 @@ from embeddb.engine.shard import Shard
 settings.register_profile("embeddb", deadline=None)
 settings.load_profile("embeddb")
 
+# A test not marked ``slow`` starts no process (the fast tier, ``pytest -m "not slow"``).
+pytest_plugins = ["tests.process_guard", "pytester"]
+
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 MakeShard = Callable[..., Shard]

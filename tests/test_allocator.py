@@ -44,6 +44,7 @@ def _mmapped_growth(mode: str) -> int:
     return int(out.stdout.strip())
 
 
+@pytest.mark.slow
 @glibc_only
 def test_tuning_moves_large_buffers_from_mmap_to_the_heap() -> None:
     assert _mmapped_growth("default") >= 4 << 20  # glibc's default: a fresh mmap per buffer
@@ -86,6 +87,7 @@ _ARENAS = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 @glibc_only
 def test_limit_arenas_keeps_threads_off_new_arenas() -> None:
     """Threads allocating at once get arenas of their own, whose heap tops malloc_trim never

@@ -87,6 +87,7 @@ def _run_lint_imports(cwd: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 def test_import_linter_contracts_hold() -> None:
     proc = _run_lint_imports(ROOT)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -137,6 +138,7 @@ def test_contract_sources_are_in_the_graph() -> None:
     assert "torch" in modules and "grpc" in modules
 
 
+@pytest.mark.slow
 def test_every_contract_fails_on_a_planted_violation(tmp_path: Path) -> None:
     _lint_imports()
     copy = tmp_path / "tree"

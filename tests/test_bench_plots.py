@@ -49,6 +49,7 @@ def assert_png(path: Path) -> None:
     assert len(data) > len(PNG_SIGNATURE)
 
 
+@pytest.mark.slow
 def test_bar_chart_writes_a_png_of_grouped_bars(plots: ModuleType, tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     groups = {"lookup": {"embeddb": 2.1, "numpy": 1.9}, "adagrad": {"embeddb": 1.4, "numpy": 1.2}}
@@ -60,6 +61,7 @@ def test_bar_chart_writes_a_png_of_grouped_bars(plots: ModuleType, tmp_path: Pat
     assert_png(png)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("horizontal", [False, True])
 def test_stacked_bars_and_timelines_are_drawn(
     plots: ModuleType, tmp_path: Path, horizontal: bool
@@ -73,6 +75,7 @@ def test_stacked_bars_and_timelines_are_drawn(
     assert_png(png)
 
 
+@pytest.mark.slow
 def test_percentile_and_line_charts_write_pngs(plots: ModuleType, tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     series = {"lookup": {"p50": 0.5, "p99": 4.7, "max": 8.3}, "service": {"p50": 0.5, "p99": 3.2}}

@@ -32,6 +32,7 @@ def bench() -> ModuleType:
         sys.path.remove(str(BENCHMARKS))
 
 
+@pytest.mark.slow
 def test_the_inprocess_baseline_trains_and_scores(bench: ModuleType, tmp_path: Path) -> None:
     data = SyntheticCriteo(SyntheticCriteoConfig(cardinality=500, chunk_size=1024))
     train = list(data.batches(1024, 128, "train"))
@@ -61,6 +62,7 @@ def test_the_embedding_layouts(bench: ModuleType, layout: str, tables: int) -> N
     assert {f.dim for f in config.features.values()} == {16}
 
 
+@pytest.mark.slow
 def test_the_small_model_trains_in_process(bench: ModuleType) -> None:
     small = bench.SMALL
     data = SyntheticCriteo(
@@ -92,6 +94,7 @@ def test_hybrids_window_covers_the_network_round_trips(bench: ModuleType) -> Non
     assert window_for(20.0, 0.0, 4) == 4  # no step time measured: the staleness as it is
 
 
+@pytest.mark.slow
 def test_the_sweeps_files_and_json(bench: ModuleType, tmp_path: Path) -> None:
     point = bench.SweepPoint
     points = [

@@ -23,6 +23,9 @@ from embeddb.v1 import embeddb_pb2 as pb
 from embeddb.v1 import embeddb_pb2_grpc as pb_grpc
 from tests.support import ServeProcess, StartServe, eventually, serve_processes
 
+# Starts processes or runs for seconds: the full suite's, not the fast tier's.
+pytestmark = pytest.mark.slow
+
 DIM = 8
 RW = "rw-token-" + "a" * 24
 RO = "ro-token-" + "b" * 24

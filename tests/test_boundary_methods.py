@@ -126,6 +126,7 @@ def servers(tmp_path: Any) -> Iterator[dict[str, int]]:
         shard.close()
 
 
+@pytest.mark.slow
 def test_every_method_of_every_service_needs_a_token_of_its_roles(servers) -> None:
     services = [
         pb.DESCRIPTOR.services_by_name["EmbeddingStoreService"],

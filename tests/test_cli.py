@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 import numpy as np
+import pytest
 from click.testing import CliRunner
 
 from embeddb import __version__
@@ -13,6 +14,7 @@ from embeddb.cli import main
 from embeddb.demo import auc
 
 
+@pytest.mark.slow
 def test_demo_trains_adult_to_a_useful_auc_and_spills(tmp_path: Path) -> None:
     result = CliRunner().invoke(
         main, ["demo", "--epochs", "2", "--ram-rows", "8", "--data-dir", str(tmp_path / "d")]

@@ -124,6 +124,7 @@ def _one_error_line(result: subprocess.CompletedProcess[str]) -> str:
 
 
 # ------------------------------------------------------------------- python -m embeddb
+@pytest.mark.slow
 def test_python_dash_m_embeddb_is_the_embeddb_command(processes: Processes) -> None:
     from embeddb import __version__
 
@@ -174,6 +175,7 @@ def test_the_command_line_wins_over_the_variables_and_the_old_name_still_works()
     assert "must be less than --num-shards (3), got 4" in result.output
 
 
+@pytest.mark.slow
 def test_a_shard_configured_only_by_the_environment_serves_and_logs_json(
     processes: Processes, tmp_path: Path
 ) -> None:
@@ -194,6 +196,7 @@ def test_a_shard_configured_only_by_the_environment_serves_and_logs_json(
     assert all(str(r["time"]).endswith("Z") for r in records)
 
 
+@pytest.mark.slow
 def test_the_limits_set_on_the_command_line_are_the_ones_describe_shard_reports(
     processes: Processes, tmp_path: Path
 ) -> None:
@@ -225,6 +228,7 @@ def test_the_limits_set_on_the_command_line_are_the_ones_describe_shard_reports(
     assert processes.stop(process) == 0, stderr.read_text()
 
 
+@pytest.mark.slow
 def test_tokens_from_env_still_reads_the_token_variables(
     processes: Processes, tmp_path: Path
 ) -> None:
@@ -272,6 +276,7 @@ def test_json_shard_line_adds_the_shard_and_wraps_plain_text() -> None:
     assert set(wrapped) >= RECORD_KEYS
 
 
+@pytest.mark.slow
 def test_quiet_logs_only_warnings_and_errors(processes: Processes, tmp_path: Path) -> None:
     port_file = tmp_path / "port"
     process, stderr = processes.start(
@@ -284,6 +289,7 @@ def test_quiet_logs_only_warnings_and_errors(processes: Processes, tmp_path: Pat
     assert levels <= {"WARNING", "ERROR", "CRITICAL"}, levels
 
 
+@pytest.mark.slow
 def test_a_cluster_relays_its_shards_logs_as_json(processes: Processes, tmp_path: Path) -> None:
     address_file = tmp_path / "addresses.txt"
     process, stderr = processes.start(
@@ -298,6 +304,7 @@ def test_a_cluster_relays_its_shards_logs_as_json(processes: Processes, tmp_path
 
 
 # ------------------------------------------------------------------ one-line errors
+@pytest.mark.slow
 def test_a_busy_port_is_one_error_line(processes: Processes, busy_port: int) -> None:
     line = _one_error_line(processes.run("serve", "--ephemeral", "--port", str(busy_port)))
     assert line == f"Error: cannot bind 127.0.0.1:{busy_port}: the port is in use"
@@ -307,6 +314,7 @@ def test_a_busy_port_is_one_error_line(processes: Processes, busy_port: int) -> 
     assert f"127.0.0.1:{busy_port}" in _one_error_line(from_env)
 
 
+@pytest.mark.slow
 def test_a_busy_port_stops_a_cluster_and_a_model_server(
     processes: Processes, busy_port: int, tmp_path: Path
 ) -> None:
@@ -323,11 +331,13 @@ def test_a_busy_port_stops_a_cluster_and_a_model_server(
     assert f"127.0.0.1:{busy_port}: the port is in use" in _one_error_line(model)
 
 
+@pytest.mark.slow
 def test_a_host_that_is_not_this_machine_is_one_error_line(processes: Processes) -> None:
     line = _one_error_line(processes.run("serve", "--ephemeral", "--host=192.0.2.1", "--port=1"))
     assert line.startswith("Error: cannot bind 192.0.2.1:1: ")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("args", "option"),
     [

@@ -180,6 +180,7 @@ def test_id_batch_matches_numpy_unique_on_large_batches(high: int) -> None:
 
 
 # ---------------------------------------------------------------------- round trips
+@pytest.mark.slow
 @pytest.mark.parametrize("n", [1, 2, 4])
 def test_lookup_routes_each_id_to_its_shard_and_keeps_order(
     make_cluster: Callable[[int], Cluster], n: int

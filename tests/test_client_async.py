@@ -188,6 +188,7 @@ def test_without_verification_the_shards_refuse_misrouted_ids(two: Cluster) -> N
     assert rows_per_shard(two) == [0, 0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fp16", [False, True])
 def test_requests_fit_the_servers_response_limit(tmp_path: Path, fp16: bool) -> None:
     n = 100_000

@@ -210,6 +210,7 @@ def test_a_failed_check_is_not_remembered_and_a_good_one_is(two: Cluster) -> Non
     assert sum(rows_per_shard(two)) == ids.size
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fp16", [False, True])
 def test_requests_fit_the_servers_response_limit(tmp_path: Path, fp16: bool) -> None:
     """At dim 16 the 100k rows of a batch are 6.4 MB (3.6 MB as float16): 1 MiB answers need

@@ -81,6 +81,7 @@ def supervising(cluster: Cluster) -> tuple[threading.Thread, list[int]]:
     return thread, codes
 
 
+@pytest.mark.slow
 def test_two_shards_start_healthy_and_a_killed_one_is_restarted(
     clusters: Callable[..., Cluster], tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -117,6 +118,7 @@ def test_two_shards_start_healthy_and_a_killed_one_is_restarted(
             os.kill(pid, 0)  # reaped
 
 
+@pytest.mark.slow
 def test_a_killed_persistent_shard_recovers_every_acknowledged_update(
     clusters: Callable[..., Cluster], tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -149,6 +151,7 @@ def test_a_killed_persistent_shard_recovers_every_acknowledged_update(
     assert codes == [0]
 
 
+@pytest.mark.slow
 def test_a_shard_that_cannot_start_is_named(
     clusters: Callable[..., Cluster], tmp_path: Path
 ) -> None:
@@ -180,6 +183,7 @@ def test_config_is_checked(tmp_path: Path) -> None:
         Cluster(missing)
 
 
+@pytest.mark.slow
 def test_embeddb_cluster_command_serves_and_stops_on_sigterm(serve: StartServe) -> None:
     cluster = serve("--num-shards", "2", "--ephemeral", "--grace", "1", command="cluster")
     addresses = cluster.addresses
@@ -204,6 +208,7 @@ def tls_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return directory / "cert.pem", directory / "key.pem"
 
 
+@pytest.mark.slow
 def test_tls_shards_requiring_tokens_are_probed_over_tls_and_serve_tls_clients(
     clusters: Callable[..., Cluster], tmp_path: Path, tls_files: tuple[Path, Path]
 ) -> None:
@@ -237,6 +242,7 @@ def test_tls_shards_requiring_tokens_are_probed_over_tls_and_serve_tls_clients(
         assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
 
 
+@pytest.mark.slow
 def test_the_health_probe_checks_the_tls_server_name_and_says_why_it_fails(
     clusters: Callable[..., Cluster], tls_files: tuple[Path, Path]
 ) -> None:
@@ -256,6 +262,7 @@ def test_the_health_probe_checks_the_tls_server_name_and_says_why_it_fails(
         cluster.wait_healthy(timeout=2)
 
 
+@pytest.mark.slow
 def test_each_shard_serves_metrics_on_the_base_port_plus_its_index(
     clusters: Callable[..., Cluster],
 ) -> None:
@@ -276,6 +283,7 @@ def test_each_shard_serves_metrics_on_the_base_port_plus_its_index(
 # ---------------------------------------------------------------- shards die with the supervisor
 
 
+@pytest.mark.slow
 def test_shards_shut_down_cleanly_when_the_supervisor_is_killed(
     serve: StartServe, tmp_path: Path
 ) -> None:
@@ -300,6 +308,7 @@ def test_shards_shut_down_cleanly_when_the_supervisor_is_killed(
         assert (data / f"shard-{index}" / "clean-shutdown.json").exists()
 
 
+@pytest.mark.slow
 def test_a_shard_whose_parent_is_already_gone_shuts_down_at_once(tmp_path: Path) -> None:
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()  # a process id that is certainly not the shard's parent
@@ -314,6 +323,7 @@ def test_a_shard_whose_parent_is_already_gone_shuts_down_at_once(tmp_path: Path)
 # ---------------------------------------------------------------- crash loops
 
 
+@pytest.mark.slow
 def test_a_crash_looping_shard_is_given_up(
     clusters: Callable[..., Cluster], caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -108,6 +108,7 @@ def feed(follower: Shard, primary: Shard) -> None:
 
 
 # ------------------------------------------------------------------------------ direct cases
+@pytest.mark.slow
 def test_a_full_disk_fails_a_call_spanning_stripes_and_tables_without_a_trace(
     tmp_path: Path,
 ) -> None:
@@ -166,6 +167,7 @@ def test_an_io_error_stops_writes_until_a_restart_and_shutdown_still_succeeds(
         run(recovered, ("assign", 3))  # writable again
 
 
+@pytest.mark.slow
 def test_an_fsync_failure_publishes_nothing_and_stops_writes(tmp_path: Path) -> None:
     """Before: the failed call's record stayed in the file, so a restart replayed it (the call
     came back whole, never acknowledged). Now the log is cut back to its last durable record."""
@@ -233,6 +235,7 @@ def test_a_full_disk_at_shutdown_keeps_every_acknowledged_write(tmp_path: Path) 
         assert same(state(recovered), acked)
 
 
+@pytest.mark.slow
 def test_a_full_disk_while_rolling_a_segment_fails_only_that_call(tmp_path: Path) -> None:
     calls = [("assign", 2 * k) for k in range(60)]  # table "a", up to 150 KB a record
     counting = FaultyIO("write", 1 << 30)  # never fires: counts the writes of a dry run
@@ -339,6 +342,7 @@ def test_a_follower_reader_never_sees_part_of_a_record(tmp_path: Path) -> None:
 _KINDS = st.sampled_from(["assign", "apply", "delete", "lookup", "snapshot"])
 
 
+@pytest.mark.slow
 @settings(
     max_examples=60,
     deadline=None,

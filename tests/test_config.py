@@ -442,6 +442,7 @@ def config_dicts(draw: st.DrawFn) -> dict[str, Any]:
     return data
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None)
 @given(config_dicts())
 def test_to_dict_round_trips(data: dict[str, Any]) -> None:
@@ -454,6 +455,7 @@ def test_to_dict_round_trips(data: dict[str, Any]) -> None:
     assert pickle.loads(pickle.dumps(config)) == config
 
 
+@pytest.mark.slow
 @settings(max_examples=50, deadline=None)
 @given(config_dicts())
 def test_generated_configs_keep_group_invariants(data: dict[str, Any]) -> None:

@@ -18,6 +18,9 @@ from embeddb.client import Client, ClientOptions
 from embeddb.errors import EmbeddbError
 from tests.support import START_TIMEOUT_S, StartServe, serve_processes
 
+# Starts processes or runs for seconds: the full suite's, not the fast tier's.
+pytestmark = pytest.mark.slow
+
 CONFIG = """
 slots_config:
   item: {dim: 4}

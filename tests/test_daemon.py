@@ -52,6 +52,7 @@ def health_status(channel: grpc.Channel) -> int:
     return stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=5).status
 
 
+@pytest.mark.slow
 def test_serve_answers_then_shuts_down_in_order_and_its_rows_survive(serve, tmp_path) -> None:
     data_dir = tmp_path / "shard"
     ids = np.arange(1, 51, dtype=np.uint64)
@@ -97,6 +98,7 @@ def test_serve_answers_then_shuts_down_in_order_and_its_rows_survive(serve, tmp_
     assert second.process.wait(timeout=10) == 0, second.output()
 
 
+@pytest.mark.slow
 def test_calls_in_flight_at_sigterm_finish_or_fail_unavailable(serve, tmp_path) -> None:
     served = serve("--data-dir", str(tmp_path / "shard"), "--grace", "3", "--workers", "4")
     ok = [0]
@@ -134,6 +136,7 @@ def test_calls_in_flight_at_sigterm_finish_or_fail_unavailable(serve, tmp_path) 
     assert (tmp_path / "shard" / "clean-shutdown.json").exists()
 
 
+@pytest.mark.slow
 def test_bad_config_exits_nonzero_naming_the_key(tmp_path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("slots_config:\n  a: {dims: 4}\n")
@@ -148,6 +151,7 @@ def test_bad_config_exits_nonzero_naming_the_key(tmp_path) -> None:
     assert not (tmp_path / "d").exists()  # nothing opened
 
 
+@pytest.mark.slow
 def test_a_dirty_data_dir_is_refused_with_the_shards_reason(tmp_path) -> None:
     disk = tmp_path / "d" / "disk"
     disk.mkdir(parents=True)
@@ -168,6 +172,7 @@ def test_shard_index_must_be_below_num_shards() -> None:
     assert result.exit_code == 2 and "--shard-index" in result.output
 
 
+@pytest.mark.slow
 def test_serve_wires_tokens_and_metrics_and_never_logs_the_token(serve, tmp_path) -> None:
     token = "s3cret-token-" + "x" * 20
     tokens = tmp_path / "tokens"
@@ -228,6 +233,7 @@ def test_run_daemon_in_process_writes_and_removes_the_port_file(tmp_path) -> Non
     assert (tmp_path / "shard" / "clean-shutdown.json").exists()
 
 
+@pytest.mark.slow
 def test_python_dash_m_embeddb_cli_runs() -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "embeddb.cli", "--help"],
@@ -271,6 +277,7 @@ def test_the_port_check_binds_like_grpc_despite_a_time_wait() -> None:
     check_bindable("127.0.0.1", port)  # raised click.ClickException before
 
 
+@pytest.mark.slow
 def test_a_primary_restarts_on_its_port_right_after_a_clean_stop(serve, tmp_path) -> None:
     """The documented rolling restart: a primary whose port holds a TIME_WAIT (a connection
     the server closed: here one that sent no HTTP/2 preface) starts again on the same port at

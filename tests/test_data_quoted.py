@@ -99,6 +99,7 @@ def test_what_the_csv_module_writes_reads_back(
 FIELD = st.text(alphabet=st.sampled_from(list('ab ,;"\t|é1.')), max_size=8)
 
 
+@pytest.mark.slow
 @given(rows=st.lists(st.lists(FIELD, min_size=3, max_size=3), min_size=1, max_size=30))
 def test_any_table_the_csv_module_writes_reads_back(rows: list[list[str]]) -> None:
     """Property: split_lines on csv.writer's output gives csv.reader's fields."""

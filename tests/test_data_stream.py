@@ -254,6 +254,7 @@ def test_order_threshold_of_an_empty_column_is_a_config_error(tmp_path: Path) ->
         order_threshold(reader, "when", 0.5)
 
 
+@pytest.mark.slow
 def test_head_rows_with_striped_chunks(tmp_path: Path) -> None:
     files, expected = _files(tmp_path)
     dialect = CsvDialect(chunk_bytes=90)

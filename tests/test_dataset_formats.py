@@ -68,6 +68,7 @@ def _row_ids(batches: list[Batch], name: str = "features") -> list[int]:
     return ids
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("suffix", [".svm", ".svm.gz"])
 def test_libsvm_yaml_to_fit_to_split_readers(tmp_path: Path, suffix: str) -> None:
     n = 600
@@ -255,6 +256,7 @@ def _criteo_like(rows: range) -> str:
     return "\n".join(lines) + "\n"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", [1, 2, 3])
 def test_criteo_preset_head_rows_split_across_ranks(tmp_path: Path, world: int) -> None:
     n, head = 3000, 2200

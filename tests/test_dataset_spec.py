@@ -230,6 +230,7 @@ def test_data_mistakes_name_the_column_or_the_file_and_line(tmp_path: Path) -> N
     assert "test.csv" in str(err)
 
 
+@pytest.mark.slow
 def test_adult_preset_equals_the_adult_reader() -> None:
     spec = DatasetSpec.from_yaml_node({"preset": "adult", "shuffle": False}, base_dir=Path("."))
     pipeline = spec.fit()
@@ -240,6 +241,7 @@ def test_adult_preset_equals_the_adult_reader() -> None:
     assert DatasetSpec.from_yaml_node("adult", base_dir=Path(".")).shuffle_rows == 65536
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(
     not (CRITEO / "sample.train.gz").is_file(),
     reason=f"the Criteo sample is not at {CRITEO} (../shared/data is not checked out here)",

@@ -89,6 +89,7 @@ def test_compose_services_require_and_send_tokens_of_the_right_role(
     assert "make_secrets.py" in text and "--env-file docker/secrets/tokens.env" in text
 
 
+@pytest.mark.slow
 def test_a_wrong_role_or_a_public_token_file_in_compose_would_fail(
     tmp_path: Path, tokens_env: dict[str, str]
 ) -> None:

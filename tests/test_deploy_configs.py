@@ -134,6 +134,7 @@ def exported_metrics(tmp_path: Path) -> Iterator[set[str]]:
     yield names
 
 
+@pytest.mark.slow
 def test_every_dashboard_metric_is_exported(exported_metrics: set[str]) -> None:
     assert "embeddb_follower_lag_seq" in exported_metrics  # the follower was scraped
     assert "embeddb_tier_hits_total" in exported_metrics
@@ -209,6 +210,7 @@ def test_every_dashboard_variable_used_is_defined_and_the_filters_are_used() -> 
     assert sum('instance=~"$shard"' in expr for expr in exprs) >= 10
 
 
+@pytest.mark.slow
 def test_a_misspelt_dashboard_metric_would_be_caught(exported_metrics: set[str]) -> None:
     assert "embeddb_request_total" not in exported_metrics
     assert "embeddb_trainer_staleness_total" not in exported_metrics

@@ -156,6 +156,7 @@ def parse_trainer_run(args: list[str], monkeypatch: pytest.MonkeyPatch) -> tuple
     return seen[0]
 
 
+@pytest.mark.slow
 def test_every_k8s_container_runs_a_real_command(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tokens_env: dict[str, str]
 ) -> None:
@@ -239,6 +240,7 @@ def check_k8s_auth(auth: Auth) -> None:
     )
 
 
+@pytest.mark.slow
 def test_k8s_pods_require_and_send_tokens_of_the_right_role(
     tmp_path: Path, tokens_env: dict[str, str]
 ) -> None:
@@ -266,6 +268,7 @@ def test_k8s_pods_require_and_send_tokens_of_the_right_role(
             assert [i["key"] for i in secret["items"]] == [needs[doc["metadata"]["name"]]]
 
 
+@pytest.mark.slow
 def test_a_token_file_read_straight_from_a_k8s_secret_would_be_refused(
     tmp_path: Path, tokens_env: dict[str, str]
 ) -> None:
@@ -344,6 +347,7 @@ def test_k8s_ports_probes_and_services_agree() -> None:
                 assert port["port"] == ports[target]
 
 
+@pytest.mark.slow
 def test_k8s_shards_followers_and_addresses_agree() -> None:
     statefulset = k8s_object("StatefulSet", "embeddb-shard")
     headless = k8s_object("Service", statefulset["spec"]["serviceName"])
@@ -390,6 +394,7 @@ def test_k8s_shards_followers_and_addresses_agree() -> None:
     assert option(sargs, "--model") == yaml.safe_load(data["job.yaml"])["export_dir"]
 
 
+@pytest.mark.slow
 def test_k8s_trainer_rendezvous_and_volumes_agree() -> None:
     job = k8s_object("Job", "embeddb-trainer")
     spec = job["spec"]

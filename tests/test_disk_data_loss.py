@@ -78,6 +78,7 @@ def error_lines(text: str) -> list[str]:
     return [line for line in text.splitlines() if " ERROR " in line]
 
 
+@pytest.mark.slow
 def test_a_damaged_sst_block_is_answered_data_loss_logged_counted_and_others_keep_serving(
     serve: StartServe, tmp_path: Path
 ) -> None:

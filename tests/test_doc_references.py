@@ -34,6 +34,8 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 #: Trees whose Python comments and docstrings are checked.
 CODE_TREES = ("embeddb", "benchmarks", "examples", "tests", "docs", "docker", "proto", ".ci")
@@ -265,6 +267,7 @@ def code_modules(root: Path = ROOT) -> list[Path]:
 # ------------------------------------------------------------------------------ tests
 
 
+@pytest.mark.slow
 def test_the_pages_and_modules_are_found() -> None:
     pages = {p.relative_to(ROOT).as_posix() for p in markdown_pages()}
     assert {"README.md", "docs/architecture.md", "benchmarks/README.md"} <= pages
@@ -274,11 +277,13 @@ def test_the_pages_and_modules_are_found() -> None:
     assert not any(m.endswith(_GENERATED) for m in modules)
 
 
+@pytest.mark.slow
 def test_every_file_the_docs_name_exists() -> None:
     missing = unresolved(markdown_pages())
     assert not missing, "the docs name files that do not exist:\n" + "\n".join(missing)
 
 
+@pytest.mark.slow
 def test_every_file_the_code_comments_name_exists() -> None:
     missing = unresolved(code_modules())
     assert not missing, "comments and docstrings name files that do not exist:\n" + "\n".join(
@@ -321,6 +326,7 @@ x = "pkg/not_a_comment.py"  # a string that is not a docstring is not checked
 '''
 
 
+@pytest.mark.slow
 def test_planted_bad_references_are_caught_and_good_ones_pass(tmp_path: Path) -> None:
     root = _repository(
         tmp_path,
@@ -351,6 +357,7 @@ def test_planted_bad_references_are_caught_and_good_ones_pass(tmp_path: Path) ->
     ], module
 
 
+@pytest.mark.slow
 def test_the_real_check_would_catch_a_planted_citation() -> None:
     """The repository's own files, with one bad citation added to a real module's docstring."""
     source = ROOT / "embeddb" / "engine" / "shard.py"

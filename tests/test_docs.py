@@ -209,6 +209,7 @@ def python_blocks(text: str) -> list[str]:
     return re.findall(r"```python\n(.*?)```", text, flags=re.S)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", RUNNABLE_PAGES)
 def test_the_python_examples_run(name: str, capsys: pytest.CaptureFixture[str]) -> None:
     blocks = python_blocks((DOCS / name).read_text(encoding="utf-8"))

@@ -131,6 +131,7 @@ def test_a_crash_loses_no_acknowledged_mutation(tmp_path: Path, restarts: int) -
 
 
 # ------------------------------------------------------------------------------ snapshots
+@pytest.mark.slow
 def test_a_snapshot_restores_exactly_its_seq(tmp_path: Path) -> None:
     rng = np.random.default_rng(2)
     shard = Shard(config(), tmp_path / "s")
@@ -152,6 +153,7 @@ def test_a_snapshot_restores_exactly_its_seq(tmp_path: Path) -> None:
     assert not np.array_equal(later[1], at_snapshot[1])
 
 
+@pytest.mark.slow
 def test_a_crash_after_a_snapshot_recovers_from_it_plus_the_log(tmp_path: Path) -> None:
     rng = np.random.default_rng(3)
     shard = Shard(config(), tmp_path / "s")
@@ -168,6 +170,7 @@ def test_a_crash_after_a_snapshot_recovers_from_it_plus_the_log(tmp_path: Path) 
         assert_same_state(state(recovered), before)
 
 
+@pytest.mark.slow
 def test_a_snapshot_taken_under_concurrent_writes_is_a_clean_cut(tmp_path: Path) -> None:
     """The snapshot must equal the log replayed up to its seq, not a blend of two moments."""
     shard = Shard(config(), tmp_path / "s")
@@ -205,6 +208,7 @@ def test_a_snapshot_taken_under_concurrent_writes_is_a_clean_cut(tmp_path: Path)
         follower.close()
 
 
+@pytest.mark.slow
 def test_retention_prunes_snapshots_and_the_log_they_no_longer_need(tmp_path: Path) -> None:
     rng = np.random.default_rng(4)
     cfg = config(snapshot_retention=2, log_segment_mb=1, log_lz4_min_bytes=0)
@@ -241,6 +245,7 @@ def _flip(path: Path, offset: int = 0) -> None:
     path.write_bytes(bytes(data))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("victim", ["ram/t.rows", "ram/t.ids", "manifest.json"])
 def test_a_corrupt_snapshot_is_never_loaded_silently(tmp_path: Path, victim: str) -> None:
     rng = np.random.default_rng(5)
@@ -357,6 +362,7 @@ _FULL_DISK = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_a_full_disk_fails_writes_without_a_trace_and_they_resume(tmp_path: Path) -> None:
     """A write that finds the disk full (EFBIG here, as ENOSPC) fails RESOURCE_EXHAUSTED with
     none of its rows visible, before or after recovery; writes resume once there is room."""
@@ -422,6 +428,7 @@ def test_a_deleted_row_is_physically_absent_from_later_snapshots(tmp_path: Path)
         assert not restored.peek("t", victim)[0].any()
 
 
+@pytest.mark.slow
 def test_embeddb_restore_rolls_a_stopped_shard_back(tmp_path: Path) -> None:
     from click.testing import CliRunner
 
@@ -451,6 +458,7 @@ def test_embeddb_restore_rolls_a_stopped_shard_back(tmp_path: Path) -> None:
     assert missing.exit_code == 1 and "no complete snapshot" in missing.output
 
 
+@pytest.mark.slow
 def test_random_byte_flips_anywhere_in_a_snapshot_are_detected(tmp_path: Path) -> None:
     with Shard(config(), tmp_path / "s") as shard:
         churn(shard, np.random.default_rng(9), steps=2)
@@ -470,6 +478,7 @@ def test_random_byte_flips_anywhere_in_a_snapshot_are_detected(tmp_path: Path) -
         shutil.rmtree(copy)
 
 
+@pytest.mark.slow
 def test_tables_with_dotted_names_keep_their_own_snapshot_files(tmp_path) -> None:
     """``a.b`` and ``a.c`` once both wrote ``ram/a.ids``: each table has files of its own."""
     from embeddb import EmbeddingConfig
@@ -487,6 +496,7 @@ def test_tables_with_dotted_names_keep_their_own_snapshot_files(tmp_path) -> Non
         np.testing.assert_array_equal(shard.lookup("a.c", [3], train=False), 2.0)
 
 
+@pytest.mark.slow
 def test_two_restores_in_one_second_keep_both_logs_aside(tmp_path) -> None:
     from embeddb import EmbeddingConfig
 

@@ -316,6 +316,7 @@ def test_batches_without_gradients_expire_and_free_the_window(shards: Shards) ->
     run(main())
 
 
+@pytest.mark.slow
 def test_expiry_runs_by_itself(shards: Shards, caplog: pytest.LogCaptureFixture) -> None:
     async def main() -> None:
         worker = make_worker(shards, EmbeddingWorkerConfig(max_staleness=1, batch_timeout=0.2))

@@ -39,6 +39,9 @@ from tests.test_embedding_worker import (
 )
 from tests.trainer_harness import Shards, serve_shards
 
+# Starts processes or runs for seconds: the full suite's, not the fast tier's.
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture
 def shards(tmp_path: Path) -> Iterator[Shards]:

@@ -111,6 +111,7 @@ def test_close_writes_the_tail(tmp_path: Path) -> None:
     assert_same(replay(tmp_path / "s" / "export"), want)
 
 
+@pytest.mark.slow
 def test_the_latest_file_wins_over_many_exports(tmp_path: Path) -> None:
     rng, export = np.random.default_rng(2), tmp_path / "s" / "export"
     with Shard(config(export_interval_s=0.05), tmp_path / "s") as shard:
@@ -159,6 +160,7 @@ def test_files_are_complete_and_plain_numpy(tmp_path: Path) -> None:
     assert (export / INDEX).read_bytes().endswith(b"\n")
 
 
+@pytest.mark.slow
 def test_a_crashed_export_resumes_and_the_log_keeps_its_records(tmp_path: Path) -> None:
     """A crash loses the pending (unexported) changes from memory only: the log keeps the
     records after the last export even across snapshots that truncate it, and the restarted
@@ -183,6 +185,7 @@ def test_a_crashed_export_resumes_and_the_log_keeps_its_records(tmp_path: Path) 
     assert_same(replay(tmp_path / "s" / "export"), want)
 
 
+@pytest.mark.slow
 def test_a_torn_index_line_is_cut_and_stale_temp_files_removed(tmp_path: Path) -> None:
     export = tmp_path / "s" / "export"
     with Shard(config(export_interval_s=3600), tmp_path / "s") as shard:
@@ -242,6 +245,7 @@ def test_an_export_started_on_a_non_empty_shard_marks_a_gap(tmp_path: Path) -> N
     assert second["first_seq"] == seq + 1 and list(second["files"]) == ["t"]
 
 
+@pytest.mark.slow
 def test_an_export_of_a_resharded_shard_starts_with_a_gap(tmp_path: Path) -> None:
     """A shard recovered from ``embeddb reshard`` output holds rows at seq 0."""
     cfg = replace(config(), store=replace(config().store, export=ExportConfig()))
@@ -265,6 +269,7 @@ def test_exporter_flush_on_demand(tmp_path: Path) -> None:
         assert len(read_index(tmp_path / "s" / "export")) == 2
 
 
+@pytest.mark.slow
 def test_a_failed_write_loses_nothing_and_is_retried(tmp_path: Path) -> None:
     rng = np.random.default_rng(5)
     export = tmp_path / "s" / "export"

@@ -22,6 +22,9 @@ from embeddb.errors import EmbeddbError
 from embeddb.transport.status import code_of
 from tests.support import START_TIMEOUT_S, StartServe, eventually, serve_processes
 
+# Starts processes or runs for seconds: the full suite's, not the fast tier's.
+pytestmark = pytest.mark.slow
+
 CONFIG = (
     "tables: {t: {dim: 16, capacity: 200000, optimizer: {type: sgd, lr: 0.1}}}\n"
     "store: {fsync: always, log_lz4_min_bytes: 0}\n"

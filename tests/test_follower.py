@@ -177,6 +177,7 @@ def assert_same_rows(follower: Shard, primary: Shard) -> None:
     np.testing.assert_array_equal(rows_f, rows_p)  # vectors and Adagrad state
 
 
+@pytest.mark.slow
 def test_a_follower_serves_the_primarys_rows_and_refuses_writes(primary, tmp_path) -> None:
     p = primary()
     rng = np.random.default_rng(0)
@@ -272,6 +273,7 @@ def test_follower_collector_exports_lag_and_counters() -> None:
         assert registry.get_sample_value(f"embeddb_follower_{name}") == value, name
 
 
+@pytest.mark.slow
 def test_a_follower_resumes_from_its_seq_after_the_primary_restarts(primary, tmp_path) -> None:
     p = primary()
     rng = np.random.default_rng(1)
@@ -295,6 +297,7 @@ def test_a_follower_resumes_from_its_seq_after_the_primary_restarts(primary, tmp
         assert r.follower.applied_seq > before
 
 
+@pytest.mark.slow
 def test_a_follower_whose_records_were_truncated_bootstraps_again(primary, tmp_path) -> None:
     big = config(dim=64, log_segment_mb=1, log_lz4_min_bytes=0, snapshot_retention=1)
     p = primary(big)
@@ -323,6 +326,7 @@ def test_a_follower_whose_records_were_truncated_bootstraps_again(primary, tmp_p
             )
 
 
+@pytest.mark.slow
 def test_a_follower_through_a_replica_token(primary, tmp_path) -> None:
     rw, ro, rep = "rw-" + "x" * 20, "ro-" + "y" * 20, "replica-" + "z" * 20
     p = primary(tokens=Tokens(frozenset({rw}), frozenset({ro}), frozenset({rep})))
@@ -370,6 +374,7 @@ def test_a_primary_data_dir_and_a_wrong_shard_are_refused(primary, tmp_path) -> 
 
 
 # ------------------------------------------------------------------ what the primary serves
+@pytest.mark.slow
 def test_a_follower_without_config_or_place_serves_its_primarys(tmp_path: Path) -> None:
     """No config, no shard index: the follower asks its primary (shard 1 of 2, one table the
     packaged default config lacks) and serves that; DescribeShard is UNAVAILABLE until it

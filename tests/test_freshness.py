@@ -20,6 +20,9 @@ from embeddb.trainer import EmbeddingWorkerConfig, TrainCtx, TrainerConfig
 from tests.support import eventually
 from tests.trainer_harness import adult, adult_config, adult_model
 
+# Starts processes or runs for seconds: the full suite's, not the fast tier's.
+pytestmark = pytest.mark.slow
+
 FAST = TrainerConfig(
     device="cpu", worker=EmbeddingWorkerConfig(max_staleness=2, retries=1, shard_timeout=5.0)
 )

@@ -275,6 +275,7 @@ def check_victims(index: np.ndarray, model: Model, count: int, below: int) -> li
 
 TestIndexAgainstModel = IndexMachine.TestCase
 TestIndexAgainstModel.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+TestIndexAgainstModel.pytestmark = [pytest.mark.slow]
 
 
 # ---------------------------------------------------------------- deterministic wrap-around
@@ -439,6 +440,7 @@ def test_collect_victims_edge_cases() -> None:
     assert len(set(keys_out.tolist())) == 4 and set(keys_out.tolist()) <= set(keys)
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None)
 @given(
     stamps=st.lists(st.integers(0, 6), min_size=0, max_size=15),
@@ -483,6 +485,7 @@ def run_dedup(
     return k, uniq[:k], sums[:k]
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None)
 @given(
     data=st.data(),
@@ -540,6 +543,7 @@ def test_dedup_sum_of_only_skipped_slots() -> None:
     assert (scratch == -1).all()
 
 
+@pytest.mark.slow
 @given(
     keys=st.lists(st.integers(0, 2**64 - 1), max_size=300),
     log_stripes=st.integers(1, 6),  # one stripe never partitions (a shift by 64 is undefined)
@@ -562,6 +566,7 @@ def test_partition_groups_ids_by_stripe_stably(keys: list[int], log_stripes: int
         assert np.all(np.diff(segment) > 0)  # original relative order kept
 
 
+@pytest.mark.slow
 @given(
     stamps=st.lists(st.integers(0, 2**32 - 3), min_size=1, max_size=60),
     count=st.integers(1, 70),

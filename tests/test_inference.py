@@ -114,6 +114,7 @@ def random_inputs(dims: list[int], non_id: list[tuple[int, ...]], n: int = 7) ->
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("name", "make", "how"),
     [
@@ -159,6 +160,7 @@ def test_export_round_trip_equals_the_eager_model(
         )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("example", "cls", "kwargs", "numeric"),
     [
@@ -190,6 +192,7 @@ def test_the_examples_models_export(
         )
 
 
+@pytest.mark.slow
 def test_export_refuses_to_overwrite_a_model_unless_asked(tmp_path: Path) -> None:
     model, example = adult_model(), next(adult("train").batches(8))
     target = tmp_path / "m"
@@ -229,6 +232,7 @@ def test_export_refuses_a_model_with_the_wrong_output(tmp_path: Path) -> None:
 
 
 # ---------------------------------------------------------------------- InferCtx
+@pytest.mark.slow
 def test_infer_equals_eval_ctx_on_the_same_batch(trained: Trained, infer: InferCtx) -> None:
     scores = infer.predict(trained.test)
     assert scores.dtype == np.float32 and scores.shape == (ROWS,)
@@ -240,6 +244,7 @@ def test_infer_equals_eval_ctx_on_the_same_batch(trained: Trained, infer: InferC
     assert infer.predictions == 2 * ROWS
 
 
+@pytest.mark.slow
 def test_predictions_insert_no_rows_and_unknown_ids_read_as_zeros(
     trained: Trained, infer: InferCtx
 ) -> None:
@@ -269,6 +274,7 @@ def test_predictions_insert_no_rows_and_unknown_ids_read_as_zeros(
     assert total_rows(trained.shards) == before
 
 
+@pytest.mark.slow
 def test_ragged_and_missing_id_features(infer: InferCtx, trained: Trained) -> None:
     rec = records_of(trained.test)[:2]
     rec[0]["ids"]["workclass"] = [rec[0]["ids"]["workclass"], rec[1]["ids"]["workclass"]]
@@ -283,6 +289,7 @@ def test_ragged_and_missing_id_features(infer: InferCtx, trained: Trained) -> No
 GOOD = {"ids": {"workclass": 1}, "non_id": {"numeric": [0.1, 0.2, 0.3, 0.4, 0.5]}}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("records", "message"),
     [
@@ -335,6 +342,7 @@ def test_bad_records_raise_precise_errors(infer: InferCtx, records: Any, message
         infer.batch_from_records(records)
 
 
+@pytest.mark.slow
 def test_predict_checks_the_batch_against_the_model(infer: InferCtx, trained: Trained) -> None:
     ids = list(trained.test.id_type_features)
     with pytest.raises(InvalidArgumentError, match="the model reads no ID feature 'other'"):
@@ -353,6 +361,7 @@ def copy_model(trained: Trained, tmp_path: Path) -> Path:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("damage", "error", "message"),
     [
@@ -389,6 +398,7 @@ def test_broken_model_directories_raise_clear_errors(
         InferCtx(model_dir, trained.shards.addresses)
 
 
+@pytest.mark.slow
 def test_shards_without_the_models_tables_are_refused(trained: Trained, tmp_path: Path) -> None:
     with (
         serve_shards(EmbeddingConfig.single_table("other", 8), None) as other,
@@ -397,6 +407,7 @@ def test_shards_without_the_models_tables_are_refused(trained: Trained, tmp_path
         InferCtx(trained.model_dir, other.addresses)
 
 
+@pytest.mark.slow
 def test_concurrent_predictions_equal_sequential_ones(trained: Trained, infer: InferCtx) -> None:
     rows = records_of(next(adult("test").batches(256, requires_grad=False)))
     batches = [infer.batch_from_records(rows[i : i + 16]) for i in range(0, 256, 16)]
@@ -417,6 +428,7 @@ class Context:
         self.manifest = {"model": {"modelName": "adult", "handler": "torchserve.py"}}
 
 
+@pytest.mark.slow
 def test_the_torchserve_handler_scores_each_request(
     trained: Trained, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -443,6 +455,7 @@ def test_the_torchserve_handler_scores_each_request(
         handler.close()
 
 
+@pytest.mark.slow
 def test_the_torchserve_handler_reads_addresses_from_the_environment(
     trained: Trained, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -458,6 +471,7 @@ def test_the_torchserve_handler_reads_addresses_from_the_environment(
 
 
 # ---------------------------------------------------------------------- the job
+@pytest.mark.slow
 def test_train_ctx_export_needs_an_example_and_the_job_resolves_export_dir(
     tmp_path: Path,
 ) -> None:

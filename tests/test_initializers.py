@@ -81,6 +81,7 @@ def test_rows_do_not_depend_on_batch_order_composition_or_duplicates(kind: str) 
     np.testing.assert_array_equal(initial_vectors(ids, dim, config, KEY), full)
 
 
+@pytest.mark.slow
 @settings(max_examples=60)
 @given(
     ids=st.lists(st.integers(0, U64_MAX), min_size=1, max_size=30),
@@ -128,6 +129,7 @@ def test_table_key_is_stable_for_the_same_name_and_seed() -> None:
         assert all(table_key(name, seed) == first for _ in range(5))
 
 
+@pytest.mark.slow
 def test_table_key_is_stable_across_processes() -> None:
     """The key must not depend on per-process state such as Python's hash randomisation."""
     pairs = [("user", 42), ("item_tags", 0), ("ünïcode-表", 9)]

@@ -151,6 +151,7 @@ def test_scan_of_an_unknown_table_is_not_found(cluster: Cluster) -> None:
 
 
 # ------------------------------------------------------------------------- the commands
+@pytest.mark.slow
 def test_scan_command_prints_every_row_as_csv_or_jsonl(cluster: Cluster) -> None:
     ids, vectors = rows()
     expected = dict(zip(ids.tolist(), vectors, strict=True))

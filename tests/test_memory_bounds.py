@@ -103,6 +103,7 @@ def shard(serve: StartServe, tmp_path: Path, tokens_file: Path, dim: int) -> Ser
     )  # fmt: skip
 
 
+@pytest.mark.slow
 def test_anonymous_uploads_are_refused_before_the_server_receives_them(
     serve, tmp_path, tokens_file
 ) -> None:
@@ -119,6 +120,7 @@ def test_anonymous_uploads_are_refused_before_the_server_receives_them(
     assert served.stop() == 0
 
 
+@pytest.mark.slow
 def test_ro_lookups_within_every_bound_share_the_memory_budget(
     serve, tmp_path, tokens_file
 ) -> None:
@@ -164,6 +166,7 @@ threading.Event().wait()
 """
 
 
+@pytest.mark.slow
 def test_the_model_servers_grpc_port_refuses_anonymous_uploads_unread(
     tmp_path, tokens_file
 ) -> None:
@@ -207,6 +210,7 @@ def test_a_budget_charges_clamps_refuses_and_gives_back() -> None:
         MemoryBudget(0)
 
 
+@pytest.mark.slow
 def test_a_call_that_finds_no_room_is_resource_exhausted_and_charges_are_given_back(
     tmp_path,
 ) -> None:

@@ -89,6 +89,7 @@ def start(tmp_path: Path) -> Iterator[Callable[..., Served]]:
         shard.close()
 
 
+@pytest.mark.slow
 def test_request_counters_latency_and_bytes_move_with_real_calls(start) -> None:
     s = start()
     before = s.scrape()
@@ -112,6 +113,7 @@ def test_request_counters_latency_and_bytes_move_with_real_calls(start) -> None:
     assert delta("embeddb_response_bytes_total", method="Lookup") >= reply.ByteSize() > 10 * DIM * 4
 
 
+@pytest.mark.slow
 def test_a_failed_call_is_counted_with_its_status(start) -> None:
     s = start()
     with pytest.raises(grpc.RpcError) as info:
@@ -125,6 +127,7 @@ def test_a_failed_call_is_counted_with_its_status(start) -> None:
     assert not any(labels and ("table", "nope") in labels for _, labels in after)
 
 
+@pytest.mark.slow
 def test_shard_stats_are_read_at_scrape_time(start) -> None:
     s = start(capacity=4)
     stub = s.stub
@@ -162,6 +165,7 @@ def test_shard_stats_are_read_at_scrape_time(start) -> None:
     assert value(second, "embeddb_request_ids_total", method="ApplyGradients", table="t") == 2
 
 
+@pytest.mark.slow
 def test_rejections_are_counted(start, tmp_path: Path) -> None:
     s = start()
     registry = CollectorRegistry()
@@ -191,6 +195,7 @@ def test_rejections_are_counted(start, tmp_path: Path) -> None:
     assert value(s.scrape(), "embeddb_rows", table="t") == 0
 
 
+@pytest.mark.slow
 def test_servers_in_one_process_keep_separate_metrics(start) -> None:
     a, b = start(), start()
     assert a.server.metrics_port != b.server.metrics_port
@@ -200,6 +205,7 @@ def test_servers_in_one_process_keep_separate_metrics(start) -> None:
     assert value(b.scrape(), "embeddb_requests_total", method="Lookup", status="OK") == 0
 
 
+@pytest.mark.slow
 def test_refused_calls_are_counted_and_never_reach_the_shard(start) -> None:
     token = "metrics-test-token-0123456789"
     s = start(tokens=Tokens(frozenset({token}), frozenset()))

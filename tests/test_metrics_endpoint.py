@@ -82,6 +82,7 @@ def scrapes(host: str, port: int) -> bool:
 OTHER_PATHS = ("/", "/foo", "/metrics/../x", "/metrics/", "/metricsx", "/favicon.ico")
 
 
+@pytest.mark.slow
 def test_only_get_metrics_serves_the_registry(endpoint: MetricsEndpoint) -> None:
     status, headers, body = get(endpoint.port, "/metrics")
     assert status == 200 and f"{METRIC} 3.0".encode() in body
@@ -101,6 +102,7 @@ def test_only_get_metrics_serves_the_registry(endpoint: MetricsEndpoint) -> None
 
 
 # ---------------------------------------------------------------------------- the host
+@pytest.mark.slow
 def test_server_config_metrics_host_binds_the_metrics_endpoint_there(tmp_path: Path) -> None:
     other = second_loopback()
     shard = Shard(one_table_config(), tmp_path / "shard")
@@ -119,6 +121,7 @@ def test_server_config_metrics_host_binds_the_metrics_endpoint_there(tmp_path: P
         ListenConfig(metrics_port=0, metrics_host="")
 
 
+@pytest.mark.slow
 def test_serve_metrics_host_option_binds_that_host(serve: StartServe) -> None:
     other = second_loopback()
     served = serve("--ephemeral", "--metrics-port", "0", "--metrics-host", other)
@@ -137,6 +140,7 @@ def test_serve_metrics_host_needs_metrics_port() -> None:
     assert result.exit_code == 2 and "--metrics-host needs --metrics-port" in result.output
 
 
+@pytest.mark.slow
 def test_cluster_passes_metrics_host_to_every_shard() -> None:
     other = second_loopback()
     base = free_port_range(2)
@@ -184,6 +188,7 @@ class _Predictor:
         raise AssertionError("not called")
 
 
+@pytest.mark.slow
 def test_model_server_metrics_host_binds_the_metrics_endpoint_there(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     from embeddb.serving.server import ModelServerConfig, build_model_server

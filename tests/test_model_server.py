@@ -148,6 +148,7 @@ def start(served: Served) -> Iterator[Any]:
 
 
 # ---------------------------------------------------------------------------- codec
+@pytest.mark.slow
 def test_merge_then_split_is_the_batch_scored_at_once() -> None:
     a, b = ragged(rows(0, 3)), rows(10, 2)
     merged = merge_batches([a, b])
@@ -165,6 +166,7 @@ def test_merge_then_split_is_the_batch_scored_at_once() -> None:
 
 
 # ---------------------------------------------------------------------------- scores
+@pytest.mark.slow
 def test_grpc_and_http_answer_the_scores_of_infer_predict(served: Served, start: Any) -> None:
     server = start(max_delay=0.0)
     batch = ragged(rows(0, 16))
@@ -191,6 +193,7 @@ def test_grpc_and_http_answer_the_scores_of_infer_predict(served: Served, start:
     assert sample(server, "embeddb_model_lookup_seconds_sum") > 0
 
 
+@pytest.mark.slow
 def test_a_missing_id_feature_is_an_empty_sample(served: Served, start: Any) -> None:
     server = start()
     batch = rows(20, 4)
@@ -212,6 +215,7 @@ def test_a_missing_id_feature_is_an_empty_sample(served: Served, start: Any) -> 
 
 
 # ---------------------------------------------------------------------------- batching
+@pytest.mark.slow
 def test_concurrent_requests_are_merged_into_fewer_predict_calls(
     served: Served, start: Any
 ) -> None:
@@ -241,6 +245,7 @@ def test_concurrent_requests_are_merged_into_fewer_predict_calls(
     np.testing.assert_allclose([got[i][0] for i in range(n)], want, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_a_request_larger_than_max_batch_runs_alone(served: Served, start: Any) -> None:
     server = start(max_batch=4)
     with ModelClient(f"127.0.0.1:{server.port}") as client:
@@ -252,6 +257,7 @@ def test_a_request_larger_than_max_batch_runs_alone(served: Served, start: Any) 
 
 
 # ---------------------------------------------------------------------------- auth
+@pytest.mark.slow
 def test_tokens_are_required_and_a_read_only_one_may_predict(start: Any) -> None:
     server = start(tokens=TOKENS)
     batch = rows(0, 2)
@@ -285,6 +291,7 @@ def test_tokens_are_required_and_a_read_only_one_may_predict(start: Any) -> None
     )
 
 
+@pytest.mark.slow
 def test_describe_model_tells_a_client_how_to_build_a_request(served: Served, start: Any) -> None:
     """A request built from DescribeModel alone (as a client in another language would) is
     scored, and the limits it reports are the ones enforced."""
@@ -324,6 +331,7 @@ def _request(batch: Batch, **change: Any) -> mpb.PredictRequest:
     return request
 
 
+@pytest.mark.slow
 def test_bad_grpc_requests_get_precise_errors_and_the_server_stays_up(start: Any) -> None:
     server = start(max_records=8)
     batch = rows(0, 3)
@@ -371,6 +379,7 @@ def test_bad_grpc_requests_get_precise_errors_and_the_server_stays_up(start: Any
     )
 
 
+@pytest.mark.slow
 def test_garbage_grpc_predict_is_invalid_argument_authenticated_first_and_logged_once(
     start: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -402,6 +411,7 @@ def test_garbage_grpc_predict_is_invalid_argument_authenticated_first_and_logged
     assert not any(r.exc_info for r in caplog.records)
 
 
+@pytest.mark.slow
 def test_bad_http_requests_get_400_or_413_and_the_server_stays_up(start: Any) -> None:
     server = start(max_records=8, max_body_bytes=1 << 20)
     port = server.http_port
@@ -439,6 +449,7 @@ def test_bad_http_requests_get_400_or_413_and_the_server_stays_up(start: Any) ->
     )
 
 
+@pytest.mark.slow
 def test_hashed_records_and_string_ids_over_http_and_grpc_json(served: Served, start: Any) -> None:
     """A model without a feature pipeline: "records" and "hashed_records" are both the
     pre-hashed form; ids may be decimal strings (JSON-safe 64-bit ids); gRPC's records_json
@@ -475,6 +486,7 @@ def test_hashed_records_and_string_ids_over_http_and_grpc_json(served: Served, s
     assert code == 400 and "record 0: ids.education" in doc["error"]
 
 
+@pytest.mark.slow
 def test_health_follows_set_serving(start: Any) -> None:
     server = start()
     assert call_http(server.http_port, "/healthz") == (200, {"status": "SERVING"})
@@ -493,6 +505,7 @@ def serve(tmp_path: Path) -> Iterator[StartServe]:
     yield from serve_processes(tmp_path)
 
 
+@pytest.mark.slow
 def test_serve_model_cli_serves_and_exits_0_on_sigterm(served: Served, serve: StartServe) -> None:
     model = serve("--model", str(served.model_dir), "--addresses", served.shards.addresses[0],
                   "--http-port", "0", "--max-delay-ms", "1", command="serve-model",
@@ -516,6 +529,7 @@ def test_serve_model_cli_serves_and_exits_0_on_sigterm(served: Served, serve: St
     assert "stopped cleanly" in model.stderr()
 
 
+@pytest.mark.slow
 def test_serve_model_cli_needs_exactly_one_way_to_name_the_shards(
     served: Served, tmp_path: Path
 ) -> None:

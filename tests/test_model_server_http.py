@@ -27,6 +27,9 @@ from tests import test_model_server
 from tests.support import ServeProcess, serve_processes
 from tests.test_model_server import Served, call_http, records, rows, sample
 
+# Starts processes or runs for seconds: the full suite's, not the fast tier's.
+pytestmark = pytest.mark.slow
+
 served = test_model_server.served  # the fixtures: one shard, one exported model served
 start = test_model_server.start
 

@@ -41,6 +41,7 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Shar
         yield directory, shards
 
 
+@pytest.mark.slow
 def test_warm_up_compiles_kernels_and_scores_a_dummy_record_uncounted(
     model: tuple[Path, Shards],
 ) -> None:
@@ -129,6 +130,7 @@ def _ports(path: Path) -> dict[str, int] | None:
     return ports
 
 
+@pytest.mark.slow
 def test_serve_model_freezes_start_up_objects_and_sets_torch_threads(
     model: tuple[Path, Shards], tmp_path: Path
 ) -> None:

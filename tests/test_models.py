@@ -103,6 +103,7 @@ class Separable:
         )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", BUILTIN_MODELS)
 def test_each_model_learns_a_separable_problem(name: str) -> None:
     torch.manual_seed(0)

@@ -55,6 +55,7 @@ def scrape(port: int) -> dict[str, list[Any]]:
 
 
 # --------------------------------------------------------------------------- collectors
+@pytest.mark.slow
 def test_a_running_shard_serves_process_python_and_durability_metrics(tmp_path: Path) -> None:
     cfg = one_table_config()
     cfg = replace(
@@ -96,6 +97,7 @@ def test_fsync_always_leaves_nothing_unsynced(tmp_path: Path) -> None:
         assert registry.get_sample_value("embeddb_log_durable_seq") == 1
 
 
+@pytest.mark.slow
 def test_trainer_side_registries_hold_the_runtime_collectors_once() -> None:
     worker = WorkerMetrics(4).registry
     assert (worker.get_sample_value("process_resident_memory_bytes") or 0) > 0
@@ -141,6 +143,7 @@ _READ_ONLY = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_read_only_mode_is_exported(tmp_path: Path) -> None:
     out = subprocess.run(
         [sys.executable, "-c", _READ_ONLY, str(tmp_path / "s")],
@@ -185,6 +188,7 @@ def test_the_rule_name_extractor_finds_names_and_only_names() -> None:
     }
 
 
+@pytest.mark.slow
 def test_every_alert_names_only_exported_metrics(exported_metrics: set[str]) -> None:  # noqa: F811
     rules = alert_rules()
     alerts = {r["alert"] for r in rules}
@@ -214,6 +218,7 @@ def promtool() -> str:
     return path
 
 
+@pytest.mark.slow
 def test_promtool_accepts_the_rules_and_the_config(tmp_path: Path) -> None:
     tool = promtool()
     for args in (["check", "rules", str(ALERTS)], ["check", "config", str(PROMETHEUS)]):
@@ -262,6 +267,7 @@ tests:
 """
 
 
+@pytest.mark.slow
 def test_promtool_fires_the_alerts_it_should(tmp_path: Path) -> None:
     tool = promtool()
     rules = {r["alert"]: r for r in alert_rules()}

@@ -143,6 +143,7 @@ def gradients(rng: np.random.Generator, ids: dict[str, npt.NDArray[np.uint64]]) 
 
 
 # ------------------------------------------------------------------ equality with single calls
+@pytest.mark.slow
 @pytest.mark.parametrize("max_ids", [1 << 20, 37])
 def test_many_calls_equal_single_table_calls(pair: tuple[Cluster, Cluster], max_ids: int) -> None:
     single, many = pair
@@ -175,6 +176,7 @@ def test_many_calls_equal_single_table_calls(pair: tuple[Cluster, Cluster], max_
         )
 
 
+@pytest.mark.slow
 def test_one_call_per_shard_per_batch(pair: tuple[Cluster, Cluster]) -> None:
     _, many = pair
     rng = np.random.default_rng(1)
@@ -200,6 +202,7 @@ def test_one_call_per_shard_per_batch(pair: tuple[Cluster, Cluster]) -> None:
     assert per_table == np.unique(ids["ada"]).size
 
 
+@pytest.mark.slow
 def test_the_first_call_describes_every_shard_once(pair: tuple[Cluster, Cluster]) -> None:
     _, many = pair
     rng = np.random.default_rng(8)
@@ -301,6 +304,7 @@ def test_split_many_respects_the_limit_and_names_each_table_once() -> None:
     assert len(requests) <= total // 25 + 3  # packed: at most one partial request per shard
 
 
+@pytest.mark.slow
 def test_async_client_equals_the_sync_client(pair: tuple[Cluster, Cluster]) -> None:
     single, many = pair
     rng = np.random.default_rng(3)
@@ -323,6 +327,7 @@ def test_async_client_equals_the_sync_client(pair: tuple[Cluster, Cluster]) -> N
 
 
 # ------------------------------------------------------------------ bad input, client side
+@pytest.mark.slow
 def test_client_checks_every_table_before_sending(pair: tuple[Cluster, Cluster]) -> None:
     _, many = pair
     ids = {"sgd": UNIVERSE[:50], "ada": UNIVERSE[:50]}
@@ -348,6 +353,7 @@ def test_client_checks_every_table_before_sending(pair: tuple[Cluster, Cluster])
         assert many.state() == before
 
 
+@pytest.mark.slow
 def test_training_calls_are_not_retried_evaluation_lookups_are(
     pair: tuple[Cluster, Cluster],
 ) -> None:

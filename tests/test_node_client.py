@@ -33,6 +33,9 @@ from embeddb.server import ServerConfig, build_server
 from embeddb.transport.rpc import ListenConfig
 from embeddb.transport.rpc.auth import Tokens
 
+# Starts processes or runs for seconds: the full suite's, not the fast tier's.
+pytestmark = pytest.mark.slow
+
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "clients" / "node"
 DIM = 16
 ROWS = 80_000

@@ -109,6 +109,7 @@ def test_optimizer_matches_reference_through_spills(
         assert stats.promoted > 20 and stats.evicted > 20
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["sgd", "adagrad", "adam"])
 def test_optimizer_matches_torch_optim(make_shard: MakeShard, name: str) -> None:
     """When every row receives a gradient at every step, per-row state equals torch's dense

@@ -87,6 +87,7 @@ def line_of(text: str, needle: str) -> int:
     return next(i for i, line in enumerate(text.splitlines(), 1) if needle in line)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("change", "expected"),
     [
@@ -112,6 +113,7 @@ def test_a_mistake_in_the_job_names_key_and_line_before_anything_starts(
     assert "shards:" not in result.output and "NN workers" not in result.output
 
 
+@pytest.mark.slow
 def test_an_unparsable_value_names_its_true_line(clicks: Path, tmp_path: Path) -> None:
     (tmp_path / "data").mkdir()
     lines = (clicks / "data" / "train.csv").read_text().splitlines(keepends=True)[:2000]
@@ -161,6 +163,7 @@ def test_frames_carry_ragged_and_single_ids_numeric_features_and_labels() -> Non
     assert read_frame(out) is None
 
 
+@pytest.mark.slow
 def test_an_error_frame_is_raised_by_the_rank_with_its_place() -> None:
     fake_loader = (
         "import sys\n"
@@ -206,6 +209,7 @@ def loader_ids(job: Path, run_dir: Path, rank: int, world: int, epochs: int) -> 
     return per_epoch[:-1]
 
 
+@pytest.mark.slow
 def test_two_ranks_stream_disjoint_parts_covering_every_train_row_once(tmp_path: Path) -> None:
     rows = 5_000
     keys = np.random.default_rng(0).integers(0, 50, rows)
@@ -233,6 +237,7 @@ def test_two_ranks_stream_disjoint_parts_covering_every_train_row_once(tmp_path:
     assert not test & train and len(test | train) == rows
 
 
+@pytest.mark.slow
 def test_the_loader_never_imports_torch(clicks: Path, tmp_path: Path) -> None:
     (tmp_path / "data").symlink_to(clicks / "data")
     job_path = write_job(tmp_path)

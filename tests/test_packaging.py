@@ -23,6 +23,7 @@ def _run(code: str, cwd: Path) -> str:
     return proc.stdout.strip()
 
 
+@pytest.mark.slow
 def test_client_and_trainer_install_under_embeddb_not_as_bare_names(tmp_path: Path) -> None:
     # Run from an unrelated directory. An editable install puts the checkout on sys.path, where
     # the top-level client/ and trainer/ links would make a second copy of each package: they
@@ -46,6 +47,7 @@ def test_client_and_trainer_install_under_embeddb_not_as_bare_names(tmp_path: Pa
         )
 
 
+@pytest.mark.slow
 def test_a_downstream_type_checker_sees_the_client_and_the_trainer(tmp_path: Path) -> None:
     # What a user's mypy reports after `pip install -e .`: the installed package's real types,
     # so a wrong keyword is an error, not Any.
@@ -72,6 +74,7 @@ def test_a_downstream_type_checker_sees_the_client_and_the_trainer(tmp_path: Pat
     assert "import-not-found" not in out
 
 
+@pytest.mark.slow
 def test_importing_errors_and_routing_does_not_load_the_engine(tmp_path: Path) -> None:
     out = _run(
         "import sys, embeddb.errors, embeddb.common.routing;"

@@ -135,6 +135,7 @@ def test_malformed_documents_are_corrupt_data(edit: object, match: str, tmp_path
         load_pipeline(tmp_path / "absent.json")
 
 
+@pytest.mark.slow
 def test_records_equal_the_csv_rows_bit_for_bit(tmp_path: Path) -> None:
     plain = FeaturePipeline(SPEC)  # no markers: "NA" is a string like any other
     rows = [r.replace(",120.75,NA,", ",120.75,,") for r in CSV_ROWS]

@@ -72,6 +72,7 @@ def test_pool_and_unpool_match_torch_autograd(counts: list[int], spec: PoolingSp
     check_against_autograd(counts, dim=3, spec=spec, seed=len(counts))
 
 
+@pytest.mark.slow
 @given(
     counts=st.lists(st.integers(0, 6), max_size=12),
     dim=st.integers(1, 4),

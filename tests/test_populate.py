@@ -74,6 +74,7 @@ def populate(c: Cluster, *args: str, stdin: str | None = None) -> tuple[int, str
     return result.exit_code, result.stdout, result.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["csv", "jsonl", "npz"])
 def test_scan_then_populate_copies_a_table_bit_exact(
     source: Cluster, target: Cluster, tmp_path: Path, fmt: str
@@ -88,6 +89,7 @@ def test_scan_then_populate_copies_a_table_bit_exact(
     assert sum(s.stats().tables["t"].rows for s in target.shards) == n
 
 
+@pytest.mark.slow
 def test_format_flag_overrides_the_suffix_and_a_header_line_is_skipped(
     source: Cluster, target: Cluster, tmp_path: Path
 ) -> None:
@@ -102,6 +104,7 @@ def test_format_flag_overrides_the_suffix_and_a_header_line_is_skipped(
     assert scanned(target) == expected_rows()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["csv", "jsonl"])
 def test_standard_input_is_read_with_dash(source: Cluster, target: Cluster, fmt: str) -> None:
     scan = invoke("scan", *addresses(source), "--table", "t", "--format", fmt)
@@ -130,6 +133,7 @@ BAD_CSV = {  # what replaces line 257 (beyond the first batch of 100), what the 
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(BAD_CSV))
 def test_a_bad_row_is_one_error_line_and_nothing_is_written(
     target: Cluster, tmp_path: Path, case: str

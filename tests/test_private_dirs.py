@@ -50,6 +50,7 @@ def modes_under(root: Path) -> dict[str, list[str]]:
     return found
 
 
+@pytest.mark.slow
 def test_serve_under_umask_022_creates_only_private_files_and_directories(
     serve: StartServe, tmp_path: Path
 ) -> None:

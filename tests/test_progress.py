@@ -163,6 +163,7 @@ def _embeddb(*args: str, env: dict[str, str] | None = None) -> subprocess.Comple
     )
 
 
+@pytest.mark.slow
 def test_reshard_in_a_pipe_writes_plain_progress_lines(shard_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
     args = ["--from", str(shard_dir), "--to", str(out), "--num-shards", "2", "--snapshot", SNAP]
@@ -175,6 +176,7 @@ def test_reshard_in_a_pipe_writes_plain_progress_lines(shard_dir: Path, tmp_path
     snapshot.verify(out / "shard-1" / "snapshots" / SNAP)
 
 
+@pytest.mark.slow
 def test_restore_in_a_pipe_reports_bytes_verified_and_quiet_silences_it(
     shard_dir: Path, tmp_path: Path
 ) -> None:

@@ -69,6 +69,7 @@ def reflect_v1(channel: grpc.Channel, **request: Any) -> Any:
     return reply
 
 
+@pytest.mark.slow
 def test_reflection_v1_lists_and_describes_the_api(server: RpcServer) -> None:
     with grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel:  # no token: open
         listed = reflect_v1(channel, list_services="")
@@ -103,6 +104,7 @@ def test_reflection_v1_lists_and_describes_the_api(server: RpcServer) -> None:
         assert missing.error_response.error_code == grpc.StatusCode.NOT_FOUND.value[0]
 
 
+@pytest.mark.slow
 def test_reflection_v1alpha_still_served(server: RpcServer) -> None:
     with grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel:
         call = channel.stream_stream(
@@ -114,6 +116,7 @@ def test_reflection_v1alpha_still_served(server: RpcServer) -> None:
         assert SERVICE_NAME in {s.name for s in reply.list_services_response.service}
 
 
+@pytest.mark.slow
 def test_reflection_garbage_is_invalid_argument(server: RpcServer) -> None:
     with grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel:
         call = channel.stream_stream(f"/{V1_SERVICE_NAME}/ServerReflectionInfo")
@@ -130,6 +133,7 @@ def legacy_call(channel: grpc.Channel, method: str, response: Any) -> Any:
     )
 
 
+@pytest.mark.slow
 def test_former_service_name_serves_the_same_methods(server: RpcServer) -> None:
     ids = np.array([3, 5, 8], np.uint64)
     vectors = np.arange(12, dtype=np.float32).reshape(3, DIM)
@@ -174,6 +178,7 @@ def test_former_service_name_serves_the_same_methods(server: RpcServer) -> None:
     assert value(samples, "embeddb_requests_total", method="Assign", status="OK") == 1
 
 
+@pytest.mark.slow
 def test_describe_table_answer_keeps_the_bytes_of_table_info(server: RpcServer) -> None:
     """DescribeTable answered a TableInfo before the renames: a client of that release reads
     today's DescribeTableResponse bytes as the same TableInfo."""

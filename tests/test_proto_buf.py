@@ -23,9 +23,12 @@ from embeddb.server import ServerConfig, build_server
 from embeddb.transport.rpc import RpcServer
 
 BUF = shutil.which("buf")
-pytestmark = pytest.mark.skipif(
-    BUF is None, reason="buf is not installed (scripts/install-buf.sh installs it from npm)"
-)
+pytestmark = [
+    pytest.mark.slow,  # runs buf: the full suite's, not the fast tier's
+    pytest.mark.skipif(
+        BUF is None, reason="buf is not installed (scripts/install-buf.sh installs it from npm)"
+    ),
+]
 
 ROOT = Path(__file__).resolve().parents[1]
 MODULE = ROOT / "embeddb" / "proto"  # the buf module root (buf.yaml)

@@ -25,6 +25,7 @@ FILES = [
 ]
 
 
+@pytest.mark.slow
 def test_the_wheel_ships_the_proto_files(tmp_path: Path) -> None:
     built = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",

@@ -102,6 +102,7 @@ def _env(tmp_path: Path) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": path, "TMPDIR": str(temp)}
 
 
+@pytest.mark.slow
 def test_a_script_without_a_main_guard_fails_at_once_with_the_fix(
     tmp_path: Path, shard_address: str
 ) -> None:
@@ -129,6 +130,7 @@ def test_a_script_without_a_main_guard_fails_at_once_with_the_fix(
     assert list((tmp_path / "tmp").glob("embeddb-worker-*")) == []  # the report is removed
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("handling", ["catch", "raise"])
 def test_ctrl_c_stops_the_embedding_worker_quietly(
     tmp_path: Path, shard_address: str, handling: str

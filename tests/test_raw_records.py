@@ -40,6 +40,9 @@ from tests.support import StartServe, serve_processes
 from tests.test_model_server import call_http
 from tests.trainer_harness import Shards, serve_shards
 
+# Starts processes or runs for seconds: the full suite's, not the fast tier's.
+pytestmark = pytest.mark.slow
+
 FAST = TrainerConfig(
     device="cpu", worker=EmbeddingWorkerConfig(max_staleness=2, retries=1, shard_timeout=5.0)
 )

@@ -143,6 +143,7 @@ def test_mix64_matches_reference_on_random_ids() -> None:
         assert [int(v) for v in got] == [ref_mix64(int(x), salt) for x in ids]
 
 
+@pytest.mark.slow
 @settings(max_examples=150)
 @given(ids=st.lists(uint64s, max_size=40), salt=uint64s)
 def test_mix64_matches_reference_on_arbitrary_uint64_lists(ids: list[int], salt: int) -> None:

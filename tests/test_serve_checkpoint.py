@@ -55,6 +55,7 @@ def make_checkpoint(root: Path, shards_count: int = 3) -> dict[str, np.ndarray]:
     return want
 
 
+@pytest.mark.slow
 def test_lookups_equal_the_served_shards_and_nothing_is_written(tmp_path: Path) -> None:
     want = make_checkpoint(tmp_path)
     snapshots = sorted(tmp_path.glob("shards/*/snapshots/ckpt-000000001"))

@@ -52,6 +52,7 @@ def vectors(value: float, n: int = IDS.size) -> np.ndarray:
     return np.full((n, DIM), value, np.float32)
 
 
+@pytest.mark.slow
 def test_serve_restore_starts_at_that_snapshot(serve, tmp_path, config_file) -> None:
     data = tmp_path / "shard"
     with Shard(EmbeddingConfig.from_yaml(config_file), data) as shard:
@@ -70,6 +71,7 @@ def test_serve_restore_starts_at_that_snapshot(serve, tmp_path, config_file) -> 
     assert "Traceback" not in missing.output()
 
 
+@pytest.mark.slow
 def test_serve_fallback_snapshot_recovers_past_a_corrupt_snapshot(
     serve, tmp_path, config_file
 ) -> None:
@@ -116,6 +118,7 @@ def scrape(url: str) -> dict[str, float]:
     }
 
 
+@pytest.mark.slow
 def test_serve_follow_replicates_a_primary_process(serve, tmp_path) -> None:
     rw, ro, rep = "rw-token-" + "r" * 20, "ro-token-" + "o" * 20, "replica-token-" + "p" * 20
     tokens = tmp_path / "tokens"

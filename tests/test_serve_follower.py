@@ -17,6 +17,9 @@ from embeddb.client import Client, ClientOptions
 from embeddb.common.routing import shard_of
 from tests.support import START_TIMEOUT_S, StartServe, eventually, run_cli, serve_processes
 
+# Starts processes or runs for seconds: the full suite's, not the fast tier's.
+pytestmark = pytest.mark.slow
+
 CONFIG = "tables: {t: {dim: 4, capacity: 64, optimizer: {type: adam, lr: 0.1}}}\n"
 ONE_SHARD = ClientOptions(verify_topology=False)  # one shard of two
 

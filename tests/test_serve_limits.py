@@ -180,6 +180,7 @@ def sample(server: ModelServer, name: str, **labels: str) -> float:
 
 
 # ------------------------------------------------------------ missing values, unknown keys
+@pytest.mark.slow
 def test_missing_values_and_unknown_keys_answer_alike_on_every_frontend(
     models: Models, start: Any, handler: Any
 ) -> None:

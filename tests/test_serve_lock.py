@@ -56,6 +56,7 @@ def vector(process: ServeProcess, i: int) -> list[float]:
         return list(client.lookup("t", [i], train=False)[0])
 
 
+@pytest.mark.slow
 def test_a_running_shard_refuses_restore_and_a_second_serve(
     serve: StartServe, tmp_path: Path, config_file: Path
 ) -> None:
@@ -88,6 +89,7 @@ def test_a_running_shard_refuses_restore_and_a_second_serve(
     assert vector(again, 7) == [1.0] * 4  # the snapshot's
 
 
+@pytest.mark.slow
 def test_kill_9_leaves_no_stale_lock(serve: StartServe, tmp_path: Path, config_file: Path) -> None:
     data = tmp_path / "shard"
     first = serve("--data-dir", str(data), "--config", str(config_file))
@@ -99,6 +101,7 @@ def test_kill_9_leaves_no_stale_lock(serve: StartServe, tmp_path: Path, config_f
     assert vector(second, 3) == [1.0] * 4
 
 
+@pytest.mark.slow
 def test_reshard_refuses_a_running_source(
     serve: StartServe, tmp_path: Path, config_file: Path
 ) -> None:
@@ -132,6 +135,7 @@ def test_the_lock_names_its_holder_in_process_and_is_released(tmp_path: Path) ->
 
 
 # ------------------------------------------------------------------ interrupted operations
+@pytest.mark.slow
 def test_an_interrupted_restore_names_the_command_that_finishes_it(
     serve: StartServe, tmp_path: Path, config_file: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -161,6 +165,7 @@ def test_an_interrupted_restore_names_the_command_that_finishes_it(
     assert vector(started, 5) == [1.0] * 4
 
 
+@pytest.mark.slow
 def test_an_interrupted_reshard_names_the_command_that_finishes_it(
     serve: StartServe, tmp_path: Path, config_file: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -18,6 +18,9 @@ import pytest
 from embeddb.client import Client, ClientOptions
 from tests.support import ServeProcess, serve_processes
 
+# Starts processes or runs for seconds: the full suite's, not the fast tier's.
+pytestmark = pytest.mark.slow
+
 CONFIG = """
 slots_config:
   item: {dim: 4}

@@ -93,6 +93,7 @@ def assign(shard: Shard, ids: list[int], value: float) -> None:
 
 
 # ------------------------------------------------------------------ Snapshot, ListSnapshots
+@pytest.mark.slow
 def test_snapshot_rpc_takes_lists_and_refuses_an_existing_id(start) -> None:
     node = start()
     assign(node.shard, [1, 2, 3], 1.0)
@@ -113,6 +114,7 @@ def test_snapshot_rpc_takes_lists_and_refuses_an_existing_id(start) -> None:
         assert message in info.value.details()
 
 
+@pytest.mark.slow
 def test_client_snapshot_is_one_id_on_every_shard(start) -> None:
     nodes = [start(k, 2) for k in range(2)]
     addresses = [n.address for n in nodes]
@@ -141,6 +143,7 @@ def test_client_snapshot_is_one_id_on_every_shard(start) -> None:
         verify(node.shard.data_dir / "snapshots" / "from-asyncio")
 
 
+@pytest.mark.slow
 def test_a_failed_checkpoint_names_the_shard_and_the_others_keep_theirs(start) -> None:
     nodes = [start(k, 2) for k in range(2)]
     nodes[1].shard.snapshot("taken")  # shard 1 already has the id
@@ -289,6 +292,7 @@ def test_subscribe_sends_the_records_after_from_seq_then_tails(start) -> None:
     feed.cancel()
 
 
+@pytest.mark.slow
 def test_an_idle_feed_sends_heartbeats(start) -> None:
     node = start()
     assign(node.shard, [1], 1.0)
@@ -362,6 +366,7 @@ def truncated_log(start) -> Iterator[Node]:
     yield node
 
 
+@pytest.mark.slow
 def test_truncated_records_are_out_of_range_telling_to_bootstrap_again(start) -> None:
     with truncated_log(start) as node:
         with pytest.raises(grpc.RpcError) as info:

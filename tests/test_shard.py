@@ -150,6 +150,7 @@ def test_several_tables_are_independent(tmp_path) -> None:
         assert len(shard._tables["b"].stripes) == 1
 
 
+@pytest.mark.slow
 def test_concurrent_updates_are_neither_lost_nor_torn(tmp_path) -> None:
     """Four threads push gradients on overlapping ids while lookups spill and promote rows
     (capacity 64 for 200 ids, four stripes). Gradients are multiples of 1/8 on zero vectors,

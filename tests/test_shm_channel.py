@@ -176,6 +176,7 @@ def _echo(conn: Connection, paths: tuple[str, str]) -> None:
     channel.close()
 
 
+@pytest.mark.slow
 def test_a_spawned_process_maps_the_rings() -> None:
     ctx = multiprocessing.get_context("spawn")
     files = RingFiles(capacity=1 << 20)

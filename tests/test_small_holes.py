@@ -213,6 +213,7 @@ def test_a_table_name_longer_than_the_bound_is_a_config_error_naming_the_key() -
         EmbeddingConfig.from_dict({"slots_config": {"f": {"dim": 4, "table": long}}})
 
 
+@pytest.mark.slow
 def test_a_table_name_at_the_bound_snapshots(tmp_path: Path) -> None:
     name = "n" * MAX_NAME_CHARS
     cfg = EmbeddingConfig.from_dict({"tables": {name: {"dim": 4}}})

@@ -53,6 +53,7 @@ def _rows(shard: Shard) -> list[np.ndarray]:
     return [shard.peek(table, SNAP_IDS)[1] for table in ("a", "b")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("operation", "nth", "code", "status"),
     [

@@ -183,6 +183,7 @@ def take_good_snapshot(served: Served) -> Path:
     return served.data_dir / "snapshots" / "good"
 
 
+@pytest.mark.slow
 def test_fetch_snapshot_never_sends_a_file_outside_the_snapshot(
     served: Served, tmp_path: Path
 ) -> None:
@@ -208,6 +209,7 @@ def test_fetch_snapshot_never_sends_a_file_outside_the_snapshot(
     assert MARKER in secret.read_bytes()
 
 
+@pytest.mark.slow
 def test_fetch_snapshot_checks_sizes_and_crcs_while_streaming(
     served: Served, tmp_path: Path
 ) -> None:
@@ -245,6 +247,7 @@ def test_fetch_snapshot_checks_sizes_and_crcs_while_streaming(
         assert fetch(stub, "good")[1] is None
 
 
+@pytest.mark.slow
 def test_snapshot_ids_are_matched_whole(served: Served) -> None:
     for bad in ("evil\n", "good\n", "a\nb"):
         with pytest.raises(InvalidArgumentError, match="snapshot id"):

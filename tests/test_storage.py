@@ -32,6 +32,7 @@ def disk_ids(shard: Shard, table: str = "t") -> set[int]:
     return out
 
 
+@pytest.mark.slow
 def test_new_rows_get_the_deterministic_initial_vector(make_shard: MakeShard) -> None:
     shard = make_shard(dim=8, capacity=100)
     got = shard.lookup("t", ids(5, 1, 99))
@@ -49,6 +50,7 @@ def test_lookup_keeps_order_and_duplicates(make_shard: MakeShard) -> None:
     assert shard.lookup("t", ids()).shape == (0, 4)
 
 
+@pytest.mark.slow
 @settings(
     max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
@@ -75,6 +77,7 @@ def test_single_id_lookups_follow_exact_lru(
     assert stats.rows == len(set(accesses))
 
 
+@pytest.mark.slow
 @settings(
     max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )

@@ -114,6 +114,7 @@ def unpack(mar: Path, into: Path) -> Path:
 
 
 # ---------------------------------------------------------------------- the archive
+@pytest.mark.slow
 def test_the_archive_holds_the_model_an_entry_point_and_its_config(
     exported: Exported, tmp_path: Path
 ) -> None:
@@ -152,6 +153,7 @@ def test_the_archive_holds_the_model_an_entry_point_and_its_config(
     assert result.exit_code == 1 and "pass --overwrite" in result.output
 
 
+@pytest.mark.slow
 def test_the_command_refuses_shards_with_a_checkpoint_and_non_model_dirs(
     exported: Exported, tmp_path: Path
 ) -> None:
@@ -207,6 +209,7 @@ class Context:
         self.system_properties = {"model_dir": str(model_dir), "gpu_id": None, "batch_size": 4}
 
 
+@pytest.mark.slow
 def test_the_entry_point_loads_as_torchserve_calls_it(
     exported: Exported, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -286,6 +289,7 @@ def model_ready(management: str, name: str) -> bool:
     return any(w.get("status") == "READY" for w in workers)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torchserve_missing() is not None, reason=str(torchserve_missing()))
 @pytest.mark.parametrize("source", ["shards", "checkpoint"])
 def test_real_torchserve_loads_the_archive_and_scores_like_infer_ctx(

@@ -118,6 +118,7 @@ def test_a_finished_job_says_so_exits_0_and_still_exports_and_predicts(tmp_path:
 
 
 # ------------------------------------------------------------------------ one label class
+@pytest.mark.slow
 def test_a_label_with_one_class_in_the_sample_is_refused_naming_the_values_seen(
     tmp_path: Path,
 ) -> None:
@@ -243,6 +244,7 @@ def test_a_rank_error_is_not_restarted_and_is_the_one_error_line(tmp_path: Path)
 
 
 # ------------------------------------------------------------------------ JSON logs, Ctrl-C
+@pytest.mark.slow
 def test_a_fatal_error_under_json_logs_is_one_json_record(tmp_path: Path) -> None:
     bad = tmp_path / "job.yaml"
     bad.write_text("model: builtin:dnn\nepochs: 0\n")

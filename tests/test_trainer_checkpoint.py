@@ -102,6 +102,7 @@ def test_a_resumed_run_retraces_the_original_from_its_checkpoint(tmp_path: Path)
             np.testing.assert_allclose(resumed[table], expected, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_local_shard_directories_are_restored_offline(tmp_path: Path) -> None:
     config = adult_config()
     path = tmp_path / "config.yaml"
@@ -141,6 +142,7 @@ def test_checkpoint_ids_follow_the_snapshot_id_rule_matched_whole(tmp_path: Path
             read_checkpoint(checkpoints, bad)
 
 
+@pytest.mark.slow
 def test_a_default_checkpoint_id_left_taken_by_a_killed_run_is_not_reused(tmp_path: Path) -> None:
     """A run killed between its shards' snapshot and the manifest leaves ``ckpt-<step>``
     taken on the shards (and maybe a folder without a manifest); reaching that step again

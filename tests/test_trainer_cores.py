@@ -95,6 +95,7 @@ def open_ctx(addresses: list[str], config: TrainerConfig) -> TrainCtx:
     )
 
 
+@pytest.mark.slow
 def test_an_explicit_torch_threads_is_applied_and_restored_at_close(
     shard: Shards, threads: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -106,6 +107,7 @@ def test_an_explicit_torch_threads_is_applied_and_restored_at_close(
     assert torch.get_num_threads() == 2
 
 
+@pytest.mark.slow
 def test_without_a_setting_the_context_applies_the_budget(
     shard: Shards, threads: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -120,6 +122,7 @@ def test_without_a_setting_the_context_applies_the_budget(
     assert torch.get_num_threads() == 1
 
 
+@pytest.mark.slow
 def test_omp_num_threads_is_left_to_torch_when_nothing_is_set(
     shard: Shards, threads: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -210,6 +210,7 @@ def step(ctx: TrainCtx, prepared: Any) -> None:
     ctx.backward(nn.functional.binary_cross_entropy_with_logits(output, labels[0]))
 
 
+@pytest.mark.slow
 def test_a_shard_going_down_surfaces_as_an_error_not_a_hang(two_shards: Shards) -> None:
     with new_ctx(two_shards.addresses) as ctx:
         batches = ctx.prepare(adult("train").batches(128))
@@ -221,6 +222,7 @@ def test_a_shard_going_down_surfaces_as_an_error_not_a_hang(two_shards: Shards) 
         assert info.value.cause == "UnavailableError"
 
 
+@pytest.mark.slow
 def test_a_dead_embedding_worker_surfaces_at_the_next_call(two_shards: Shards) -> None:
     with new_ctx(two_shards.addresses) as ctx:
         batches = ctx.prepare(adult("train").batches(128))
@@ -231,6 +233,7 @@ def test_a_dead_embedding_worker_surfaces_at_the_next_call(two_shards: Shards) -
                 step(ctx, prepared)
 
 
+@pytest.mark.slow
 def test_training_batches_without_backward_never_clog_the_window(two_shards: Shards) -> None:
     with new_ctx(two_shards.addresses) as ctx:
         # forward() only, as if evaluating with the training context: each forward releases
@@ -253,6 +256,7 @@ def test_training_batches_without_backward_never_clog_the_window(two_shards: Sha
             ctx.backward(torch.zeros((), requires_grad=True))
 
 
+@pytest.mark.slow
 def test_evaluation_inserts_no_rows(two_shards: Shards) -> None:
     model = adult_model()
     with EvalCtx(model, adult_config(), two_shards.addresses, FAST) as ev:
@@ -289,6 +293,7 @@ class SequenceModel(nn.Module):
         return self.out(torch.cat([user, mean], dim=1))  # type: ignore[no-any-return]
 
 
+@pytest.mark.slow
 def test_sequence_features_get_embeddings_with_a_mask_and_gradients() -> None:
     batch = Batch(
         [
@@ -355,6 +360,7 @@ def embedding_deltas(mode: str, amp: bool, monkeypatch: pytest.MonkeyPatch) -> A
     return {t: after[t] - before[t] for t in keys}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["hybrid", "async"])
 def test_mixed_precision_unscales_embedding_gradients(
     mode: str, monkeypatch: pytest.MonkeyPatch
@@ -443,6 +449,7 @@ def test_trainer_config_and_dist_env_are_validated(tmp_path: Path) -> None:
         DistEnv.from_environ({**env, "WORLD_SIZE": "two"})
 
 
+@pytest.mark.slow
 def test_batches_with_unknown_features_are_rejected(two_shards: Shards) -> None:
     batch = Batch([IDTypeFeatureWithSingleID("zipcode", [1])], labels=[Label(np.ones((1, 1)))])
     with new_ctx(two_shards.addresses) as ctx, pytest.raises(InvalidArgumentError, match="zipcode"):

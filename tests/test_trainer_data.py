@@ -121,6 +121,7 @@ def test_float_parser_equals_python_float_for_every_form() -> None:
 # ------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_string_ids_are_pinned_and_equal_from_every_source() -> None:
     # The ids live in embeddb's tables: these values must never change.
     assert int(hash_strings(["abc"])[0]) == 14695765370457432739
@@ -136,6 +137,7 @@ def test_string_ids_are_pinned_and_equal_from_every_source() -> None:
     assert (hash_strings(words, "g") != from_list).all()  # namespaces separate features
 
 
+@pytest.mark.slow
 def test_string_ids_are_the_same_in_another_process() -> None:
     words = ["alpha", "β", "Self-emp-not-inc"]
     code = (
@@ -153,6 +155,7 @@ def test_string_ids_are_the_same_in_another_process() -> None:
     assert eval(out) == hash_strings(words, "occupation").tolist()
 
 
+@pytest.mark.slow
 def test_data_modules_never_import_torch() -> None:
     code = (
         "import sys, embeddb.features, embeddb.common.evaluation, embeddb.features.batch;"
@@ -258,6 +261,7 @@ def test_criteo_unlabelled_test_file_needs_requires_grad_false() -> None:
 # ------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_adult_reader_rows_labels_and_splits() -> None:
     train = list(AdultReader(10_000))
     assert [b.batch_size for b in train] == [10_000, 10_000, 10_000, 2561]
@@ -286,6 +290,7 @@ def test_adult_reader_rows_labels_and_splits() -> None:
         AdultReader(8, "validation")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("start", "stop"), [(0, 1000), (1000, None), (999, 30_001), (0, 0)])
 def test_row_range_is_exactly_those_rows_of_the_source(start: int, stop: int | None) -> None:
     """A positional train/test split: rows start:stop of the source, in any batch size, with
@@ -310,6 +315,7 @@ def test_row_range_is_exactly_those_rows_of_the_source(start: int, stop: int | N
 # ------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @needs_movielens
 def test_movielens_joins_users_and_items_for_known_rows() -> None:
     reader = MovieLensReader(MOVIELENS, 1000, "u.data")
@@ -484,6 +490,7 @@ def test_zipf_sampler_follows_the_power_law_even_for_a_billion_ids() -> None:
     assert math.log(p1 / p100) / math.log(100) == pytest.approx(1.1)
 
 
+@pytest.mark.slow
 def test_synthetic_is_deterministic_and_independent_of_batch_size() -> None:
     cfg = SyntheticCriteoConfig(cardinality=(10**9,) * 13 + (1000,) * 13, chunk_size=1000)
     data = SyntheticCriteo(cfg)
@@ -506,6 +513,7 @@ def test_synthetic_is_deterministic_and_independent_of_batch_size() -> None:
     assert len(np.unique(samples.ids[:, 20])) <= 1000  # cardinality 1000
 
 
+@pytest.mark.slow
 def test_synthetic_teacher_auc_is_the_best_and_consistent_with_labels() -> None:
     data = SyntheticCriteo(SyntheticCriteoConfig(cardinality=10**6, ctr=0.25, logit_std=1.5))
     assert sum(b.batch_size for b in data.batches(65_536, 4096)) == 65_536

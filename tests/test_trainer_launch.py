@@ -116,6 +116,7 @@ def token_shard(tmp_path: Path) -> Iterator[str]:
         shard.close()
 
 
+@pytest.mark.slow
 def test_a_job_without_its_token_file_fails_fast_on_shards_requiring_tokens(
     tmp_path: Path, token_shard: str
 ) -> None:
@@ -126,6 +127,7 @@ def test_a_job_without_its_token_file_fails_fast_on_shards_requiring_tokens(
     assert "UnauthenticatedError" in out and "set token_file in the job" in out
 
 
+@pytest.mark.slow
 def test_a_job_with_its_token_file_trains_checkpoints_and_predicts_on_shards_requiring_tokens(
     tmp_path: Path, token_shard: str
 ) -> None:
@@ -140,6 +142,7 @@ def test_a_job_with_its_token_file_trains_checkpoints_and_predicts_on_shards_req
     assert latest_checkpoint(tmp_path / "ckpt") is not None  # the snapshot call sent it too
 
 
+@pytest.mark.slow
 def test_local_shards_of_a_job_with_a_token_file_require_its_token(tmp_path: Path) -> None:
     from embeddb.client import Client, ClientOptions
     from embeddb.errors import UnauthenticatedError
@@ -341,6 +344,7 @@ def test_train_reports_a_bad_job_file_cleanly(tmp_path: Path) -> None:
     assert result.exit_code == 1 and "epochs" in result.output
 
 
+@pytest.mark.slow
 def test_restarted_workers_key_their_process_group_by_attempt() -> None:
     from embeddb.trainer import DistEnv
 

@@ -159,6 +159,7 @@ def test_concurrent_appends_get_unique_contiguous_seqs(tmp_path: Path) -> None:
         assert {r.seq: r.payload for r in read_all(log)} == written
 
 
+@pytest.mark.slow
 def test_read_while_another_thread_appends(tmp_path: Path) -> None:
     n = 3000
     done = threading.Event()
@@ -525,6 +526,7 @@ log.close()
 """
 
 
+@pytest.mark.slow
 def test_a_failed_write_raises_storage_error_and_leaves_no_partial_record(tmp_path: Path) -> None:
     directory = tmp_path / "log"
     proc = subprocess.run(

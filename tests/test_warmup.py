@@ -41,6 +41,7 @@ def _is_client(kernel: str) -> bool:
     return kernel.startswith("embeddb.client.")
 
 
+@pytest.mark.slow
 def test_after_warm_up_core_shard_traffic_compiles_nothing(tmp_path: Path) -> None:
     report = _traffic("core", tmp_path)
     missed = {k: v for k, v in report["added"].items() if not _is_client(k)}
@@ -53,6 +54,7 @@ def test_after_warm_up_core_shard_traffic_compiles_nothing(tmp_path: Path) -> No
     )
 
 
+@pytest.mark.slow
 def test_after_warm_up_client_client_traffic_compiles_nothing(tmp_path: Path) -> None:
     report = _traffic("client", tmp_path)
     missed = {k: v for k, v in report["added"].items() if _is_client(k)}

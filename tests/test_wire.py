@@ -14,6 +14,7 @@ from embeddb.transport import wire
 from embeddb.v1 import embeddb_pb2 as pb
 
 
+@pytest.mark.slow
 @given(st.lists(st.integers(0, 2**64 - 1), max_size=200), st.sampled_from([0, 1, 64]))
 def test_ids_round_trip_exactly(values: list[int], lz4_min: int) -> None:
     ids = np.array(values, dtype=np.uint64)
@@ -161,6 +162,7 @@ _unknown = st.sampled_from(
 )  # unknown fields 6-10 of every wire type
 
 
+@pytest.mark.slow
 @given(
     dtype=st.integers(0, 5),
     shape=st.lists(st.integers(-(2**63), 2**63 - 1), max_size=4),
@@ -284,6 +286,7 @@ _tensors = st.builds(
 )
 
 
+@pytest.mark.slow
 @given(
     results=st.lists(st.tuples(st.lists(_tensors, max_size=2), _unknown, _unknown), max_size=4),
     trailer=_unknown,
