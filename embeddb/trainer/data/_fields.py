@@ -9,7 +9,8 @@ Readers never loop over rows in Python. A chunk of text (or an Arrow string colu
 Hex and decimal fields are parsed 8 bytes per ``uint64`` operation (SWAR): one unaligned load
 per field and word (:func:`u64_at`), bytes past the field masked off, every byte checked to be
 a digit with carry-free byte-wise comparisons, then the digits packed or combined with a few
-shifts and multiplies. Other numbers (``1.5e-3``) go through a byte matrix, one row per field.
+shifts and multiplies. Plain decimals (``12.47``) are the two digit runs around the dot, each
+parsed so; other numbers (``1.5e-3``) go through a byte matrix, one row per field.
 
 Empty fields (``starts == ends``) and nulls (``valid`` false, from Parquet) are "missing";
 each parser reports them in a mask and leaves the choice of a fill value to its caller.
@@ -205,11 +206,12 @@ class Fields:
             values, ok = sub._integers()
             out[rows[ok]] = values[ok]
             rest = rows[~ok]
-            if rest.size:
-                sub = Fields(self.buf, self.starts.ravel()[rest], self.ends.ravel()[rest])
-                values, ok = sub._decimals()
-                out[rest[ok]] = values[ok]
-                rest = rest[~ok]
+            for form in (Fields._plain_decimals, Fields._decimals):
+                if rest.size:
+                    sub = Fields(self.buf, self.starts.ravel()[rest], self.ends.ravel()[rest])
+                    values, ok = form(sub)
+                    out[rest[ok]] = values[ok]
+                    rest = rest[~ok]
             if rest.size:  # nan, inf, or a malformed field: Python decides, row by row
                 full = Fields(self.buf, self.starts.ravel(), self.ends.ravel())
                 out[rest] = _python_floats(full, rest)
@@ -226,6 +228,37 @@ class Fields:
         values = magnitude.astype(np.float64)  # one correctly rounded conversion
         values[negative] = -values[negative]
         return values, ok & (ends - digits_from <= 19)
+
+    def _plain_decimals(self) -> tuple[F64, Bool]:
+        """``[sign] digits . digits`` (either side may be empty, not both) of at most 15
+        digits, the common form of prices and rates; ``ok`` marks them.
+
+        The digits before and after the dot are parsed with the SWAR parser (no byte matrix)
+        and combined into the exact integer mantissa, then divided by an exact power of ten:
+        the same single rounding, hence the same value, as :meth:`_decimals`.
+        """
+        starts, ends, buf = self.starts.ravel(), self.ends.ravel(), self.buf
+        dots = np.flatnonzero(buf == _DOT)
+        ok = np.zeros(starts.size, dtype=bool)
+        if not dots.size:
+            return np.zeros(starts.size), ok
+        dot = dots[np.minimum(np.searchsorted(dots, starts), dots.size - 1)]
+        first = buf[np.minimum(starts, buf.size - 1)]
+        negative = first == _MINUS
+        digits_from = starts + (negative | (first == _PLUS))
+        ok = (dot >= digits_from) & (dot < ends)
+        dot = np.where(ok, dot, digits_from)
+        whole, whole_ok = _swar_unsigned(buf, digits_from, dot, hexadecimal=False)
+        frac, frac_ok = _swar_unsigned(buf, dot + 1, np.maximum(ends, dot + 1), hexadecimal=False)
+        whole_len, frac_len = dot - digits_from, ends - dot - 1
+        ok &= (whole_ok | (whole_len == 0)) & (frac_ok | (frac_len == 0))
+        ok &= (whole_len + frac_len >= 1) & (whole_len + frac_len <= 15)
+        frac_len = np.where(ok, frac_len, 0)
+        with np.errstate(over="ignore"):
+            mant = whole * _POW10_U64[frac_len] + frac  # exact below 10**15 where ok
+        values = mant.astype(np.float64) / _POW10_F64[frac_len]
+        values[negative] *= -1.0
+        return values, ok
 
     def _decimals(self) -> tuple[F64, Bool]:
         """``[sign] digits [. digits] [e [sign] digits]``; ``ok`` marks fields of that form."""
