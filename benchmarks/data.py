@@ -51,7 +51,6 @@ from types import ModuleType
 from typing import Any
 
 import numpy as np
-from _arrow_csv import compare_readers, import_cost_ms
 from _figures import data_figures, draw
 from _plots import add_out_dir_argument
 from _report import finish, say, verdict
@@ -233,10 +232,7 @@ def main() -> int:
             rows = write_csv(folder / "train.csv", lines, target, args.seed)
             jobs = train_jobs(folder, rows, memory_rows)
         del lines, test
-        say(f"reading {memory_rows:,} rows: own CSV reader vs pyarrow.csv.open_csv ...")
-        readers = compare_readers(folder / "memory.csv", args.reader_repeats)
-    readers.update(import_cost_ms())
-    say_readers(readers)
+        readers = measure_readers(folder / "memory.csv", memory_rows, args.reader_repeats)
     result: dict[str, Any] = {"bench": "data", "quick": args.quick, **jobs, **readers}
     result["settings"] = {
         "model": "builtin:dnn [64, 32]",
@@ -251,6 +247,8 @@ def main() -> int:
         f"CSV reader: own {readers['csv_rows_per_s_own']:,.0f} rows/s, pyarrow "
         f"{readers['csv_rows_per_s_pyarrow']:,.0f} rows/s = {readers['csv_pyarrow_vs_own']:.2f}x"
         f" (pyarrow converting numbers itself: {readers['csv_pyarrow_typed_vs_own']:.2f}x)"
+        if "csv_pyarrow_vs_own" in readers
+        else f"CSV reader: {readers['csv_note']}"
     ]
     if jobs:
         summary[:0] = jobs.pop("summary")
@@ -305,6 +303,19 @@ def train_jobs(folder: Path, rows: int, memory_rows: int) -> dict[str, Any]:
         ],
         "timeline": timeline,
     }
+
+
+def measure_readers(path: Path, rows: int, repeats: int) -> dict[str, Any]:
+    """Step 4 (needs pyarrow, the ``parquet`` extra; without it, a note says so)."""
+    try:
+        from _arrow_csv import compare_readers, import_cost_ms
+    except ImportError as exc:
+        return {"csv_note": f"own vs pyarrow CSV reader not measured: {exc}"}
+    say(f"reading {rows:,} rows: own CSV reader vs pyarrow.csv.open_csv ...")
+    readers = compare_readers(path, repeats)
+    readers.update(import_cost_ms())
+    say_readers(readers)
+    return readers
 
 
 def say_readers(r: dict[str, Any]) -> None:
