@@ -9,8 +9,9 @@ Readers never loop over rows in Python. A chunk of text (or an Arrow string colu
 Hex and decimal fields are parsed 8 bytes per ``uint64`` operation (SWAR): one unaligned load
 per field and word (:func:`u64_at`), bytes past the field masked off, every byte checked to be
 a digit with carry-free byte-wise comparisons, then the digits packed or combined with a few
-shifts and multiplies. Plain decimals (``12.47``) are the two digit runs around the dot, each
-parsed so; other numbers (``1.5e-3``) go through a byte matrix, one row per field.
+shifts and multiplies. Plain numbers (``12.47``, ``-3``) are parsed in one compiled pass
+(:mod:`._number_kernel`); longer integers by SWAR, other numbers (``1.5e-3``) through a byte
+matrix, one row per field.
 
 Empty fields (``starts == ends``) and nulls (``valid`` false, from Parquet) are "missing";
 each parser reports them in a mask and leaves the choice of a fill value to its caller.
@@ -185,9 +186,10 @@ class Fields:
     def parse_float(self) -> tuple[F64, Bool]:
         """Decimal numbers (``-12``, ``3.5``, ``.5``, ``1e-3``, ``nan``, ``inf``) as float64.
 
-        Integers of up to 19 digits and decimals of up to 15 digits with exponents within ±22
-        are converted in whole-array operations (one correctly rounded division or
-        multiplication by an exact power of ten); the rare other forms (longer mantissas, huge
+        Plain numbers of up to 15 digits are converted in one compiled pass, integers of up to
+        19 digits and decimals of up to 15 digits with exponents within ±22 in whole-array
+        operations (one correctly rounded division or multiplication by an exact power of
+        ten); the rare other forms (longer mantissas, huge
         exponents, ``nan``, ``inf``) go to Python's ``float``, so every value equals
         ``float(text)``.
 
@@ -199,23 +201,30 @@ class Fields:
         """
         present = self.present()
         flat_present = present.ravel()
-        out = np.full(flat_present.size, np.nan)
-        rows = np.flatnonzero(flat_present)
-        if rows.size:
-            sub = Fields(self.buf, self.starts.ravel()[rows], self.ends.ravel()[rows])
-            values, ok = sub._integers()
-            out[rows[ok]] = values[ok]
-            rest = rows[~ok]
-            for form in (Fields._plain_decimals, Fields._decimals):
-                if rest.size:
-                    sub = Fields(self.buf, self.starts.ravel()[rest], self.ends.ravel()[rest])
-                    values, ok = form(sub)
-                    out[rest[ok]] = values[ok]
-                    rest = rest[~ok]
-            if rest.size:  # nan, inf, or a malformed field: Python decides, row by row
-                full = Fields(self.buf, self.starts.ravel(), self.ends.ravel())
-                out[rest] = _python_floats(full, rest)
+        out, ok = self.flat()._plain()
+        ok &= flat_present
+        out[~ok] = np.nan
+        rest = np.flatnonzero(flat_present & ~ok)
+        for form in (Fields._integers, Fields._decimals):
+            if rest.size:
+                sub = Fields(self.buf, self.starts.ravel()[rest], self.ends.ravel()[rest])
+                values, ok = form(sub)
+                out[rest[ok]] = values[ok]
+                rest = rest[~ok]
+        if rest.size:  # nan, inf, or a malformed field: Python decides, row by row
+            full = Fields(self.buf, self.starts.ravel(), self.ends.ravel())
+            out[rest] = _python_floats(full, rest)
         return out.reshape(self.shape), present
+
+    def _plain(self) -> tuple[F64, Bool]:
+        """``[sign] digits [. digits]`` of at most 15 digits, the common form (ids, counts,
+        prices), in one compiled pass (:mod:`._number_kernel`); ``ok`` marks them."""
+        from ._number_kernel import plain_numbers  # numba: loaded on the first parse only
+
+        values = np.empty(self.starts.size)
+        ok = np.empty(self.starts.size, dtype=bool)
+        plain_numbers(self.buf, self.starts.ravel(), self.ends.ravel(), values, ok)
+        return values, ok
 
     def _integers(self) -> tuple[F64, Bool]:
         """Fields of an optional sign and at most 19 digits, exactly; ``ok`` marks them."""
@@ -228,37 +237,6 @@ class Fields:
         values = magnitude.astype(np.float64)  # one correctly rounded conversion
         values[negative] = -values[negative]
         return values, ok & (ends - digits_from <= 19)
-
-    def _plain_decimals(self) -> tuple[F64, Bool]:
-        """``[sign] digits . digits`` (either side may be empty, not both) of at most 15
-        digits, the common form of prices and rates; ``ok`` marks them.
-
-        The digits before and after the dot are parsed with the SWAR parser (no byte matrix)
-        and combined into the exact integer mantissa, then divided by an exact power of ten:
-        the same single rounding, hence the same value, as :meth:`_decimals`.
-        """
-        starts, ends, buf = self.starts.ravel(), self.ends.ravel(), self.buf
-        dots = np.flatnonzero(buf == _DOT)
-        ok = np.zeros(starts.size, dtype=bool)
-        if not dots.size:
-            return np.zeros(starts.size), ok
-        dot = dots[np.minimum(np.searchsorted(dots, starts), dots.size - 1)]
-        first = buf[np.minimum(starts, buf.size - 1)]
-        negative = first == _MINUS
-        digits_from = starts + (negative | (first == _PLUS))
-        ok = (dot >= digits_from) & (dot < ends)
-        dot = np.where(ok, dot, digits_from)
-        whole, whole_ok = _swar_unsigned(buf, digits_from, dot, hexadecimal=False)
-        frac, frac_ok = _swar_unsigned(buf, dot + 1, np.maximum(ends, dot + 1), hexadecimal=False)
-        whole_len, frac_len = dot - digits_from, ends - dot - 1
-        ok &= (whole_ok | (whole_len == 0)) & (frac_ok | (frac_len == 0))
-        ok &= (whole_len + frac_len >= 1) & (whole_len + frac_len <= 15)
-        frac_len = np.where(ok, frac_len, 0)
-        with np.errstate(over="ignore"):
-            mant = whole * _POW10_U64[frac_len] + frac  # exact below 10**15 where ok
-        values = mant.astype(np.float64) / _POW10_F64[frac_len]
-        values[negative] *= -1.0
-        return values, ok
 
     def _decimals(self) -> tuple[F64, Bool]:
         """``[sign] digits [. digits] [e [sign] digits]``; ``ok`` marks fields of that form."""
