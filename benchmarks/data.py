@@ -227,10 +227,13 @@ def main() -> int:
         memory_target = int(sum(map(len, lines)) * MEMORY_ROWS[args.quick] / len(lines))
         memory_rows = write_csv(folder / "memory.csv", lines, memory_target, args.seed)
         jobs: dict[str, Any] = {}
+        job_summary: list[str] = []
+        timeline: dict[str, tuple[list[float], list[float]]] = {}
         if not args.readers_only:
             say(f"generating {target / 1e9:.1f} GB of CSV in {folder} ...")
             rows = write_csv(folder / "train.csv", lines, target, args.seed)
             jobs = train_jobs(folder, rows, memory_rows)
+            job_summary, timeline = jobs.pop("summary"), jobs.pop("timeline")
         del lines, test
         readers = measure_readers(folder / "memory.csv", memory_rows, args.reader_repeats)
     result: dict[str, Any] = {"bench": "data", "quick": args.quick, **jobs, **readers}
@@ -251,12 +254,8 @@ def main() -> int:
         else f"CSV reader: {readers['csv_note']}"
     ]
     if jobs:
-        summary[:0] = jobs.pop("summary")
-        result.pop("summary", None)
-        timeline = jobs.pop("timeline")
-        result.pop("timeline", None)
         draw(result, args.out_dir, lambda r, out: data_figures(r, out, timeline))
-    return finish(result, started, summary, args.json_out)
+    return finish(result, started, job_summary + summary, args.json_out)
 
 
 def train_jobs(folder: Path, rows: int, memory_rows: int) -> dict[str, Any]:

@@ -189,9 +189,8 @@ class Fields:
         Plain numbers of up to 15 digits are converted in one compiled pass, integers of up to
         19 digits and decimals of up to 15 digits with exponents within ±22 in whole-array
         operations (one correctly rounded division or multiplication by an exact power of
-        ten); the rare other forms (longer mantissas, huge
-        exponents, ``nan``, ``inf``) go to Python's ``float``, so every value equals
-        ``float(text)``.
+        ten); the rare other forms (longer mantissas, huge exponents, ``nan``, ``inf``) go
+        to Python's ``float``, so every value equals ``float(text)``.
 
         Returns:
             ``(values, present)``: missing fields are NaN with ``present`` false.
