@@ -4,6 +4,8 @@ equals Python's ``float(text)`` bit for bit, and what Python refuses is refused.
 from __future__ import annotations
 
 import random
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -52,3 +54,31 @@ def test_malformed_decimals_are_refused(bad: str) -> None:
         _fields([bad, "2.5"]).parse_float()
     with pytest.raises(ValueError, match="not a number"):
         _fields(["x", bad, "1.25"]).parse_float()
+
+
+_WARM_UP_THEN_RECORDS = """
+from embeddb.trainer.data import ColumnSpec, NumericColumn
+from embeddb.trainer.data import _number_kernel
+from embeddb.trainer.data.records import RecordsChunk
+from embeddb.trainer.serving.warmup import warm_up_kernels
+
+warm_up_kernels()
+warmed = list(_number_kernel.plain_numbers.signatures)
+spec = ColumnSpec(numeric=(NumericColumn(("price",)),))
+chunk = RecordsChunk([{"price": "12.5"}, {"price": 3}], spec)
+values, _ = chunk.floats(["price"])
+assert values.ravel().tolist() == [12.5, 3.0], values
+print(len(warmed), len(_number_kernel.plain_numbers.signatures))
+"""
+
+
+def test_the_model_server_warm_up_compiles_the_number_parser_of_raw_records() -> None:
+    # A fresh process: the first raw record with a number as text ("12.5") compiles nothing.
+    out = subprocess.run(
+        [sys.executable, "-c", _WARM_UP_THEN_RECORDS],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+    ).stdout.split()
+    assert out[0] != "0" and out[0] == out[1], f"signatures after warm-up, after a record: {out}"

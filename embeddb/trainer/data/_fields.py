@@ -26,7 +26,7 @@ import numpy.typing as npt
 
 from embeddb.arrays import F64, I64, U8, U64, Bool
 
-__all__ = ["BYTE_MASKS", "Fields", "ParseError", "u64_at"]
+__all__ = ["BYTE_MASKS", "Fields", "ParseError", "u64_at", "warm_up_numbers"]
 
 
 _SPACE, _TAB, _PLUS, _MINUS, _DOT, _ZERO = 32, 9, 43, 45, 46, 48
@@ -386,6 +386,15 @@ def _pack_decimal(word: U64) -> U64:
         ) >> np.uint64(32)
     out: U64 = d
     return out
+
+
+def warm_up_numbers() -> None:
+    """Compile (or load from numba's cache) the plain-number kernel of :meth:`Fields.parse_float`
+    for fields of a read-only buffer (raw records' and files' text), so that a model server's
+    first request does not pay for it (:mod:`embeddb.trainer.serving.warmup`)."""
+    Fields(
+        np.frombuffer(b"-12.5" + bytes(8), np.uint8), np.zeros(1, np.int64), np.full(1, 5)
+    ).parse_float()
 
 
 def _python_floats(fields: Fields, rows: npt.NDArray[np.intp]) -> F64:
