@@ -18,6 +18,12 @@ What it does:
    small): each rank reads its part into memory before training starts:
    ``inmemory_samples_per_s``.
 
+4. Reads the in-memory run's file with embeddb's own CSV reader and with pyarrow's streaming
+   CSV reader (``pyarrow.csv.open_csv``, :mod:`_arrow_csv`), both building the job's blocks,
+   interleaved, best of ``--reader-repeats``: ``csv_rows_per_s_own`` / ``_pyarrow`` (and
+   MB/s), their ratio ``csv_pyarrow_vs_own``, and pyarrow's cold import cost (issue 24: the
+   own reader stays unless pyarrow's is at least as fast and keeps its errors).
+
 ``samples_per_s`` is the job's own figure (rank 0's training samples / training seconds, the
 ``metrics_file`` line): the time after the context started, so process start-up is not in it.
 Targets (printed, never enforced): ``peak_rss_mb`` <= 1500 whatever the file size; streaming
@@ -27,6 +33,7 @@ Usage::
 
     PYTHONPATH=. python benchmarks/data.py --quick
     PYTHONPATH=. python benchmarks/data.py --json-out data.json
+    PYTHONPATH=. python benchmarks/data.py --quick --readers-only   # step 4 alone
 """
 
 from __future__ import annotations
@@ -202,6 +209,10 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="a 500 MB file (< 90 s)")
     parser.add_argument("--gb", type=float, default=None, help="file size (default 0.5 / 5)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--readers-only", action="store_true", help="only step 4: own vs pyarrow CSV reader"
+    )
+    parser.add_argument("--reader-repeats", type=int, default=3, help="rounds of step 4")
     add_out_dir_argument(parser, "data")
     parser.add_argument("--json-out", type=Path, default=None)
     args = parser.parse_args()
@@ -210,32 +221,62 @@ def main() -> int:
     block_rows = 500_000 if args.quick else 2_000_000
     with tempfile.TemporaryDirectory(prefix="embeddb-bench-data-") as tmp:
         folder = Path(tmp)
-        say(f"generating {target / 1e9:.1f} GB of CSV in {folder} ...")
         lines = block_lines(block_rows + 50_000, args.seed)
         test, lines = lines[:50_000], lines[50_000:]
         write_csv(folder / "test.csv", test, 1, args.seed)
-        rows = write_csv(folder / "train.csv", lines, target, args.seed)
-        file_bytes = (folder / "train.csv").stat().st_size
-        memory_target = int(file_bytes * MEMORY_ROWS[args.quick] / rows)
+        memory_target = int(sum(map(len, lines)) * MEMORY_ROWS[args.quick] / len(lines))
         memory_rows = write_csv(folder / "memory.csv", lines, memory_target, args.seed)
+        jobs: dict[str, Any] = {}
+        job_summary: list[str] = []
+        timeline: dict[str, tuple[list[float], list[float]]] = {}
+        if not args.readers_only:
+            say(f"generating {target / 1e9:.1f} GB of CSV in {folder} ...")
+            rows = write_csv(folder / "train.csv", lines, target, args.seed)
+            jobs = train_jobs(folder, rows, memory_rows)
+            job_summary, timeline = jobs.pop("summary"), jobs.pop("timeline")
         del lines, test
-        say(f"  {rows:,} rows, {file_bytes / 1e6:,.0f} MB ({time.perf_counter() - started:.0f} s)")
-        say("streaming one epoch ...")
-        stream, timeline = run_job(folder, "train.csv", in_memory=False)
-        say(
-            f"  {stream['samples_per_s']:,.0f} samples/s, peak RSS {stream['peak_rss_mb']:,.0f} "
-            f"MB, test AUC {stream['test_auc']:.4f}, {stream['wall_s']:.0f} s"
-        )
-        say(f"in memory ({memory_rows:,} rows) ...")
-        memory, _ = run_job(folder, "memory.csv", in_memory=True)
-        say(
-            f"  {memory['samples_per_s']:,.0f} samples/s, peak RSS {memory['peak_rss_mb']:,.0f} "
-            f"MB, {memory['wall_s']:.0f} s"
-        )
+        readers = measure_readers(folder / "memory.csv", memory_rows, args.reader_repeats)
+    result: dict[str, Any] = {"bench": "data", "quick": args.quick, **jobs, **readers}
+    result["settings"] = {
+        "model": "builtin:dnn [64, 32]",
+        "batch_size": 4096,
+        "workers": 1,
+        "shards": 1,
+        "rss_sample_s": SAMPLE_S,
+        "reader_repeats": args.reader_repeats,
+        "cpus": os.cpu_count(),
+    }
+    summary = [
+        f"CSV reader: own {readers['csv_rows_per_s_own']:,.0f} rows/s, pyarrow "
+        f"{readers['csv_rows_per_s_pyarrow']:,.0f} rows/s = {readers['csv_pyarrow_vs_own']:.2f}x"
+        f" (pyarrow converting numbers itself: {readers['csv_pyarrow_typed_vs_own']:.2f}x)"
+        if "csv_pyarrow_vs_own" in readers
+        else f"CSV reader: {readers['csv_note']}"
+    ]
+    if jobs:
+        draw(result, args.out_dir, lambda r, out: data_figures(r, out, timeline))
+    return finish(result, started, job_summary + summary, args.json_out)
+
+
+def train_jobs(folder: Path, rows: int, memory_rows: int) -> dict[str, Any]:
+    """Steps 2 and 3: the streaming and in-memory jobs' figures (and ``summary``, ``timeline``
+    for the printout and the figure)."""
+    file_bytes = (folder / "train.csv").stat().st_size
+    say(f"  {rows:,} rows, {file_bytes / 1e6:,.0f} MB")
+    say("streaming one epoch ...")
+    stream, timeline = run_job(folder, "train.csv", in_memory=False)
+    say(
+        f"  {stream['samples_per_s']:,.0f} samples/s, peak RSS {stream['peak_rss_mb']:,.0f} "
+        f"MB, test AUC {stream['test_auc']:.4f}, {stream['wall_s']:.0f} s"
+    )
+    say(f"in memory ({memory_rows:,} rows) ...")
+    memory, _ = run_job(folder, "memory.csv", in_memory=True)
+    say(
+        f"  {memory['samples_per_s']:,.0f} samples/s, peak RSS {memory['peak_rss_mb']:,.0f} "
+        f"MB, {memory['wall_s']:.0f} s"
+    )
     ratio = stream["samples_per_s"] / memory["samples_per_s"]
-    result: dict[str, Any] = {
-        "bench": "data",
-        "quick": args.quick,
+    return {
         "rows": rows,
         "file_bytes": file_bytes,
         "peak_rss_mb": stream["peak_rss_mb"],
@@ -252,23 +293,41 @@ def main() -> int:
             "peak_rss_mb": stream["peak_rss_mb"] <= TARGET_RSS_MB,
             "streaming_vs_inmemory": ratio >= TARGET_RATIO,
         },
-        "settings": {
-            "model": "builtin:dnn [64, 32]",
-            "batch_size": 4096,
-            "workers": 1,
-            "shards": 1,
-            "rss_sample_s": SAMPLE_S,
-            "cpus": os.cpu_count(),
-        },
+        "summary": [
+            f"peak RSS {stream['peak_rss_mb']:,.0f} MB (target <= {TARGET_RSS_MB:,.0f}: "
+            f"{verdict(stream['peak_rss_mb'] <= TARGET_RSS_MB)})",
+            f"streaming {stream['samples_per_s']:,.0f} vs in-memory "
+            f"{memory['samples_per_s']:,.0f} samples/s = {ratio:.2f}x "
+            f"(target >= {TARGET_RATIO}: {verdict(ratio >= TARGET_RATIO)})",
+        ],
+        "timeline": timeline,
     }
-    summary = [
-        f"peak RSS {stream['peak_rss_mb']:,.0f} MB (target <= {TARGET_RSS_MB:,.0f}: "
-        f"{verdict(stream['peak_rss_mb'] <= TARGET_RSS_MB)})",
-        f"streaming {stream['samples_per_s']:,.0f} vs in-memory {memory['samples_per_s']:,.0f} "
-        f"samples/s = {ratio:.2f}x (target >= {TARGET_RATIO}: {verdict(ratio >= TARGET_RATIO)})",
-    ]
-    draw(result, args.out_dir, lambda r, out: data_figures(r, out, timeline))
-    return finish(result, started, summary, args.json_out)
+
+
+def measure_readers(path: Path, rows: int, repeats: int) -> dict[str, Any]:
+    """Step 4 (needs pyarrow, the ``parquet`` extra; without it, a note says so)."""
+    try:
+        from _arrow_csv import compare_readers, import_cost_ms
+    except ImportError as exc:
+        return {"csv_note": f"own vs pyarrow CSV reader not measured: {exc}"}
+    say(f"reading {rows:,} rows: own CSV reader vs pyarrow.csv.open_csv ...")
+    readers = compare_readers(path, repeats)
+    readers.update(import_cost_ms())
+    say_readers(readers)
+    return readers
+
+
+def say_readers(r: dict[str, Any]) -> None:
+    for name in ("own", "pyarrow", "pyarrow_typed"):
+        say(
+            f"  {name:14s} {r[f'csv_rows_per_s_{name}']:>12,.0f} rows/s "
+            f"{r[f'csv_mb_per_s_{name}']:7.1f} MB/s"
+        )
+    say(
+        f"  same blocks: pyarrow {r['csv_pyarrow_same_blocks']}, typed "
+        f"{r['csv_pyarrow_typed_same_blocks']}; import pyarrow.csv (after numpy) "
+        f"{r['pyarrow_csv_import_ms']:.0f} ms; pyarrow installed {r['pyarrow_install_mb']:.0f} MB"
+    )
 
 
 if __name__ == "__main__":

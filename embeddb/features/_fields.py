@@ -9,7 +9,9 @@ Readers never loop over rows in Python. A chunk of text (or an Arrow string colu
 Hex and decimal fields are parsed 8 bytes per ``uint64`` operation (SWAR): one unaligned load
 per field and word (:func:`u64_at`), bytes past the field masked off, every byte checked to be
 a digit with carry-free byte-wise comparisons, then the digits packed or combined with a few
-shifts and multiplies. Other numbers (``1.5e-3``) go through a byte matrix, one row per field.
+shifts and multiplies. Plain numbers (``12.47``, ``-3``) are parsed in one compiled pass
+(:mod:`._number_kernel`); longer integers by SWAR, other numbers (``1.5e-3``) through a byte
+matrix, one row per field.
 
 Empty fields (``starts == ends``) and nulls (``valid`` false, from Parquet) are "missing";
 each parser reports them in a mask and leaves the choice of a fill value to its caller.
@@ -24,7 +26,7 @@ import numpy.typing as npt
 
 from embeddb.common.arrays import F64, I64, U8, U64, Bool
 
-__all__ = ["BYTE_MASKS", "Fields", "ParseError", "u64_at"]
+__all__ = ["BYTE_MASKS", "Fields", "ParseError", "u64_at", "warm_up_numbers"]
 
 
 _SPACE, _TAB, _PLUS, _MINUS, _DOT, _ZERO = 32, 9, 43, 45, 46, 48
@@ -184,11 +186,11 @@ class Fields:
     def parse_float(self) -> tuple[F64, Bool]:
         """Decimal numbers (``-12``, ``3.5``, ``.5``, ``1e-3``, ``nan``, ``inf``) as float64.
 
-        Integers of up to 19 digits and decimals of up to 15 digits with exponents within ±22
-        are converted in whole-array operations (one correctly rounded division or
-        multiplication by an exact power of ten); the rare other forms (longer mantissas, huge
-        exponents, ``nan``, ``inf``) go to Python's ``float``, so every value equals
-        ``float(text)``.
+        Plain numbers of up to 15 digits are converted in one compiled pass, integers of up to
+        19 digits and decimals of up to 15 digits with exponents within ±22 in whole-array
+        operations (one correctly rounded division or multiplication by an exact power of
+        ten); the rare other forms (longer mantissas, huge exponents, ``nan``, ``inf``) go
+        to Python's ``float``, so every value equals ``float(text)``.
 
         Returns:
             ``(values, present)``: missing fields are NaN with ``present`` false.
@@ -198,22 +200,32 @@ class Fields:
         """
         present = self.present()
         flat_present = present.ravel()
-        out = np.full(flat_present.size, np.nan)
-        rows = np.flatnonzero(flat_present)
-        if rows.size:
-            sub = Fields(self.buf, self.starts.ravel()[rows], self.ends.ravel()[rows])
-            values, ok = sub._integers()
-            out[rows[ok]] = values[ok]
-            rest = rows[~ok]
+        out, ok = self.flat()._plain()
+        ok &= flat_present
+        out[~ok] = np.nan
+        rest = np.flatnonzero(flat_present & ~ok)
+        for form in (Fields._integers, Fields._decimals):
             if rest.size:
                 sub = Fields(self.buf, self.starts.ravel()[rest], self.ends.ravel()[rest])
-                values, ok = sub._decimals()
+                values, ok = form(sub)
                 out[rest[ok]] = values[ok]
                 rest = rest[~ok]
-            if rest.size:  # nan, inf, or a malformed field: Python decides, row by row
-                full = Fields(self.buf, self.starts.ravel(), self.ends.ravel())
-                out[rest] = _python_floats(full, rest)
+        if rest.size:  # nan, inf, or a malformed field: Python decides, row by row
+            full = Fields(self.buf, self.starts.ravel(), self.ends.ravel())
+            out[rest] = _python_floats(full, rest)
         return out.reshape(self.shape), present
+
+    def _plain(self) -> tuple[F64, Bool]:
+        """``[sign] digits [. digits]`` of at most 15 digits, the common form (ids, counts,
+        prices), in one compiled pass (:mod:`._number_kernel`); ``ok`` marks them."""
+        from embeddb.features._number_kernel import (
+            plain_numbers,  # numba: loaded on the first parse only
+        )
+
+        values = np.empty(self.starts.size)
+        ok = np.empty(self.starts.size, dtype=bool)
+        plain_numbers(self.buf, self.starts.ravel(), self.ends.ravel(), values, ok)
+        return values, ok
 
     def _integers(self) -> tuple[F64, Bool]:
         """Fields of an optional sign and at most 19 digits, exactly; ``ok`` marks them."""
@@ -376,6 +388,15 @@ def _pack_decimal(word: U64) -> U64:
         ) >> np.uint64(32)
     out: U64 = d
     return out
+
+
+def warm_up_numbers() -> None:
+    """Compile (or load from numba's cache) the plain-number kernel of :meth:`Fields.parse_float`
+    for fields of a read-only buffer (raw records' and files' text), so that a model server's
+    first request does not pay for it (:mod:`embeddb.serving.warmup`)."""
+    Fields(
+        np.frombuffer(b"-12.5" + bytes(8), np.uint8), np.zeros(1, np.int64), np.full(1, 5)
+    ).parse_float()
 
 
 def _python_floats(fields: Fields, rows: npt.NDArray[np.intp]) -> F64:
