@@ -43,25 +43,24 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import grpc
 from prometheus_client import CollectorRegistry
 
-from embeddb.arrays import F32
 from embeddb.errors import ConfigError, InvalidArgumentError, ResourceExhaustedError
 from embeddb.rpc.assembly import ConnectionConfig, RpcServer, ServerPools, Service, start_server
 from embeddb.rpc.auth import AccessPolicy, Role
 from embeddb.rpc.listen import ListenConfig
-from embeddb.trainer.batch import Batch
 from embeddb.v1 import model_pb2 as mpb
 from embeddb.v1 import model_pb2_grpc as mpb_grpc
 
 from .batcher import MicroBatcher
 from .body import BodyLimits, parse_json
-from .codec import ModelInputs, batch_from_request, encode_scores, finite_scores
-from .http import HTTP_STATUS, HttpFrontend
+from .codec import batch_from_request, encode_scores, finite_scores
+from .http import HTTP_STATUS, HttpFrontend, HttpSettings
 from .metrics import ModelMetrics
+from .predictor import Predictor
 
 __all__ = [
     "HTTP_STATUS",
@@ -79,16 +78,6 @@ MODEL_SERVICE = mpb.DESCRIPTOR.services_by_name["ModelService"].full_name
 _POLICY = AccessPolicy(allowed={role: frozenset({"Predict", "DescribeModel"}) for role in Role})
 
 
-class Predictor(Protocol):
-    """What the server needs of an :class:`~embeddb.trainer.serving.InferCtx`."""
-
-    @property
-    def spec(self) -> ModelInputs: ...
-    def predict(self, batch: Batch) -> F32: ...
-    def batch_from_records(self, records: object) -> Batch: ...
-    def batch_from_hashed_records(self, records: object) -> Batch: ...
-
-
 @dataclass(frozen=True)
 class ModelServerConfig:
     """How to serve a model.
@@ -102,7 +91,8 @@ class ModelServerConfig:
             runs alone).
         max_delay: seconds a request may wait for others to join its micro-batch (a request
             after a quiet gap of that long runs at once; see ``batcher.py``).
-        workers: gRPC threads: also the most gRPC requests one micro-batch can merge.
+        workers: gRPC threads: also the most gRPC requests one micro-batch can merge; HTTP
+            has as many threads that parse and score request bodies.
         max_records: the most records of one request (more: RESOURCE_EXHAUSTED / 413).
         max_message_bytes: the largest gRPC request or response.
         max_body_bytes: the largest HTTP request body.
@@ -110,7 +100,8 @@ class ModelServerConfig:
             JSON text, measured before parsing.
         max_string_bytes: the longest string of a JSON body (an id, a value, a key), measured
             before parsing.
-        http_idle_seconds: an idle HTTP keep-alive connection is closed after this long.
+        http_idle_seconds: an idle HTTP keep-alive connection (or a request stalled in its
+            head or body) is closed after this long.
         max_inflight_bytes: the gRPC port's memory budget: the requests of every ``Predict``
             in flight, twice (received and decoded), share it; a call that does not fit
             within 60 s (or its deadline) is RESOURCE_EXHAUSTED (:mod:`embeddb.rpc.budget`).
@@ -161,6 +152,18 @@ class ModelServerConfig:
     def body_limits(self) -> BodyLimits:
         """The bounds of a JSON request body (:class:`~.body.BodyLimits`)."""
         return BodyLimits(self.max_body_bytes, self.max_record_bytes, self.max_string_bytes)
+
+    def http_settings(self) -> HttpSettings:
+        """What the HTTP frontend serves with (``http_port`` None: 0)."""
+        return HttpSettings(
+            host=self.listen.host,
+            port=self.http_port or 0,
+            tokens=self.listen.tokens,
+            limits=self.body_limits(),
+            max_records=self.max_records,
+            idle_seconds=self.http_idle_seconds,
+            workers=self.workers,
+        )
 
 
 class _Servicer(mpb_grpc.ModelServiceServicer):
@@ -313,7 +316,7 @@ def build_model_server(
     http: list[HttpFrontend] = []  # the HTTP port, once bound (after the gRPC port)
 
     def start_http() -> None:
-        http.append(HttpFrontend(predictor, batcher, metrics, cfg))
+        http.append(HttpFrontend(predictor, batcher, metrics, cfg.http_settings()))
 
     def stop_http(grace: float) -> None:  # while gRPC drains: both ports drain together
         for frontend in http:
