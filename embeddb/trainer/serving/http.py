@@ -166,7 +166,9 @@ class HttpFrontend:
         metrics: ModelMetrics,
         settings: HttpSettings,
     ) -> None:
-        self._executor = ThreadPoolExecutor(settings.workers, thread_name_prefix="embeddb-model-http")  # fmt: skip
+        self._executor = ThreadPoolExecutor(
+            settings.workers, thread_name_prefix="embeddb-model-http"
+        )
         self.app = PredictApp(predictor, batcher, metrics, settings, self._executor)
         sock = socket.create_server((settings.host, settings.port))
         self.port = int(sock.getsockname()[1])
@@ -187,7 +189,10 @@ class HttpFrontend:
         self._server = _Server(config)
         self._sock = sock
         self._thread = threading.Thread(
-            target=self._server.run, kwargs={"sockets": [sock]}, name="embeddb-model-http", daemon=True  # fmt: skip
+            target=self._server.run,
+            kwargs={"sockets": [sock]},
+            name="embeddb-model-http",
+            daemon=True,
         )
         self._thread.start()
         while not self._server.ready.wait(0.05):
@@ -221,7 +226,9 @@ class HttpFrontend:
             return []
 
         async def sockets() -> list[Any]:
-            return [c.transport.get_extra_info("socket") for c in self._server.server_state.connections]  # fmt: skip
+            return [
+                c.transport.get_extra_info("socket") for c in self._server.server_state.connections
+            ]
 
         return asyncio.run_coroutine_threadsafe(sockets(), loop).result(10)
 

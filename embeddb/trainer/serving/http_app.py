@@ -15,7 +15,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from concurrent.futures import Executor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any
 
@@ -74,7 +74,9 @@ GRPC_STATUS: dict[int, str] = {
     505: "UNIMPLEMENTED",
 }
 
-METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "CONNECT", "TRACE"})
+METHODS = frozenset(
+    {"GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "CONNECT", "TRACE"}
+)
 DRAIN_BYTES = 64 << 10  # a refused request's unread body up to this size is dropped, not closed on
 SERVER = "embeddb-model"
 
@@ -115,7 +117,7 @@ class HttpSettings:
     host: str = "127.0.0.1"
     port: int = 0
     tokens: Tokens | None = None
-    limits: BodyLimits = BodyLimits()
+    limits: BodyLimits = field(default_factory=BodyLimits)
     max_records: int = 65536
     idle_seconds: float = 30.0
     workers: int = 8
@@ -213,7 +215,9 @@ class PredictApp:
         allowed = _ROUTES.get(path)
         if allowed is None:
             message = f"no such path {preview(target)}"
-            return self.refusal(404, "unknown_path", message, method=method, client=client, close=close)  # fmt: skip
+            return self.refusal(
+                404, "unknown_path", message, method=method, client=client, close=close
+            )
         if method not in allowed:
             message = (
                 f"method {preview(method)} is not allowed on {path} (allowed: {', '.join(allowed)})"
@@ -232,7 +236,7 @@ class PredictApp:
         if scope["query_string"]:
             target += "?" + scope["query_string"].decode("latin-1")
         headers = _Headers(scope["headers"])
-        client = "%s:%d" % tuple(scope["client"]) if scope.get("client") else "-"
+        client = "{}:{}".format(*scope["client"]) if scope.get("client") else "-"
         try:
             answer = await self._answer(method, target, headers, client, receive)
         except (ConnectionError, asyncio.CancelledError):
@@ -242,9 +246,13 @@ class PredictApp:
                 logging.ERROR, "http", f"unexpected error in HTTP {method} {target}", exc_info=True
             )
             answer = Answer.of(
-                500, {"error": "internal error; see the server log", "status": "INTERNAL"}, close=True
+                500,
+                {"error": "internal error; see the server log", "status": "INTERNAL"},
+                close=True,
             )
-        await send({"type": "http.response.start", "status": answer.code, "headers": answer.header_lines()})  # fmt: skip
+        await send(
+            {"type": "http.response.start", "status": answer.code, "headers": answer.header_lines()}
+        )
         await send({"type": "http.response.body", "body": answer.body})
 
     async def _answer(
@@ -270,7 +278,9 @@ class PredictApp:
             if self.settings.tokens is not None:  # any role may predict
                 authenticate(self.settings.tokens, headers.pairs())
             if headers.chunked():
-                raise _Framing("Transfer-Encoding is not accepted: send the body with a Content-Length")  # fmt: skip
+                raise _Framing(
+                    "Transfer-Encoding is not accepted: send the body with a Content-Length"
+                )
             if not headers.has_length():
                 raise _Framing("a Content-Length header is required")
             self.settings.limits.check_body_size(headers.length())

@@ -123,9 +123,11 @@ class _Protocol(HttpToolsProtocol):
         if self._line_bytes > MAX_LINE_BYTES:
             if self._head_lines == 0:
                 raise _Refused(414, "uri_too_long", "the request line is over 64 KiB", None)
-            raise _Refused(431, "headers_too_large", "a header line is over 64 KiB", self._method())  # fmt: skip
+            raise _Refused(431, "headers_too_large", "a header line is over 64 KiB", self._method())
         if self._head_lines - 1 > MAX_HEADERS:
-            raise _Refused(431, "headers_too_large", f"more than {MAX_HEADERS} headers", self._method())  # fmt: skip
+            raise _Refused(
+                431, "headers_too_large", f"more than {MAX_HEADERS} headers", self._method()
+            )
         if self._head_lines and self.parser.get_http_version() not in ("0.0", "0.9", "1.0", "1.1"):
             self._refuse_version()
 
@@ -144,9 +146,11 @@ class _Protocol(HttpToolsProtocol):
         super().on_header(name, value)
         self._headers += 1
         if len(name) + len(value) + 2 > MAX_LINE_BYTES:
-            raise _Refused(431, "headers_too_large", "a header line is over 64 KiB", self._method())  # fmt: skip
+            raise _Refused(431, "headers_too_large", "a header line is over 64 KiB", self._method())
         if self._headers > MAX_HEADERS:
-            raise _Refused(431, "headers_too_large", f"more than {MAX_HEADERS} headers", self._method())  # fmt: skip
+            raise _Refused(
+                431, "headers_too_large", f"more than {MAX_HEADERS} headers", self._method()
+            )
 
     def on_headers_complete(self) -> None:
         version = self.parser.get_http_version()
@@ -202,7 +206,7 @@ class _Protocol(HttpToolsProtocol):
         end = self._rescue.find(b"\n")
         if end < 0:
             if len(self._rescue) > MAX_LINE_BYTES:
-                self._refuse(_Refused(414, "uri_too_long", "the request line is over 64 KiB", None))  # fmt: skip
+                self._refuse(_Refused(414, "uri_too_long", "the request line is over 64 KiB", None))
             return
         words = bytes(self._rescue[:end]).split()
         if len(words) != 3 or not words[2].startswith(b"HTTP/1."):
@@ -221,4 +225,4 @@ class _Protocol(HttpToolsProtocol):
         self.transport.close()
 
     def _client_name(self) -> str:
-        return "%s:%d" % self.client if self.client else "-"
+        return f"{self.client[0]}:{self.client[1]}" if self.client else "-"
