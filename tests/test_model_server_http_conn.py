@@ -74,15 +74,14 @@ def test_fifty_concurrent_connections_are_each_served(served: Served, start: Any
         http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=60)
         for _ in range(clients)
     ]
-    for conn in conns:
-        conn.connect()
     barrier = threading.Barrier(clients)
     results: dict[int, tuple[int, Any]] = {}
     errors: list[BaseException] = []
 
     def client(i: int) -> None:
         try:
-            barrier.wait(timeout=60)  # every client sends at once, each on its own connection
+            barrier.wait(timeout=60)  # every client connects and sends at once
+            conns[i].connect()
             for k in range(2):  # twice: the connection persists
                 conns[i].request("POST", "/v1/predict", predict_body(i + k, 1))
                 code, _, doc = answer(conns[i])
