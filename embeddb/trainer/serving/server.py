@@ -14,7 +14,8 @@
 
 Before any port is bound the predictor is warmed up (``InferCtx.warm_up``: numba kernels
 compiled, one dummy record scored; see ``warmup.py``). An idle server scores a lone request
-in the gRPC (or HTTP) thread that received it (``batcher.py``): no hand-off, no batching wait.
+in the gRPC thread that received it, or the HTTP worker thread that parsed it
+(``batcher.py``): no hand-off to the batcher, no batching wait.
 
 The gRPC server is assembled like the shard server (:func:`embeddb.rpc.assembly.start_server`:
 boundary with bearer tokens, where every role may call ``Predict`` and ``DescribeModel`` →
