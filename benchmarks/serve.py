@@ -32,6 +32,11 @@ Phases, each after 0.5 s of warm-up at its own rate:
 
 ``--profile`` first splits a 1-sample predict into its steps (``_serve_profile.py``).
 
+``--http`` runs the same phases over HTTP/1.1 instead (``serve-model --http-port 0``; the load
+process posts ``{"hashed_records": [...]}`` bodies of the same rows on persistent connections,
+one per load thread: ``_serve_http.py``); the keys of the result are the same, with
+``"transport": "http"``.
+
 For every phase the model server's ``embeddb_model_batch_samples`` histogram (scraped from its
 metrics endpoint before and after) gives the micro-batches run and their mean size.
 
@@ -130,17 +135,30 @@ def wait_serving(address: str, seconds: float = 180.0) -> None:
 
 # ------------------------------------------------------------------------- load process
 def _load_process(conn: Connection, address: str, requests: dict[int, list[bytes]]) -> None:
-    """Runs phases sent over ``conn`` against ``address``; answers with their measurements."""
+    """Runs phases sent over ``conn`` against ``address`` (``http://``: the HTTP port, with
+    JSON bodies); answers with their measurements."""
     import grpc
 
     from embeddb.v1 import model_pb2 as mpb
     from embeddb.v1 import model_pb2_grpc as mpb_grpc
 
-    channel = grpc.insecure_channel(
-        address, options=[("grpc.max_receive_message_length", 64 << 20)]
-    )
-    stub = mpb_grpc.ModelServiceStub(channel)
-    pools = {size: [mpb.PredictRequest.FromString(r) for r in rs] for size, rs in requests.items()}
+    if address.startswith("http://"):
+        from _serve_http import HttpRequest, HttpStub
+
+        http = HttpStub(address, SERVER_WORKERS)
+        stub: Any = http
+        pools: dict[int, list[Any]] = {
+            size: [HttpRequest(r, size) for r in rs] for size, rs in requests.items()
+        }
+        channel: Any = http  # closed like the channel
+    else:
+        channel = grpc.insecure_channel(
+            address, options=[("grpc.max_receive_message_length", 64 << 20)]
+        )
+        stub = mpb_grpc.ModelServiceStub(channel)
+        pools = {
+            size: [mpb.PredictRequest.FromString(r) for r in rs] for size, rs in requests.items()
+        }
     try:
         while True:
             task = conn.recv()
@@ -339,8 +357,11 @@ def baseline(model_dir: Path, shards: list[str] | Path, one: Any, calls: int) ->
     }
 
 
-def request_pools(seed: int) -> tuple[dict[int, list[bytes]], Any]:
-    """Encoded requests of test rows: 512 of 1 sample, 32 of 64 and of 256; one 1-row batch."""
+def request_pools(seed: int, http: bool = False) -> tuple[dict[int, list[bytes]], Any]:
+    """Encoded requests of test rows (``http``: JSON bodies): 512 of 1 sample, 32 of 64 and of
+    256; one 1-row batch."""
+    from _serve_http import json_body, slice_batch
+
     from embeddb.features import AdultReader
     from embeddb.serving.codec import encode_request
 
@@ -351,22 +372,11 @@ def request_pools(seed: int) -> tuple[dict[int, list[bytes]], Any]:
         pools[size] = []
         for _ in range(count):
             start = int(rng.integers(0, test.batch_size - size))
-            pools[size].append(encode_request(_slice(test, start, size)).SerializeToString())
-    return pools, _slice(test, 0, 1)
-
-
-def _slice(batch: Any, start: int, n: int) -> Any:
-    from embeddb.trainer import Batch, IDTypeFeature, NonIDTypeFeature
-
-    ids = []
-    for f in batch.id_type_features:
-        lo, hi = int(f.offsets[start]), int(f.offsets[start + n])
-        offsets = f.offsets[start : start + n + 1] - lo
-        ids.append(IDTypeFeature.from_csr(f.name, f.values[lo:hi], offsets))
-    dense = [
-        NonIDTypeFeature(d.data[start : start + n], name=d.name) for d in batch.non_id_type_features
-    ]
-    return Batch(ids, dense, requires_grad=False)
+            part = slice_batch(test, start, size)
+            pools[size].append(
+                json_body(part) if http else encode_request(part).SerializeToString()
+            )
+    return pools, slice_batch(test, 0, 1)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -375,6 +385,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     add_out_dir_argument(parser, "serve")
     parser.add_argument("--json-out", type=Path, help="also write the final JSON here")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--http", action="store_true", help="load the HTTP port (JSON bodies) instead of gRPC"
+    )
     parser.add_argument(
         "--profile",
         action="store_true",
@@ -404,7 +417,7 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             follower = f"127.0.0.1:{int(follower_port)}"
             wait_serving(follower)
             say(f"follower {follower} of {primary} bootstrapped")
-            pools, one = request_pools(args.seed)
+            pools, one = request_pools(args.seed, args.http)
             base = baseline(model_dir, [follower], one, 300 if args.quick else 2000)
             say(
                 f"(a) baseline InferCtx.predict, 1 sample, in-process: p50 {base['p50_ms']:.3f} "
@@ -423,10 +436,18 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                     model_dir, [follower], checkpoints, one, pools, _load_process, seconds
                 )
             shards = ["--shard", follower]
-            phases = serve_phases(model_dir, shards, workdir, pools, seconds, closed_seconds)
+            phases = serve_phases(
+                model_dir, shards, workdir, pools, seconds, closed_seconds, args.http
+            )
             say("the same model server, its shards opened in-process (--from-checkpoint):")
             local = serve_phases(
-                model_dir, ["--from-checkpoint", str(checkpoints)], workdir, pools, seconds, None
+                model_dir,
+                ["--from-checkpoint", str(checkpoints)],
+                workdir,
+                pools,
+                seconds,
+                None,
+                args.http,
             )
     return {
         "trained": trained,
@@ -445,17 +466,21 @@ def serve_phases(
     pools: dict[int, list[bytes]],
     seconds: float,
     closed_seconds: float | None,
+    http: bool = False,
 ) -> dict[str, Any]:
     """``embeddb serve-model`` over ``shards`` (CLI arguments) in a process of its own, loaded
     by the load process: every open-loop phase, and the saturation phases unless
     ``closed_seconds`` is None (then only the 1-sample phase at 100/s)."""
-    serve = ["serve-model", "--model", str(model_dir), *shards, "--port", "0", "--no-http",
+    serve = ["serve-model", "--model", str(model_dir), *shards, "--port", "0",
+             *(["--http-port", "0"] if http else ["--no-http"]),
              "--metrics-port", "0", "--workers", str(SERVER_WORKERS)]  # fmt: skip
     phases: dict[str, Any] = {}
     with subprocess_server(serve, workdir, "serve-model") as ports_text:
         ports = json.loads(ports_text)
         address = f"127.0.0.1:{ports['grpc']}"
         wait_serving(address)
+        if http:
+            address = f"http://127.0.0.1:{ports['http']}"
         ctx = mp.get_context("spawn")
         ours, theirs = ctx.Pipe()
         load = ctx.Process(target=_load_process, args=(theirs, address, pools), daemon=True)
@@ -506,7 +531,10 @@ def _batches(before: tuple[float, float], after: tuple[float, float]) -> dict[st
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     started = time.perf_counter()
-    say(f"serve benchmark ({'quick' if args.quick else 'full'}), {os.cpu_count()} CPUs")
+    say(
+        f"serve benchmark ({'quick' if args.quick else 'full'}, "
+        f"{'HTTP' if args.http else 'gRPC'}), {os.cpu_count()} CPUs"
+    )
     with tempfile.TemporaryDirectory(prefix="embeddb-serve-bench-") as tmp:
         measured = run(args, Path(tmp))
     phases, base = measured["phases"], measured["baseline"]
@@ -517,6 +545,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     result: dict[str, Any] = {
         "bench": "serve",
         "quick": args.quick,
+        "transport": "http" if args.http else "grpc",
         "predict1_p50_ms": p1["p50_ms"],
         "predict1_p99_ms": p1["p99_ms"],
         "predict1_1000_p50_ms": p1k["p50_ms"],

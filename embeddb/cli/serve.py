@@ -385,7 +385,8 @@ def serve(
     type=click.IntRange(min=1),
     default=8,
     show_default=True,
-    help="gRPC threads (also the most gRPC requests one micro-batch merges).",
+    help="gRPC threads (also the most gRPC requests one micro-batch merges); as many HTTP "
+    "threads parse and score request bodies.",
 )
 @click.option(
     "--max-body-bytes",

@@ -14,7 +14,8 @@
 
 Before any port is bound the predictor is warmed up (``InferCtx.warm_up``: numba kernels
 compiled, one dummy record scored; see ``warmup.py``). An idle server scores a lone request
-in the gRPC (or HTTP) thread that received it (``batcher.py``): no hand-off, no batching wait.
+in the gRPC thread that received it, or the HTTP worker thread that parsed it
+(``batcher.py``): no hand-off to the batcher, no batching wait.
 
 The gRPC server is assembled like the shard server
 (:func:`embeddb.transport.rpc.assembly.start_server`:
@@ -44,19 +45,18 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import grpc
 from prometheus_client import CollectorRegistry
 
-from embeddb.common.arrays import F32
 from embeddb.errors import ConfigError, InvalidArgumentError, ResourceExhaustedError
-from embeddb.features.batch import Batch
 from embeddb.serving.batcher import MicroBatcher
 from embeddb.serving.body import BodyLimits, parse_json
-from embeddb.serving.codec import ModelInputs, batch_from_request, encode_scores, finite_scores
-from embeddb.serving.http import HTTP_STATUS, HttpFrontend
+from embeddb.serving.codec import batch_from_request, encode_scores, finite_scores
+from embeddb.serving.http import HTTP_STATUS, HttpFrontend, HttpSettings
 from embeddb.serving.metrics import ModelMetrics
+from embeddb.serving.predictor import Predictor
 from embeddb.transport.rpc.assembly import (
     ConnectionConfig,
     RpcServer,
@@ -85,16 +85,6 @@ MODEL_SERVICE = mpb.DESCRIPTOR.services_by_name["ModelService"].full_name
 _POLICY = AccessPolicy(allowed={role: frozenset({"Predict", "DescribeModel"}) for role in Role})
 
 
-class Predictor(Protocol):
-    """What the server needs of an :class:`~embeddb.serving.InferCtx`."""
-
-    @property
-    def spec(self) -> ModelInputs: ...
-    def predict(self, batch: Batch) -> F32: ...
-    def batch_from_records(self, records: object) -> Batch: ...
-    def batch_from_hashed_records(self, records: object) -> Batch: ...
-
-
 @dataclass(frozen=True)
 class ModelServerConfig:
     """How to serve a model.
@@ -108,7 +98,8 @@ class ModelServerConfig:
             runs alone).
         max_delay: seconds a request may wait for others to join its micro-batch (a request
             after a quiet gap of that long runs at once; see ``batcher.py``).
-        workers: gRPC threads: also the most gRPC requests one micro-batch can merge.
+        workers: gRPC threads: also the most gRPC requests one micro-batch can merge; HTTP
+            has as many threads that parse and score request bodies.
         max_records: the most records of one request (more: RESOURCE_EXHAUSTED / 413).
         max_message_bytes: the largest gRPC request or response.
         max_body_bytes: the largest HTTP request body.
@@ -116,7 +107,8 @@ class ModelServerConfig:
             JSON text, measured before parsing.
         max_string_bytes: the longest string of a JSON body (an id, a value, a key), measured
             before parsing.
-        http_idle_seconds: an idle HTTP keep-alive connection is closed after this long.
+        http_idle_seconds: an idle HTTP keep-alive connection (or a request stalled in its
+            head or body) is closed after this long.
         max_inflight_bytes: the gRPC port's memory budget: the requests of every ``Predict``
             in flight, twice (received and decoded), share it; a call that does not fit
             within 60 s (or its deadline) is RESOURCE_EXHAUSTED
@@ -168,6 +160,18 @@ class ModelServerConfig:
     def body_limits(self) -> BodyLimits:
         """The bounds of a JSON request body (:class:`~.body.BodyLimits`)."""
         return BodyLimits(self.max_body_bytes, self.max_record_bytes, self.max_string_bytes)
+
+    def http_settings(self) -> HttpSettings:
+        """What the HTTP frontend serves with (``http_port`` None: 0)."""
+        return HttpSettings(
+            host=self.listen.host,
+            port=self.http_port or 0,
+            tokens=self.listen.tokens,
+            limits=self.body_limits(),
+            max_records=self.max_records,
+            idle_seconds=self.http_idle_seconds,
+            workers=self.workers,
+        )
 
 
 class _Servicer(mpb_grpc.ModelServiceServicer):
@@ -320,7 +324,7 @@ def build_model_server(
     http: list[HttpFrontend] = []  # the HTTP port, once bound (after the gRPC port)
 
     def start_http() -> None:
-        http.append(HttpFrontend(predictor, batcher, metrics, cfg))
+        http.append(HttpFrontend(predictor, batcher, metrics, cfg.http_settings()))
 
     def stop_http(grace: float) -> None:  # while gRPC drains: both ports drain together
         for frontend in http:
