@@ -69,7 +69,7 @@ _ARENAS = textwrap.dedent(
     """
     import sys, threading
     import numpy as np
-    from embeddb import allocator
+    from embeddb.common import allocator
     if sys.argv[1] == "limited":
         assert allocator.limit_arenas(1)
     def work():
