@@ -14,7 +14,7 @@ import numpy as np
 
 from embeddb.common._routing_kernel import mix as _mix
 
-__all__ = ["dedup", "last_rows", "sum_rows"]
+__all__ = ["dedup", "dedup_segments", "last_rows", "sum_rows"]
 
 
 @numba.njit(nogil=True, cache=True)
@@ -69,3 +69,51 @@ def last_rows(values, inverse, out):
         r = inverse[i]
         for j in range(dim):
             out[r, j] = values[i, j]
+
+
+@numba.njit(nogil=True, cache=True)
+def dedup_segments(ids, bounds, unique_out, inverse_out, counts_out, unique_bounds_out):
+    """:func:`dedup` of each segment ``ids[bounds[t]:bounds[t + 1]]`` on its own (one table's
+    ids each), in one call.
+
+    Segment ``t``'s distinct ids land in ``unique_out[unique_bounds_out[t]:unique_bounds_out[t
+    + 1]]`` in first-occurrence order; ``inverse_out[i]`` indexes the whole ``unique_out`` (so
+    ``ids == unique_out[inverse_out]``). Outputs hold ``ids.size`` entries
+    (``unique_bounds_out``: ``bounds.size``). Returns the number of distinct ids, all segments
+    together.
+    """
+    largest = 0
+    for t in range(bounds.size - 1):
+        largest = max(largest, bounds[t + 1] - bounds[t])
+    capacity = 16
+    while capacity < 2 * largest:
+        capacity *= 2
+    table = np.empty(capacity, dtype=np.int64)  # bucket → position in unique_out
+    k = 0
+    unique_bounds_out[0] = 0
+    for t in range(bounds.size - 1):
+        start, stop = bounds[t], bounds[t + 1]
+        buckets = 16
+        while buckets < 2 * (stop - start):
+            buckets *= 2
+        mask = np.uint64(buckets - 1)
+        table[:buckets] = -1
+        for i in range(start, stop):
+            key = ids[i]
+            b = _mix(key) & mask
+            while True:
+                pos = table[b]
+                if pos < 0:
+                    table[b] = k
+                    unique_out[k] = key
+                    counts_out[k] = 1
+                    inverse_out[i] = k
+                    k += 1
+                    break
+                if unique_out[pos] == key:
+                    counts_out[pos] += 1
+                    inverse_out[i] = pos
+                    break
+                b = (b + np.uint64(1)) & mask
+        unique_bounds_out[t + 1] = k
+    return k

@@ -23,9 +23,9 @@ import grpc.aio
 import numpy as np
 import numpy.typing as npt
 
-from embeddb.client import netsim, plans, topology
+from embeddb.client import netsim, plans, table_plans, topology
 from embeddb.client.base import ClientBase
-from embeddb.client.batching import Budget, IdBatch, as_matrix
+from embeddb.client.batching import Budget, IdBatch, TableBatches, as_matrix
 from embeddb.client.options import ClientOptions, read_address_file
 from embeddb.client.plans import (
     CheckpointPart,
@@ -38,7 +38,7 @@ from embeddb.client.plans import (
 )
 from embeddb.client.stubs import store_stub
 from embeddb.client.sync import SCAN_PAGE_ROWS, SNAPSHOT_TIMEOUT
-from embeddb.errors import UnavailableError
+from embeddb.errors import InvalidArgumentError, UnavailableError
 
 __all__ = ["AsyncClient"]
 
@@ -135,6 +135,45 @@ class AsyncClient(ClientBase):
         checked = plans.gradient_batches(updates, dims)
         budgets = await self._shard_budgets()
         return await self._run(plans.apply_gradients_many(checked, self.options, budgets))
+
+    async def lookup_tables(
+        self, batches: TableBatches, train: bool = True
+    ) -> npt.NDArray[np.float32]:
+        """:meth:`lookup_many` of tables of one ``dim`` given as one
+        :class:`~embeddb.client.batching.TableBatches`: the same requests, built and answered
+        over concatenated arrays. Returns the vectors of ``batches.unique``, ``(len(unique),
+        dim)`` (``batches.expand`` gives them in the ids' order).
+
+        Raises:
+            InvalidArgumentError: tables of different dims. Otherwise as :meth:`lookup_many`.
+        """
+        dim = table_plans.one_dim(await self._dims_of(list(batches.names)))
+        budgets = await self._shard_budgets()
+        plan = table_plans.lookup_tables(batches, dim, train, self.options, budgets)
+        return await self._run(plan)
+
+    async def apply_gradients_tables(
+        self, batches: TableBatches, grads: object
+    ) -> dict[str, PushResult]:
+        """:meth:`apply_gradients_many` of tables of one ``dim`` given as one
+        :class:`~embeddb.client.batching.TableBatches` and ``grads`` with one row per unique id
+        (``batches.unique`` order, already summed per id; ``batches.sum_rows`` does that).
+        Never retried.
+
+        Raises:
+            InvalidArgumentError: tables of different dims, or grads of another shape.
+                Otherwise as :meth:`apply_gradients_many`.
+        """
+        dim = table_plans.one_dim(await self._dims_of(list(batches.names)))
+        matrix = as_matrix(grads, batches.unique.size, "grads")
+        if matrix.shape[1] != dim:
+            raise InvalidArgumentError(
+                f"grads must have shape ({batches.unique.size}, {dim}) (one row of dim {dim} "
+                f"per unique id), got {matrix.shape}"
+            )
+        budgets = await self._shard_budgets()
+        plan = table_plans.apply_gradients_tables(batches, matrix, self.options, budgets)
+        return await self._run(plan)
 
     async def assign(self, table: str, ids: object, vectors: object) -> int:
         """See :meth:`Client.assign`."""

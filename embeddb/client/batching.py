@@ -44,18 +44,18 @@ Requests are cut in whole chunks (numpy slices), never id by id.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
 
 from embeddb.client import _kernels
-from embeddb.common.arrays import IntP
+from embeddb.common.arrays import I64, IntP
 from embeddb.common.routing import as_ids, split_by_shard
 from embeddb.errors import InvalidArgumentError
 
-__all__ = ["Budget", "IdBatch", "Part", "as_matrix", "split_many"]
+__all__ = ["Budget", "IdBatch", "Part", "TableBatches", "as_matrix", "split_many"]
 
 
 @dataclass(frozen=True)
@@ -215,6 +215,133 @@ class IdBatch:
             return per_unique
         expanded: npt.NDArray[np.float32] = per_unique[self.inverse]
         return expanded
+
+
+class TableBatches(Mapping[str, IdBatch]):
+    """Several tables' id batches deduplicated together: every table's ids concatenated (table
+    after table), each table deduplicated on its own in one compiled pass, the answers of all
+    tables gathered (:meth:`expand`) and their gradients summed (:meth:`sum_rows`) in one
+    operation each. A mapping table → :class:`IdBatch` (views into the concatenated arrays,
+    made on first access), so it goes wherever a ``Mapping[str, IdBatch]`` does.
+
+    Example, tables ``a`` then ``b``::
+
+        ids           = [7, 5, 7 | 5, 9]            id_bounds     = [0, 3, 5]
+        unique        = [7, 5 | 5, 9]               unique_bounds = [0, 2, 4]
+        inverse       = [0, 1, 0 | 2, 3]            (indexes the whole ``unique``)
+        self["b"]     = IdBatch(unique [5, 9], inverse [0, 1], counts [1, 1])
+
+    Attributes:
+        names: the tables, in order.
+        unique: every table's distinct ids, table after table, each in first-occurrence order.
+        inverse: ``ids == unique[inverse]`` for the concatenated ids.
+        counts: occurrences of each unique id in its table.
+        unique_bounds: table ``t``'s distinct ids are ``unique[unique_bounds[t]:unique_bounds[t
+            + 1]]``.
+        id_bounds: table ``t``'s ids are ``ids[id_bounds[t]:id_bounds[t + 1]]``.
+    """
+
+    __slots__ = ("_views", "counts", "id_bounds", "inverse", "names", "unique", "unique_bounds")
+
+    def __init__(
+        self,
+        names: Sequence[str],
+        unique: npt.NDArray[np.uint64],
+        inverse: IntP,
+        counts: IntP,
+        unique_bounds: I64,
+        id_bounds: I64,
+    ) -> None:
+        self.names = tuple(names)
+        self.unique = unique
+        self.inverse = inverse
+        self.counts = counts
+        self.unique_bounds = unique_bounds
+        self.id_bounds = id_bounds
+        self._views: dict[str, IdBatch] = {}
+
+    @classmethod
+    def of(cls, names: Sequence[str], ids: object, id_bounds: object) -> TableBatches:
+        """Deduplicate each table's slice of ``ids`` (table ``names[t]`` owns
+        ``ids[id_bounds[t]:id_bounds[t + 1]]``).
+
+        Raises:
+            InvalidArgumentError: ids that are not a 1-D array of non-negative integers, bounds
+                that do not cut them into ``len(names)`` slices, or a table named twice.
+        """
+        arr = np.ascontiguousarray(as_ids(ids))
+        bounds = np.ascontiguousarray(id_bounds, dtype=np.int64)
+        if len(set(names)) != len(names):
+            raise InvalidArgumentError(f"a table is named twice: {list(names)}")
+        if (
+            bounds.ndim != 1
+            or bounds.size != len(names) + 1
+            or bounds[0] != 0
+            or bounds[-1] != arr.size
+            or (np.diff(bounds) < 0).any()
+        ):
+            raise InvalidArgumentError(
+                f"id_bounds must cut {arr.size} ids into {len(names)} slices, got {bounds.tolist()}"
+            )
+        unique = np.empty(arr.size, dtype=np.uint64)
+        inverse = np.empty(arr.size, dtype=np.intp)
+        counts = np.empty(arr.size, dtype=np.intp)
+        unique_bounds = np.zeros(len(names) + 1, dtype=np.int64)
+        k = 0
+        if arr.size:
+            k = int(_kernels.dedup_segments(arr, bounds, unique, inverse, counts, unique_bounds))
+        return cls(names, unique[:k], inverse, counts[:k], unique_bounds, bounds)
+
+    def __getitem__(self, table: str) -> IdBatch:
+        view = self._views.get(table)
+        if view is None:
+            if table not in self.names:
+                raise KeyError(table)
+            t = self.names.index(table)
+            u0, u1 = int(self.unique_bounds[t]), int(self.unique_bounds[t + 1])
+            i0, i1 = int(self.id_bounds[t]), int(self.id_bounds[t + 1])
+            view = IdBatch(
+                unique=self.unique[u0:u1],
+                inverse=self.inverse[i0:i1] - u0,
+                counts=self.counts[u0:u1],
+            )
+            self._views[table] = view
+        return view
+
+    def __contains__(self, table: object) -> bool:
+        return table in self.names
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names)
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    @property
+    def size(self) -> int:
+        """Ids of every table together, duplicates included."""
+        return int(self.inverse.size)
+
+    @property
+    def has_duplicates(self) -> bool:
+        return bool(self.unique.size != self.inverse.size)
+
+    def expand(self, per_unique: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+        """Rows per unique id (``(len(unique), dim)``, every table's) → rows of the
+        concatenated ids, in one gather; without duplicates, ``per_unique`` itself."""
+        if not self.has_duplicates:
+            return per_unique
+        expanded: npt.NDArray[np.float32] = per_unique[self.inverse]
+        return expanded
+
+    def sum_rows(self, values: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+        """Rows of the concatenated ids summed per unique id of each table, in one pass:
+        ``(len(unique), dim)``; without duplicates, ``values`` itself."""
+        if not self.has_duplicates:
+            return values
+        summed = np.zeros((self.unique.size, values.shape[1]), dtype=np.float32)
+        _kernels.sum_rows(values, self.inverse, summed)
+        return summed
 
 
 def split_many(

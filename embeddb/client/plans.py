@@ -245,19 +245,19 @@ def lookup_many(
     each table's vectors come back in the caller's order."""
     costs = {table: lookup_cost(dims[table], options.fp16) for table in batches}
     requests = split_many(batches, budgets, costs)
-    encoding = pb.Encoding(fp16=options.fp16, lz4_min_bytes=options.lz4_min_bytes)
+    encoding = {"fp16": options.fp16, "lz4_min_bytes": options.lz4_min_bytes}
     calls = [
         ShardCall(
             pieces[0][1].shard,
             "LookupMany",
             pb.LookupManyRequest(
-                lookups=[
-                    pb.LookupRequest(
-                        table=table,
-                        ids=wire.encode_ids(_ids_of(batches[table], part), options.lz4_min_bytes),
-                        train=train,
-                        encoding=encoding,
-                    )
+                lookups=[  # fields, not messages: the constructor builds them in place
+                    {
+                        "table": table,
+                        "ids": _id_fields(_ids_of(batches[table], part), options.lz4_min_bytes),
+                        "train": train,
+                        "encoding": encoding,
+                    }
                     for table, part in pieces
                 ]
             ),
@@ -308,16 +308,12 @@ def apply_gradients_many(
             pieces[0][1].shard,
             "ApplyGradientsMany",
             pb.ApplyGradientsManyRequest(
-                updates=[
-                    pb.ApplyGradientsRequest(
-                        table=table,
-                        ids=wire.encode_ids(_ids_of(batches[table], part), options.lz4_min_bytes),
-                        grads=wire.encode_matrix(
-                            _rows_of(updates[table][1], part),
-                            fp16=options.fp16,
-                            lz4_min_bytes=options.lz4_min_bytes,
-                        ),
-                    )
+                updates=[  # fields, not messages: the constructor builds them in place
+                    {
+                        "table": table,
+                        "ids": _id_fields(_ids_of(batches[table], part), options.lz4_min_bytes),
+                        "grads": _matrix_fields(_rows_of(updates[table][1], part), options),
+                    }
                     for table, part in pieces
                 ]
             ),
@@ -390,6 +386,15 @@ def delete(
         for part in batch.parts(len(budgets), [b.max_ids(ID_COST) for b in budgets])
     ]
     return Plan(calls, lambda responses: sum(int(r.deleted) for r in responses))
+
+
+def _id_fields(ids: npt.NDArray[np.uint64], lz4_min_bytes: int) -> wire.TensorFields:
+    return wire.encode_id_parts(ids, (0, ids.size), lz4_min_bytes)[0]
+
+
+def _matrix_fields(values: F32, options: ClientOptions) -> wire.TensorFields:
+    bounds = (0, values.shape[0])
+    return wire.encode_matrix_parts(values, bounds, options.fp16, options.lz4_min_bytes)[0]
 
 
 def _ids_of(batch: IdBatch, part: Part) -> npt.NDArray[np.uint64]:

@@ -19,8 +19,10 @@ Every malformed tensor raises :class:`~embeddb.errors.InvalidArgumentError` nami
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import lz4.frame
 import numpy as np
@@ -33,12 +35,15 @@ __all__ = [
     "KAPPA",
     "LEGACY_SERVICE_NAME",
     "SERVICE_NAME",
+    "TensorFields",
     "decode_ids",
     "decode_matrix",
+    "encode_id_parts",
     "encode_ids",
     "encode_lookup_many_response",
     "encode_lookup_response",
     "encode_matrix",
+    "encode_matrix_parts",
     "parse_lookup_many_response",
     "parse_lookup_response",
     "row_bytes",
@@ -89,6 +94,78 @@ def encode_matrix(
     if f.row_scales:
         tensor.row_scales = f.row_scales
     return tensor
+
+
+TensorFields = dict[str, Any]
+"""A ``Tensor``'s fields by name: what a message constructor takes in place of a ``Tensor``
+(``pb.LookupRequest(ids=fields)``), several times cheaper than building the ``Tensor`` first
+(the constructor would copy it)."""
+
+
+def encode_id_parts(
+    ids: npt.NDArray[np.uint64], bounds: Sequence[int], lz4_min_bytes: int = 0
+) -> list[TensorFields]:
+    """The fields of :func:`encode_ids` of each slice ``ids[bounds[i]:bounds[i + 1]]`` (the
+    same messages), made from one conversion of ``ids`` to bytes: for the many small parts of a
+    request that carries many tables."""
+    arr = np.ascontiguousarray(ids, dtype="<u8")
+    if lz4_min_bytes:
+        return [
+            _as_dict(_maybe_lz4(pb.D_TYPE_UINT64, [b - a], _byte_view(arr[a:b]), lz4_min_bytes))
+            for a, b in itertools.pairwise(bounds)
+        ]
+    data = arr.tobytes()
+    uint64 = pb.D_TYPE_UINT64
+    return [
+        {"dtype": uint64, "shape": (b - a,), "data": data[8 * a : 8 * b]}
+        for a, b in itertools.pairwise(bounds)
+    ]
+
+
+def encode_matrix_parts(
+    values: npt.NDArray[np.float32],
+    bounds: Sequence[int],
+    fp16: bool = False,
+    lz4_min_bytes: int = 0,
+) -> list[TensorFields]:
+    """The fields of :func:`encode_matrix` of each row slice ``values[bounds[i]:bounds[i +
+    1]]`` (the same messages: float16 row scales are per row, so scaling the whole matrix at
+    once changes nothing), with one conversion and one copy of the whole matrix."""
+    values = np.ascontiguousarray(values, dtype="<f4")
+    if lz4_min_bytes or values.ndim != 2:
+        return [
+            _as_dict(_matrix_fields(values[a:b], fp16, lz4_min_bytes))
+            for a, b in itertools.pairwise(bounds)
+        ]
+    dim = values.shape[1]
+    if not fp16:
+        data, width = values.tobytes(), 4 * dim
+        float32 = pb.D_TYPE_FLOAT32
+        return [
+            {"dtype": float32, "shape": (b - a, dim), "data": data[width * a : width * b]}
+            for a, b in itertools.pairwise(bounds)
+        ]
+    half, scales = _half_rows(values)
+    data, scale_bytes, width = half.tobytes(), scales.astype("<f4").tobytes(), 2 * dim
+    float16 = pb.D_TYPE_FLOAT16
+    return [
+        {
+            "dtype": float16,
+            "shape": (b - a, dim),
+            "data": data[width * a : width * b],
+            "row_scales": scale_bytes[4 * a : 4 * b],
+        }
+        for a, b in itertools.pairwise(bounds)
+    ]
+
+
+def _as_dict(f: _Fields) -> TensorFields:
+    out: TensorFields = {"dtype": f.dtype, "shape": f.shape, "data": bytes(f.data)}
+    if f.compression:
+        out["compression"] = f.compression
+    if f.row_scales:
+        out["row_scales"] = f.row_scales
+    return out
 
 
 def encode_lookup_response(
@@ -204,6 +281,15 @@ def _matrix_fields(values: npt.NDArray[np.float32], fp16: bool, lz4_min_bytes: i
     shape = list(values.shape)
     if not fp16:
         return _maybe_lz4(pb.D_TYPE_FLOAT32, shape, _byte_view(values), lz4_min_bytes)
+    half, scales = _half_rows(values)
+    fields = _maybe_lz4(pb.D_TYPE_FLOAT16, shape, _byte_view(half), lz4_min_bytes)
+    return replace(fields, row_scales=scales.astype("<f4").tobytes())
+
+
+def _half_rows(
+    values: npt.NDArray[np.float32],
+) -> tuple[npt.NDArray[np.float16], npt.NDArray[np.float32]]:
+    """Rows scaled to ``max|row| == KAPPA`` as float16, and the float32 scales."""
     with np.errstate(invalid="ignore", over="ignore"):
         peak = np.max(np.abs(values), axis=1) if values.size else np.zeros(values.shape[0])
     scales = np.ones(values.shape[0], dtype=np.float32)
@@ -211,8 +297,7 @@ def _matrix_fields(values: npt.NDArray[np.float32], fp16: bool, lz4_min_bytes: i
     scales[usable] = (KAPPA / peak[usable]).astype(np.float32)
     with np.errstate(over="ignore", invalid="ignore"):
         half = (values * scales[:, None]).astype("<f2")
-    fields = _maybe_lz4(pb.D_TYPE_FLOAT16, shape, _byte_view(half), lz4_min_bytes)
-    return replace(fields, row_scales=scales.astype("<f4").tobytes())
+    return half, scales
 
 
 def _byte_view(arr: npt.NDArray[np.generic]) -> memoryview:

@@ -8,20 +8,23 @@ Per batch (``batch_ref`` joins the NN worker's and the embedding worker's halves
 
     lookup(batch_ref, features, train)
       1. plan       each feature's ids: truncated (sequence features), encoded (group prefix,
-                    hash stack: one id -> ``rounds`` table ids), concatenated per table and
-                    deduplicated once per table (unique ids + inverse index)
+                    hash stack: one id -> ``rounds`` table ids), concatenated table after
+                    table and deduplicated per table in one compiled pass (unique ids +
+                    inverse index; :mod:`embeddb.trainer.embedding.plan`)
       2. admit      a training batch waits while ``max_staleness`` batches are looked up with
                     gradients not yet applied (FIFO; the staleness bound)
-      3. look up    every table's unique ids in one ``lookup_many``: one call per shard for
+      3. look up    every table's unique ids in one ``lookup_tables`` (tables of one dim:
+                    concatenated arrays in and out) or ``lookup_many``: one call per shard for
                     all tables, shards in parallel (retried if a shard is unavailable: a
                     repeated training lookup is harmless)
       4. pool       per feature (:mod:`embeddb.trainer.pooling`), in the batch's feature order
       5. buffer     a training batch keeps its plan until its gradients arrive, at most
                     ``batch_timeout`` seconds; then it expires (counted and logged)
     push_gradients(batch_ref, grads)
-      6. un-pool    per feature, hash-stack rounds each get their id's gradient, summed per
-                    unique id per table
-      7. push       every table's gradients in one ``apply_gradients_many`` (one call per shard;
+      6. un-pool    per feature into one array, hash-stack rounds each get their id's
+                    gradient, summed per unique id of every table in one pass
+      7. push       every table's gradients in one ``apply_gradients_tables`` (tables of one
+                    dim) or ``apply_gradients_many`` (one call per shard;
                     retried when unavailable); once it answered, the batch leaves the
                     staleness window
 
@@ -345,30 +348,36 @@ class EmbeddingWorker:
     def _plan(self, features: Sequence[IdFeature]) -> LookupPlan:
         return plan_lookup(self._embedding_config, self._specs, features)
 
-    async def _lookup_tables(self, batch_ref: int, plan: LookupPlan, train: bool) -> dict[str, F32]:
-        # Already deduplicated (step 1): IdBatch.distinct spares the client a second hash pass.
-        requests = {t: IdBatch.distinct(batch.unique) for t, batch in plan.tables.items()}
+    async def _lookup_tables(
+        self, batch_ref: int, plan: LookupPlan, train: bool
+    ) -> F32 | dict[str, F32]:
+        batches = plan.tables
+        call: Callable[[], Awaitable[F32 | dict[str, F32]]]
+        if len(plan.dims) == 1:  # one dim: one array for every table (no per-table work)
+            call = lambda: self._client.lookup_tables(batches, train)  # noqa: E731
+        else:
+            # Already deduplicated (step 1): IdBatch.distinct spares the client a second pass.
+            requests = {t: IdBatch.distinct(batch.unique) for t, batch in batches.items()}
+            call = lambda: self._client.lookup_many(requests, train)  # noqa: E731
         # Evaluation lookups are idempotent: the client retries them itself.
         try:
-            vectors: dict[str, F32] = await self._retrying(
-                "lookup", lambda: self._client.lookup_many(requests, train), train
-            )
+            vectors: F32 | dict[str, F32] = await self._retrying("lookup", call, train)
         except BaseException as exc:
             self.metrics.failures.labels("lookup").inc()
             if not isinstance(exc, Exception):
                 raise
-            tables = ", ".join(repr(t) for t in requests)
+            tables = ", ".join(repr(t) for t in batches.names)
             logger.error("lookup of batch %d failed: tables %s: %s", batch_ref, tables, exc)
             raise LookupFailedError(
                 f"lookup of batch {batch_ref} failed (tables {tables}): "
                 f"{type(exc).__name__}: {exc}",
                 cause=type(exc).__name__,
             ) from exc
-        self.metrics.lookup_ids.inc(sum(b.unique.size for b in plan.tables.values()))
+        self.metrics.lookup_ids.inc(batches.unique.size)
         return vectors
 
     @staticmethod
-    def _pool(plan: LookupPlan, vectors: Mapping[str, F32]) -> list[Pooled]:
+    def _pool(plan: LookupPlan, vectors: F32 | Mapping[str, F32]) -> list[Pooled]:
         return pool_lookup(plan, vectors)
 
     # ------------------------------------------------------------------ backward
@@ -396,18 +405,24 @@ class EmbeddingWorker:
         started = time.perf_counter()
         tables: list[str] = []
         try:
-            summed = self._unpool(plan, grads)
-            tables = list(summed)
-            updates = {t: (IdBatch.distinct(plan.tables[t].unique), summed[t]) for t in tables}
+            call: Callable[[], Awaitable[dict[str, PushResult]]] | None = None
+            concatenated = self._unpool_tables(plan, grads) if len(plan.dims) == 1 else None
+            if concatenated is not None:
+                batches = plan.tables
+                tables = list(batches.names)
+                if batches.unique.size:
+                    call = lambda: self._client.apply_gradients_tables(  # noqa: E731
+                        batches, concatenated
+                    )
+            else:
+                summed = self._unpool(plan, grads)
+                tables = list(summed)
+                updates = {t: (IdBatch.distinct(plan.tables[t].unique), summed[t]) for t in tables}
+                if updates:
+                    call = lambda: self._client.apply_gradients_many(updates)  # noqa: E731
             try:
                 results = (
-                    await self._retrying(
-                        "gradient_push",
-                        lambda: self._client.apply_gradients_many(updates),
-                        True,
-                    )
-                    if updates
-                    else {}
+                    await self._retrying("gradient_push", call, True) if call is not None else {}
                 )
             except Exception as exc:
                 self._push_failed(batch_ref, tables, exc)
@@ -456,6 +471,41 @@ class EmbeddingWorker:
             for table, chunks in rows.items()
             if table in present
         }
+
+    @staticmethod
+    def _unpool_tables(plan: LookupPlan, grads: Sequence[F32 | None]) -> F32 | None:
+        """Step 6 for tables of one dim: every feature's per-id gradients written into one
+        array (the concatenated ids' order), summed per unique id of each table in one pass;
+        ``None`` when some table got no gradient at all (it is then not pushed: see
+        :meth:`_unpool`)."""
+        if len(grads) != len(plan.features):
+            raise ValueError(f"{len(grads)} gradients for {len(plan.features)} features")
+        batches = plan.tables
+        if any(g is None for g in grads):
+            present = {
+                fp.table for fp, g in zip(plan.features, grads, strict=True) if g is not None
+            }
+            if len(present) < len(batches):
+                return None
+        dim = plan.features[0].dim if plan.features else 0
+        per_id = np.empty((batches.size, dim), np.float32)
+        for fp, grad in zip(plan.features, grads, strict=True):
+            rows = per_id[fp.offset : fp.offset + fp.stop - fp.start]
+            if grad is None:
+                rows[:] = 0
+            elif fp.rounds == 1 and fp.segments.single and not fp.spec.sequence:
+                if grad.shape != rows.shape:  # pooling is the identity: the gradient is per id
+                    raise ValueError(
+                        f"the gradient of feature {fp.name!r} has shape {grad.shape}, "
+                        f"expected {rows.shape}"
+                    )
+                rows[:] = grad
+            else:
+                unpooled = unpool(grad, fp.segments, fp.spec)
+                if fp.rounds > 1:  # d(sum of rounds)/d(round) = 1: each round gets the gradient
+                    unpooled = np.repeat(unpooled, fp.rounds, axis=0)
+                rows[:] = unpooled
+        return batches.sum_rows(per_id)
 
     # ------------------------------------------------------------------ release paths
     def discard(self, batch_ref: int) -> None:
