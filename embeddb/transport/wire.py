@@ -97,17 +97,15 @@ def encode_matrix(
 
 
 TensorFields = dict[str, Any]
-"""A ``Tensor``'s fields by name: what a message constructor takes in place of a ``Tensor``
-(``pb.LookupRequest(ids=fields)``), several times cheaper than building the ``Tensor`` first
-(the constructor would copy it)."""
+"""A ``Tensor``'s fields by name, for a message constructor (``pb.LookupRequest(ids=fields)``):
+several times cheaper than a ``Tensor``, which the constructor would copy."""
 
 
 def encode_id_parts(
     ids: npt.NDArray[np.uint64], bounds: Sequence[int], lz4_min_bytes: int = 0
 ) -> list[TensorFields]:
-    """The fields of :func:`encode_ids` of each slice ``ids[bounds[i]:bounds[i + 1]]`` (the
-    same messages), made from one conversion of ``ids`` to bytes: for the many small parts of a
-    request that carries many tables."""
+    """The fields of :func:`encode_ids` of each slice ``ids[bounds[i]:bounds[i + 1]]`` (the same
+    messages), from one conversion of ``ids`` to bytes (a request's many small parts)."""
     arr = np.ascontiguousarray(ids, dtype="<u8")
     if lz4_min_bytes:
         return [
@@ -133,10 +131,8 @@ def encode_matrix_parts(
     once changes nothing), with one conversion and one copy of the whole matrix."""
     values = np.ascontiguousarray(values, dtype="<f4")
     if lz4_min_bytes or values.ndim != 2:
-        return [
-            _as_dict(_matrix_fields(values[a:b], fp16, lz4_min_bytes))
-            for a, b in itertools.pairwise(bounds)
-        ]
+        pairs = itertools.pairwise(bounds)
+        return [_as_dict(_matrix_fields(values[a:b], fp16, lz4_min_bytes)) for a, b in pairs]
     dim = values.shape[1]
     if not fp16:
         data, width = values.tobytes(), 4 * dim
