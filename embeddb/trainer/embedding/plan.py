@@ -12,6 +12,7 @@ per feature is bookkeeping (its slice of the concatenated ids, its pooling).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -171,13 +172,14 @@ def _encode(features: Sequence[FeatureConfig], raws: Sequence[U64]) -> U64:
 def _prefix(feature: FeatureConfig) -> tuple[np.uint64, np.uint64]:
     """``(low mask, prefix)``: an id of ``feature`` encodes to ``id & low | prefix`` (as
     :func:`embeddb.common.routing.with_group_prefix`; the config checked the group index)."""
-    bits = feature.prefix_bits
+    return _prefix_of(feature.prefix_bits, feature.group_index)
+
+
+@functools.lru_cache(maxsize=4096)
+def _prefix_of(bits: int, group_index: int) -> tuple[np.uint64, np.uint64]:
     if bits == 0:
         return np.uint64(0xFFFF_FFFF_FFFF_FFFF), np.uint64(0)
-    return (
-        np.uint64((1 << (64 - bits)) - 1),
-        np.uint64(feature.group_index) << np.uint64(64 - bits),
-    )
+    return np.uint64((1 << (64 - bits)) - 1), np.uint64(group_index) << np.uint64(64 - bits)
 
 
 def _prefixed(feature: FeatureConfig, values: U64) -> U64:
