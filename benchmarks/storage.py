@@ -119,6 +119,7 @@ from _storage_common import (
     time_interleaved,
     warm_up,
 )
+from _storage_create import TARGET_CREATE_VS_GATHER, create_summary, run_create
 from _storage_spill import (
     run_spill,
     timed_zipf_lookups,
@@ -402,6 +403,7 @@ def summary(result: dict[str, Any]) -> list[str]:
         f"{result['spill_disk_share']:.1%} [target >= {fmt_rate(TARGET_SPILL_IDS_PER_S)} ids/s "
         f"at ~{TARGET_SPILL_DISK_SHARE:.0%}: "
         f"{verdict(result['spill_lookup_ids_per_s'] >= TARGET_SPILL_IDS_PER_S)}]",
+        create_summary(result),
     ]
     return lines
 
@@ -437,6 +439,14 @@ def run_all(args: argparse.Namespace, budget: Budget, root: Path | None) -> dict
     }
     say(f"  ({time.perf_counter() - phase_start:.1f} s)")
 
+    phase_start = time.perf_counter()
+    say(
+        "\n(iv) creation: dim 16, SGD and Adagrad; training lookups of first-seen ids (create) "
+        "vs of resident ids (gather) and numpy gather, alternating"
+    )
+    create = run_create(budget, args.seed, args.store)
+    say(f"  ({time.perf_counter() - phase_start:.1f} s)")
+
     capacity: list[dict[str, Any]] = []
     capacity_note: str | None = "skipped in --quick mode" if args.quick else None
     if not args.quick:
@@ -456,6 +466,7 @@ def run_all(args: argparse.Namespace, budget: Budget, root: Path | None) -> dict
         "spill": spill,
         "spill_distinct_ids": spill_ids,
         "spill_ram_capacity": spill_capacity,
+        "create": create,
         "capacity": capacity,
         "capacity_note": capacity_note,
     }
@@ -465,6 +476,7 @@ def build_result(args: argparse.Namespace, phases: dict[str, Any]) -> dict[str, 
     """The final JSON object: headline figures first, then every measurement."""
     head = phases["ram"]["dim16_uniform"]
     spill_head = phases["spill"]["dim16"]
+    create_head = phases["create"]["adagrad"]
     result: dict[str, Any] = {
         "bench": "storage",
         "quick": args.quick,
@@ -478,12 +490,17 @@ def build_result(args: argparse.Namespace, phases: dict[str, Any]) -> dict[str, 
         "update_ratio_same_bytes": head["update_ratio_same_bytes"],
         "spill_lookup_ids_per_s": spill_head["lookup_ids_per_s"],
         "spill_disk_share": spill_head["disk_share"],
+        "create_ids_per_s": create_head["create_ids_per_s"],
+        "gather_ids_per_s": create_head["gather_ids_per_s"],
+        "create_vs_gather": create_head["create_vs_gather"],
+        "create_vs_raw_gather": create_head["create_vs_raw_gather"],
         **phases,
         "targets": {
             "lookup_ratio": TARGET_RATIO,
             "update_ratio": TARGET_RATIO,
             "spill_lookup_ids_per_s": TARGET_SPILL_IDS_PER_S,
             "spill_disk_share": TARGET_SPILL_DISK_SHARE,
+            "create_vs_gather": TARGET_CREATE_VS_GATHER,
         },
         "settings": {
             "batch": BATCH,
@@ -508,6 +525,7 @@ def build_result(args: argparse.Namespace, phases: dict[str, Any]) -> dict[str, 
         "lookup_ratio": result["lookup_ratio"] >= TARGET_RATIO,
         "update_ratio": result["update_ratio"] >= TARGET_RATIO,
         "spill_lookup_ids_per_s": result["spill_lookup_ids_per_s"] >= TARGET_SPILL_IDS_PER_S,
+        "create_vs_gather": result["create_vs_gather"] >= TARGET_CREATE_VS_GATHER,
     }
     return result
 

@@ -29,9 +29,9 @@ import numpy.typing as npt
 
 from embeddb.common.arrays import F32, I64, U64
 from embeddb.config import TableConfig
-from embeddb.engine.initializers import initial_vectors, table_key
+from embeddb.engine.initializers import initializer_args, table_key
 from embeddb.engine.optim import Optimizer
-from embeddb.engine.storage import hash_index
+from embeddb.engine.storage import creation, hash_index
 from embeddb.engine.storage.changes import Change, Op
 from embeddb.engine.storage.disk_tier import DiskTier
 from embeddb.engine.storage.parallel import StripePool
@@ -75,6 +75,7 @@ _NO_MISSES = (
     np.empty((0, 0), np.float32),
     np.zeros(1, np.int64),
 )
+_NO_DRAWS = np.empty(0, dtype=np.float64)
 
 
 class Lookups:
@@ -112,6 +113,8 @@ class Lookups:
         self._pool = pool
         self._split = split
         self._key = table_key(config.name, config.seed)
+        self._initializer = initializer_args(config.initializer)
+        self._state = optimizer.initial_state(1)[0].copy()  # every new row's optimizer state
         seed_seq = np.random.SeedSequence([config.seed, int(self._key)])
         self._rngs = [np.random.default_rng(s) for s in seed_seq.spawn(len(stripes))]
 
@@ -143,19 +146,18 @@ class Lookups:
         rows of ``plan.out``; a training lookup's admitted rows are prepared, not published."""
         m = plan.pending[k]
         mine = plan.inverse[plan.starts[k] : plan.starts[k + 1]]
-        local, local_inv = np.unique(mine, return_inverse=True)
+        local, local_inv = _local_unique(mine, plan.uniq.size)
         stripe = self.stripes[m.stripe]
-        rows, prepared = self._settle_stripe(
+        return self._settle_stripe(
             m,
             stripe,
             plan.uniq[local],
             plan.values[local],
             plan.found[local],
             local_inv,
+            plan.out,
             train,
         )
-        plan.out[m.where] = rows[local_inv, : self.dim]
-        return prepared
 
     def _gather_stripe(
         self, s: int, stripe: RamStripe, ids: U64, where: I64, out: F32, train: bool
@@ -183,42 +185,53 @@ class Lookups:
         values: F32,
         found: npt.NDArray[np.bool_],
         inverse: I64,
+        out: F32,
         train: bool,
-    ) -> tuple[F32, Prepared[F32]]:
-        """Phase 3 for one stripe's distinct missed ids ``uniq``.
+    ) -> Prepared[F32]:
+        """Phase 3 for one stripe's distinct missed ids ``uniq``, in two compiled passes
+        (:mod:`embeddb.engine.storage.creation`).
 
-        ``values``/``found`` are what phase 2 read from disk. Returns the full rows to answer
-        with, and (a training lookup) the admitted new rows, prepared; disk rows are promoted.
+        ``values``/``found`` are what phase 2 read from disk; ``out[m.where[t]]`` gets the
+        vector of ``uniq[inverse[t]]``. A training lookup promotes the disk rows and prepares
+        the admitted new rows; the prepared call publishes them and returns the full rows.
         """
         c = stripe.counters
-        slots = np.empty(uniq.size, dtype=np.int64)
-        hash_index.probe(stripe.index, uniq, m.tick, train, slots)
-        resident = slots >= 0  # made resident by another call since phase 1
-        values[resident] = stripe.rows[slots[resident]]
-        absent = ~resident
-        if stripe.disk_generation != m.disk_generation and absent.any():
-            now_found, now_rows = self._disk.get(self.name, uniq[absent])
+        resident = np.empty(uniq.size, dtype=bool)
+        absent = creation.probe_rows(
+            stripe.index, stripe.rows, uniq, m.tick, train, values, resident
+        )  # made resident by another call since phase 1: its row, as it is now
+        if absent and stripe.disk_generation != m.disk_generation:
+            gone = ~resident
+            now_found, now_rows = self._disk.get(self.name, uniq[gone])
             fresh = np.zeros((now_found.size, self.width), dtype=np.float32)
             fresh[now_found] = now_rows
-            values[absent] = fresh
-            found[absent] = now_found
-        occurrences = np.bincount(inverse, minlength=uniq.size)
-        c.ram_hits += int(occurrences[resident].sum())
-        c.disk_hits += int(occurrences[absent & found].sum())
-        c.misses += int(occurrences[absent & ~found].sum())
-        if not train:
-            return values, Prepared([], lambda: values)
-        new = absent & ~found
-        admitted = new.copy()
+            values[gone] = fresh
+            found[gone] = now_found
         p = self.config.admit_probability
-        if p < 1.0 and new.any():
-            admitted[new] = self._rngs[m.stripe].random(int(new.sum())) < p
-        if admitted.any():
-            values[admitted] = self._new_rows(uniq[admitted])
-        promoted = absent & found  # clean: no reader can tell
-        self._tiers.store(stripe, uniq[promoted], values[promoted], found[promoted], m.tick, False)
-        ids, rows = uniq[admitted], values[admitted]
-        n_new = int(new.sum())
+        draws = _NO_DRAWS
+        if train and p < 1.0 and absent:
+            n_new = int(np.count_nonzero(~(resident | found)))
+            if n_new:  # one draw per attempt, from the stripe's own generator
+                draws = self._rngs[m.stripe].random(n_new)
+        admitted = np.empty(uniq.size, dtype=np.int64)
+        promoted = np.empty(uniq.size, dtype=np.int64)
+        counts = np.empty(creation.N_COUNTS, dtype=np.int64)
+        kind, a, b = self._initializer
+        creation.settle_rows(
+            uniq, values, found, resident, inverse, m.where, out, train, draws, p,
+            self._key, kind, a, b, self._state, admitted, promoted, counts,
+        )  # fmt: skip
+        c.ram_hits += int(counts[creation.RAM_HITS])
+        c.disk_hits += int(counts[creation.DISK_HITS])
+        c.misses += int(counts[creation.MISSES])
+        if not train:
+            return Prepared([], lambda: values)
+        up = promoted[: counts[creation.N_PROMOTED]]
+        if up.size:  # clean: no reader can tell
+            self._tiers.store(stripe, uniq[up], values[up], found[up], m.tick, False)
+        chosen = admitted[: counts[creation.N_ADMITTED]]
+        ids, rows = uniq[chosen], values.take(chosen, axis=0)
+        n_new = int(counts[creation.N_NEW])
 
         def publish() -> F32:
             self._tiers.store(stripe, ids, rows, np.zeros(ids.size, bool), m.tick, dirty=False)
@@ -227,10 +240,16 @@ class Lookups:
             return values
 
         changes = [Change(Op.PUT, self.name, ids, rows)] if ids.size else []
-        return values, Prepared(changes, publish)
+        return Prepared(changes, publish)
 
-    def _new_rows(self, ids: U64) -> F32:
-        rows = np.empty((ids.size, self.width), dtype=np.float32)
-        rows[:, : self.dim] = initial_vectors(ids, self.dim, self.config.initializer, self._key)
-        rows[:, self.dim :] = self.optimizer.initial_state(ids.size)
-        return rows
+
+def _local_unique(mine: I64, size: int) -> tuple[I64, I64]:
+    """``np.unique(mine, return_inverse=True)`` of indices into ``range(size)``: one compiled
+    pass over the range when ``mine`` covers a good part of it, else numpy's sort."""
+    if mine.size * 8 < size:
+        local, inverse = np.unique(mine, return_inverse=True)
+        return local, inverse
+    local = np.empty(mine.size, dtype=np.int64)
+    inverse = np.empty(mine.size, dtype=np.int64)
+    k = creation.local_unique(mine, size, local, inverse)
+    return local[:k], inverse

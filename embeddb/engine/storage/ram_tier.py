@@ -21,7 +21,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 import numpy.typing as npt
 
-from embeddb.engine.storage import hash_index
+from embeddb.engine.storage import creation, hash_index
 
 __all__ = ["DIRTY", "ON_DISK", "Counters", "RamStripe"]
 
@@ -106,6 +106,40 @@ class RamStripe:
         slots: npt.NDArray[np.int64] = self._free[start : self.n_free][::-1].copy()
         self.n_free = start
         return slots
+
+    def place(
+        self,
+        ids: npt.NDArray[np.uint64],
+        rows: npt.NDArray[np.float32],
+        on_disk: npt.NDArray[np.bool_],
+        tick: int,
+        dirty: bool,
+    ) -> int:
+        """Make absent ``ids`` resident with ``rows`` in free slots (``ids.size <= n_free``),
+        stamped ``tick``: flagged ``ON_DISK`` where ``on_disk``, ``DIRTY`` where ``dirty`` or
+        there is no disk copy. One compiled pass (slots popped as :meth:`take_slots` pops them).
+
+        Returns:
+            How many of ``ids`` have a disk copy.
+        """
+        n = ids.size
+        promoted = creation.place_rows(
+            self.index,
+            self.rows,
+            self.ids,
+            self.flags,
+            self._free,
+            self.n_free,
+            ids,
+            rows,
+            on_disk,
+            tick,
+            dirty,
+            ON_DISK,
+            DIRTY,
+        )
+        self.n_free -= n
+        return int(promoted)
 
     def release_slots(self, slots: npt.NDArray[np.int64]) -> None:
         """Return slots to the free list and zero their rows and flags."""

@@ -1,0 +1,230 @@
+"""Compiled kernels of phase 3 of a lookup (:mod:`embeddb.engine.storage.lookups`): one pass per
+stripe settles its misses and creates the rows of first-seen ids.
+
+A stripe's misses arrive as its distinct missed ids ``uniq`` (sorted) with ``inverse`` and
+``where`` (the looked-up positions of each miss), and ``values``: one full row per distinct id,
+holding the disk-tier copy where phase 2 found one, zeros elsewhere. Python makes at most four
+calls per stripe:
+
+1. :func:`probe_rows` — re-probe the hash index (another call may have made an id resident
+   since phase 1) and copy the resident rows into ``values``;
+2. (rare) a second disk multi-get when the stripe wrote to disk meanwhile;
+3. one draw of the stripe's admission generator for the new ids (kept in numpy so the stream of
+   draws is the generator's own, whatever code consumes it);
+4. :func:`settle_rows` — count hits and misses, decide admission, fill each admitted row (the
+   deterministic initializer, :func:`embeddb.engine.initializers.fill_row`, and the optimizer's
+   initial state), list the admitted and promoted rows compactly and copy the answer vectors.
+
+Publishing the admitted rows is :meth:`embeddb.engine.storage.ram_tier.RamStripe.place`'s
+kernel (:func:`place_rows`), after eviction made room. Every kernel is
+``numba.njit(nogil=True)``: callers hold the stripe's lock, not the GIL.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from embeddb.engine.initializers import fill_row
+from embeddb.engine.storage.hash_index import _home
+
+__all__ = [
+    "DISK_HITS",
+    "MISSES",
+    "N_ADMITTED",
+    "N_COUNTS",
+    "N_NEW",
+    "N_PROMOTED",
+    "RAM_HITS",
+    "local_unique",
+    "place_rows",
+    "probe_rows",
+    "settle_rows",
+]
+
+_S32 = np.uint64(32)
+_LOW32 = np.uint64(0xFFFFFFFF)
+_ONE = np.uint64(1)
+
+# settle_rows's counts, by index
+RAM_HITS, DISK_HITS, MISSES, N_NEW, N_ADMITTED, N_PROMOTED = range(6)
+N_COUNTS = 6
+
+
+@numba.njit(nogil=True, cache=True)
+def probe_rows(index, rows, ids, tick, touch, values, resident_out):
+    """``resident_out[i]``: ``ids[i]`` is resident; if so its row is copied into ``values[i]``
+    and, when ``touch``, its stamp becomes ``tick``.
+
+    Returns:
+        The number of ids not resident.
+    """
+    mask = np.uint64(index.shape[0] - 1)
+    stamp = np.uint64(tick) << _S32
+    width = rows.shape[1]
+    absent = 0
+    for i in range(ids.size):
+        key = ids[i]
+        b = _home(key, mask)
+        resident_out[i] = False
+        while True:
+            v = index[b, 1]
+            if v == 0:
+                absent += 1
+                break
+            if index[b, 0] == key:
+                low = v & _LOW32
+                if touch:
+                    index[b, 1] = stamp | low
+                slot = np.int64(low) - 1
+                for j in range(width):
+                    values[i, j] = rows[slot, j]
+                resident_out[i] = True
+                break
+            b = (b + _ONE) & mask
+    return absent
+
+
+@numba.njit(nogil=True, cache=True)
+def settle_rows(
+    uniq,
+    values,
+    found,
+    resident,
+    inverse,
+    where,
+    out,
+    train,
+    draws,
+    p,
+    key,
+    kind,
+    a,
+    b,
+    state,
+    admitted_out,
+    promoted_out,
+    counts,
+):
+    """Settle one stripe's misses in one pass (see the module docstring).
+
+    A training call creates the new ids (neither resident nor ``found``) that are admitted —
+    the ``k``-th new id (in ``uniq`` order) when ``p >= 1`` or ``draws[k] < p`` — into
+    ``values``: the initial vector in the first ``dim`` columns (``dim = out.shape[1]``), then
+    ``state`` (the optimizer's initial state of one row). ``admitted_out`` and ``promoted_out``
+    get the indices (into ``uniq``) of the admitted rows and of the disk rows to promote, in
+    ``uniq`` order; ``out[where[t]] = values[inverse[t], :dim]`` for every miss ``t``.
+
+    ``counts`` (int64, length :data:`N_COUNTS`) receives, per looked-up position, the RAM hits,
+    disk hits and misses, then, per distinct id, the new, admitted and promoted counts.
+    """
+    dim = out.shape[1]
+    width = values.shape[1]
+    n_state = width - dim
+    for c in range(counts.size):
+        counts[c] = 0
+    k = 0
+    n_admitted = 0
+    n_promoted = 0
+    for i in range(uniq.size):
+        if resident[i] or not train:
+            continue
+        if found[i]:
+            promoted_out[n_promoted] = i
+            n_promoted += 1
+            continue
+        admit = p >= 1.0 or draws[k] < p
+        k += 1
+        if admit:
+            fill_row(uniq[i], key, kind, a, b, values, i, dim)
+            for j in range(n_state):
+                values[i, dim + j] = state[j]
+            admitted_out[n_admitted] = i
+            n_admitted += 1
+    for t in range(inverse.size):
+        i = inverse[t]
+        if resident[i]:
+            counts[RAM_HITS] += 1
+        elif found[i]:
+            counts[DISK_HITS] += 1
+        else:
+            counts[MISSES] += 1
+        w = where[t]
+        for j in range(dim):
+            out[w, j] = values[i, j]
+    counts[N_NEW] = k
+    counts[N_ADMITTED] = n_admitted
+    counts[N_PROMOTED] = n_promoted
+
+
+@numba.njit(nogil=True, cache=True)
+def place_rows(
+    index,
+    rows,
+    ids,
+    flags,
+    free,
+    n_free,
+    new_ids,
+    new_rows,
+    on_disk,
+    tick,
+    dirty,
+    on_flag,
+    dirty_flag,
+):
+    """Make ``new_ids`` resident with ``new_rows`` in the slots on top of the free stack.
+
+    The ``k``-th id takes slot ``free[n_free - 1 - k]`` (the order ``RamStripe.take_slots``
+    pops them in) and stamp ``tick``; its flags get ``on_flag`` when ``on_disk[k]`` and
+    ``dirty_flag`` when ``dirty`` or it has no disk copy. The ids must be absent and fit
+    (``new_ids.size <= n_free``).
+
+    Returns:
+        How many of the ids have a disk copy (promotions).
+    """
+    mask = np.uint64(index.shape[0] - 1)
+    stamp = np.uint64(tick) << _S32
+    width = rows.shape[1]
+    promoted = 0
+    for k in range(new_ids.size):
+        slot = free[n_free - 1 - k]
+        key = new_ids[k]
+        for j in range(width):
+            rows[slot, j] = new_rows[k, j]
+        ids[slot] = key
+        copy = on_disk[k]
+        flag = on_flag if copy else np.uint8(0)
+        if dirty or not copy:
+            flag |= dirty_flag
+        flags[slot] = flag
+        promoted += 1 if copy else 0
+        b = _home(key, mask)
+        while index[b, 1] != 0:
+            b = (b + _ONE) & mask
+        index[b, 0] = key
+        index[b, 1] = stamp | np.uint64(slot + 1)
+    return promoted
+
+
+@numba.njit(nogil=True, cache=True)
+def local_unique(mine, size, local_out, inverse_out):
+    """``np.unique(mine, return_inverse=True)`` for indices ``mine`` into a range of ``size``,
+    without sorting: ``local_out[:k]`` gets the distinct values ascending and ``inverse_out[t]``
+    the place of ``mine[t]`` among them.
+
+    Returns:
+        ``k``, the number of distinct values.
+    """
+    rank = np.zeros(size, dtype=np.int64)
+    for t in range(mine.size):
+        rank[mine[t]] = 1
+    k = 0
+    for i in range(size):
+        if rank[i]:
+            local_out[k] = i
+            k += 1
+            rank[i] = k
+    for t in range(mine.size):
+        inverse_out[t] = rank[mine[t]] - 1
+    return k
