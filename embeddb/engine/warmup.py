@@ -115,20 +115,22 @@ def _creation() -> None:
     rows = np.zeros((8, width), dtype=np.float32)
     uniq = np.array([11, 22, 33], dtype=np.uint64)
     values = np.zeros((n, width), dtype=np.float32)
-    resident = np.empty(n, dtype=bool)
     found = np.array([False, True, False])
-    creation.probe_rows(index, rows, uniq, 1, True, values, resident)
-    inverse = np.array([0, 1, 2, 1], dtype=np.int64)
-    local = np.empty(inverse.size, dtype=np.int64)
-    creation.local_unique(inverse, n, local, np.empty(inverse.size, dtype=np.int64))
-    out = np.empty((inverse.size, _DIM), dtype=np.float32)
+    mine = np.array([0, 1, 2, 1], dtype=np.int64)
+    local, inverse = np.empty(mine.size, dtype=np.int64), np.empty(mine.size, dtype=np.int64)
+    k = creation.local_unique(mine, n, local, inverse)
+    local = local[:k]
+    resident = np.empty(k, dtype=bool)
+    creation.probe_rows(index, rows, uniq, local, 1, True, values, resident)
+    out = np.empty((mine.size, _DIM), dtype=np.float32)
+    new_rows = np.empty((n, width), dtype=np.float32)
     admitted, promoted = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
     counts = np.empty(creation.N_COUNTS, dtype=np.int64)
     state = np.ones(1, dtype=np.float32)
     key = table_key("warm-up", 0)
     creation.settle_rows(
-        uniq, values, found, resident, inverse, local, out, True, np.full(2, 0.5), 0.9,
-        key, 0, -1.0, 1.0, state, admitted, promoted, counts,
+        uniq, local, values, found, resident, inverse, mine, out, True, np.full(2, 0.5), 0.9,
+        key, 0, -1.0, 1.0, state, new_rows, admitted, promoted, counts,
     )  # fmt: skip
     ids, flags = np.zeros(8, dtype=np.uint64), np.zeros(8, dtype=np.uint8)
     free = np.arange(7, -1, -1, dtype=np.int64)

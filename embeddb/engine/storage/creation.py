@@ -1,10 +1,14 @@
 """Compiled kernels of phase 3 of a lookup (:mod:`embeddb.engine.storage.lookups`): one pass per
 stripe settles its misses and creates the rows of first-seen ids.
 
-A stripe's misses arrive as its distinct missed ids ``uniq`` (sorted) with ``inverse`` and
-``where`` (the looked-up positions of each miss), and ``values``: one full row per distinct id,
-holding the disk-tier copy where phase 2 found one, zeros elsewhere. Python makes at most four
+A stripe's misses arrive as ``local``, the indices of its distinct missed ids in the lookup's
+sorted distinct misses ``uniq``, with ``inverse`` and ``where`` (each miss's place in ``local``
+and its looked-up position), and the lookup's ``values`` and ``found``: one full row per
+distinct id, holding the disk-tier copy where phase 2 found one, zeros elsewhere. The kernels
+work on those arrays in place (each stripe on its own rows of them). Python makes at most five
 calls per stripe:
+
+0. :func:`local_unique` — the stripe's distinct ids, without sorting;
 
 1. :func:`probe_rows` — re-probe the hash index (another call may have made an id resident
    since phase 1) and copy the resident rows into ``values``;
@@ -45,6 +49,7 @@ __all__ = [
 _S32 = np.uint64(32)
 _LOW32 = np.uint64(0xFFFFFFFF)
 _ONE = np.uint64(1)
+_BLOCK = 32  # ids per block of place_rows's passes
 
 # settle_rows's counts, by index
 RAM_HITS, DISK_HITS, MISSES, N_NEW, N_ADMITTED, N_PROMOTED = range(6)
@@ -52,9 +57,10 @@ N_COUNTS = 6
 
 
 @numba.njit(nogil=True, cache=True)
-def probe_rows(index, rows, ids, tick, touch, values, resident_out):
-    """``resident_out[i]``: ``ids[i]`` is resident; if so its row is copied into ``values[i]``
-    and, when ``touch``, its stamp becomes ``tick``.
+def probe_rows(index, rows, uniq, local, tick, touch, values, resident_out):
+    """For each ``i``, with ``u = local[i]``: ``resident_out[i]`` tells whether ``uniq[u]`` is
+    resident; if so its row is copied into ``values[u]`` and, when ``touch``, its stamp becomes
+    ``tick``.
 
     Returns:
         The number of ids not resident.
@@ -63,8 +69,9 @@ def probe_rows(index, rows, ids, tick, touch, values, resident_out):
     stamp = np.uint64(tick) << _S32
     width = rows.shape[1]
     absent = 0
-    for i in range(ids.size):
-        key = ids[i]
+    for i in range(local.size):
+        u = local[i]
+        key = uniq[u]
         b = _home(key, mask)
         resident_out[i] = False
         while True:
@@ -78,7 +85,7 @@ def probe_rows(index, rows, ids, tick, touch, values, resident_out):
                     index[b, 1] = stamp | low
                 slot = np.int64(low) - 1
                 for j in range(width):
-                    values[i, j] = rows[slot, j]
+                    values[u, j] = rows[slot, j]
                 resident_out[i] = True
                 break
             b = (b + _ONE) & mask
@@ -88,6 +95,7 @@ def probe_rows(index, rows, ids, tick, touch, values, resident_out):
 @numba.njit(nogil=True, cache=True)
 def settle_rows(
     uniq,
+    local,
     values,
     found,
     resident,
@@ -102,18 +110,21 @@ def settle_rows(
     a,
     b,
     state,
+    new_rows,
     admitted_out,
     promoted_out,
     counts,
 ):
     """Settle one stripe's misses in one pass (see the module docstring).
 
-    A training call creates the new ids (neither resident nor ``found``) that are admitted —
-    the ``k``-th new id (in ``uniq`` order) when ``p >= 1`` or ``draws[k] < p`` — into
-    ``values``: the initial vector in the first ``dim`` columns (``dim = out.shape[1]``), then
-    ``state`` (the optimizer's initial state of one row). ``admitted_out`` and ``promoted_out``
-    get the indices (into ``uniq``) of the admitted rows and of the disk rows to promote, in
-    ``uniq`` order; ``out[where[t]] = values[inverse[t], :dim]`` for every miss ``t``.
+    The stripe's ``i``-th distinct id is ``uniq[local[i]]``, its row ``values[local[i]]``, its
+    disk copy ``found[local[i]]`` and its residency ``resident[i]``. A training call creates
+    the new ids (neither resident nor found) that are admitted — the ``k``-th new one (in
+    ``local`` order) when ``p >= 1`` or ``draws[k] < p`` — into ``values`` and, compactly, into
+    ``new_rows``: the initial vector in the first ``dim`` columns (``dim = out.shape[1]``),
+    then ``state`` (the optimizer's initial state of one row). ``admitted_out`` and
+    ``promoted_out`` get the indices (into ``uniq``) of the admitted rows and of the disk rows
+    to promote, in ``local`` order. Then ``out[where[t]] = values[local[inverse[t]], :dim]``.
 
     ``counts`` (int64, length :data:`N_COUNTS`) receives, per looked-up position, the RAM hits,
     disk hits and misses, then, per distinct id, the new, admitted and promoted counts.
@@ -126,32 +137,36 @@ def settle_rows(
     k = 0
     n_admitted = 0
     n_promoted = 0
-    for i in range(uniq.size):
+    for i in range(local.size):
         if resident[i] or not train:
             continue
-        if found[i]:
-            promoted_out[n_promoted] = i
+        u = local[i]
+        if found[u]:
+            promoted_out[n_promoted] = u
             n_promoted += 1
             continue
         admit = p >= 1.0 or draws[k] < p
         k += 1
         if admit:
-            fill_row(uniq[i], key, kind, a, b, values, i, dim)
+            fill_row(uniq[u], key, kind, a, b, new_rows, n_admitted, dim)
             for j in range(n_state):
-                values[i, dim + j] = state[j]
-            admitted_out[n_admitted] = i
+                new_rows[n_admitted, dim + j] = state[j]
+            for j in range(width):
+                values[u, j] = new_rows[n_admitted, j]
+            admitted_out[n_admitted] = u
             n_admitted += 1
     for t in range(inverse.size):
         i = inverse[t]
+        u = local[i]
         if resident[i]:
             counts[RAM_HITS] += 1
-        elif found[i]:
+        elif found[u]:
             counts[DISK_HITS] += 1
         else:
             counts[MISSES] += 1
         w = where[t]
         for j in range(dim):
-            out[w, j] = values[i, j]
+            out[w, j] = values[u, j]
     counts[N_NEW] = k
     counts[N_ADMITTED] = n_admitted
     counts[N_PROMOTED] = n_promoted
@@ -187,23 +202,36 @@ def place_rows(
     stamp = np.uint64(tick) << _S32
     width = rows.shape[1]
     promoted = 0
-    for k in range(new_ids.size):
-        slot = free[n_free - 1 - k]
-        key = new_ids[k]
-        for j in range(width):
-            rows[slot, j] = new_rows[k, j]
-        ids[slot] = key
-        copy = on_disk[k]
-        flag = on_flag if copy else np.uint8(0)
-        if dirty or not copy:
-            flag |= dirty_flag
-        flags[slot] = flag
-        promoted += 1 if copy else 0
-        b = _home(key, mask)
-        while index[b, 1] != 0:
-            b = (b + _ONE) & mask
-        index[b, 0] = key
-        index[b, 1] = stamp | np.uint64(slot + 1)
+    # Blocks of _BLOCK ids: first the home buckets' loads (independent, so the CPU overlaps
+    # their cache misses, as lookup_gather does), then the inserts, on cached buckets.
+    homes = np.empty(_BLOCK, dtype=np.uint64)
+    first = np.empty(_BLOCK, dtype=np.uint64)
+    for start in range(0, new_ids.size, _BLOCK):
+        count = min(_BLOCK, new_ids.size - start)
+        for j in range(count):
+            b = _home(new_ids[start + j], mask)
+            homes[j] = b
+            first[j] = index[b, 1]
+        for j in range(count):
+            k = start + j
+            slot = free[n_free - 1 - k]
+            key = new_ids[k]
+            for c in range(width):
+                rows[slot, c] = new_rows[k, c]
+            ids[slot] = key
+            copy = on_disk[k]
+            flag = on_flag if copy else np.uint8(0)
+            if dirty or not copy:
+                flag |= dirty_flag
+            flags[slot] = flag
+            promoted += 1 if copy else 0
+            b = homes[j]
+            if first[j] != 0 or index[b, 1] != 0:  # taken (before or by this block): probe on
+                b = (b + _ONE) & mask
+                while index[b, 1] != 0:
+                    b = (b + _ONE) & mask
+            index[b, 0] = key
+            index[b, 1] = stamp | np.uint64(slot + 1)
     return promoted
 
 

@@ -143,21 +143,66 @@ class Lookups:
 
     def settle(self, plan: LookupPlan, k: int, train: bool) -> Prepared[F32]:
         """Phase 3 for the misses of ``plan.pending[k]`` (its stripe's lock held): fills their
-        rows of ``plan.out``; a training lookup's admitted rows are prepared, not published."""
+        rows of ``plan.out``; a training lookup's admitted rows are prepared, not published.
+        Publishing returns ``plan.out``.
+
+        The compiled passes (:mod:`embeddb.engine.storage.creation`) work on the plan's arrays
+        in place: ``plan.values``/``plan.found`` rows of this stripe's ids end up as this
+        stripe's rows (resident, read from disk, created or zeros).
+        """
         m = plan.pending[k]
         mine = plan.inverse[plan.starts[k] : plan.starts[k + 1]]
         local, local_inv = _local_unique(mine, plan.uniq.size)
         stripe = self.stripes[m.stripe]
-        return self._settle_stripe(
-            m,
-            stripe,
-            plan.uniq[local],
-            plan.values[local],
-            plan.found[local],
-            local_inv,
-            plan.out,
-            train,
-        )
+        uniq, values, found = plan.uniq, plan.values, plan.found
+        c = stripe.counters
+        resident = np.empty(local.size, dtype=bool)
+        absent = creation.probe_rows(
+            stripe.index, stripe.rows, uniq, local, m.tick, train, values, resident
+        )  # made resident by another call since phase 1: its row, as it is now
+        if absent and stripe.disk_generation != m.disk_generation:
+            gone = local[~resident]
+            now_found, now_rows = self._disk.get(self.name, uniq[gone])
+            fresh = np.zeros((now_found.size, self.width), dtype=np.float32)
+            fresh[now_found] = now_rows
+            values[gone] = fresh
+            found[gone] = now_found
+        p = self.config.admit_probability
+        draws = _NO_DRAWS
+        if train and p < 1.0 and absent:
+            n_new = int(np.count_nonzero(~(resident | found[local])))
+            if n_new:  # one draw per attempt, from the stripe's own generator
+                draws = self._rngs[m.stripe].random(n_new)
+        n_absent = int(absent) if train else 0
+        new_rows = np.empty((n_absent, self.width), dtype=np.float32)
+        admitted = np.empty(n_absent, dtype=np.int64)
+        promoted = np.empty(n_absent, dtype=np.int64)
+        counts = np.empty(creation.N_COUNTS, dtype=np.int64)
+        kind, a, b = self._initializer
+        creation.settle_rows(
+            uniq, local, values, found, resident, local_inv, m.where, plan.out, train, draws,
+            p, self._key, kind, a, b, self._state, new_rows, admitted, promoted, counts,
+        )  # fmt: skip
+        c.ram_hits += int(counts[creation.RAM_HITS])
+        c.disk_hits += int(counts[creation.DISK_HITS])
+        c.misses += int(counts[creation.MISSES])
+        if not train:
+            return Prepared([], lambda: plan.out)
+        up = promoted[: counts[creation.N_PROMOTED]]
+        if up.size:  # clean: no reader can tell
+            self._tiers.store(stripe, uniq[up], values[up], found[up], m.tick, False)
+        n_admitted = int(counts[creation.N_ADMITTED])
+        ids, rows = uniq[admitted[:n_admitted]], new_rows[:n_admitted]
+        n_new = int(counts[creation.N_NEW])
+
+        def publish() -> F32:
+            self._tiers.store(stripe, ids, rows, np.zeros(ids.size, bool), m.tick, dirty=False)
+            c.admitted += ids.size
+            c.rejected += n_new - ids.size
+            return plan.out
+
+        changes = [Change(Op.PUT, self.name, ids, rows)] if ids.size else []
+        return Prepared(changes, publish)
 
     def _gather_stripe(
         self, s: int, stripe: RamStripe, ids: U64, where: I64, out: F32, train: bool
@@ -176,71 +221,6 @@ class Lookups:
             return None
         miss = miss[:n_miss]
         return _Misses(s, ids[miss], where[miss], tick, stripe.disk_generation)
-
-    def _settle_stripe(
-        self,
-        m: _Misses,
-        stripe: RamStripe,
-        uniq: U64,
-        values: F32,
-        found: npt.NDArray[np.bool_],
-        inverse: I64,
-        out: F32,
-        train: bool,
-    ) -> Prepared[F32]:
-        """Phase 3 for one stripe's distinct missed ids ``uniq``, in two compiled passes
-        (:mod:`embeddb.engine.storage.creation`).
-
-        ``values``/``found`` are what phase 2 read from disk; ``out[m.where[t]]`` gets the
-        vector of ``uniq[inverse[t]]``. A training lookup promotes the disk rows and prepares
-        the admitted new rows; the prepared call publishes them and returns the full rows.
-        """
-        c = stripe.counters
-        resident = np.empty(uniq.size, dtype=bool)
-        absent = creation.probe_rows(
-            stripe.index, stripe.rows, uniq, m.tick, train, values, resident
-        )  # made resident by another call since phase 1: its row, as it is now
-        if absent and stripe.disk_generation != m.disk_generation:
-            gone = ~resident
-            now_found, now_rows = self._disk.get(self.name, uniq[gone])
-            fresh = np.zeros((now_found.size, self.width), dtype=np.float32)
-            fresh[now_found] = now_rows
-            values[gone] = fresh
-            found[gone] = now_found
-        p = self.config.admit_probability
-        draws = _NO_DRAWS
-        if train and p < 1.0 and absent:
-            n_new = int(np.count_nonzero(~(resident | found)))
-            if n_new:  # one draw per attempt, from the stripe's own generator
-                draws = self._rngs[m.stripe].random(n_new)
-        admitted = np.empty(uniq.size, dtype=np.int64)
-        promoted = np.empty(uniq.size, dtype=np.int64)
-        counts = np.empty(creation.N_COUNTS, dtype=np.int64)
-        kind, a, b = self._initializer
-        creation.settle_rows(
-            uniq, values, found, resident, inverse, m.where, out, train, draws, p,
-            self._key, kind, a, b, self._state, admitted, promoted, counts,
-        )  # fmt: skip
-        c.ram_hits += int(counts[creation.RAM_HITS])
-        c.disk_hits += int(counts[creation.DISK_HITS])
-        c.misses += int(counts[creation.MISSES])
-        if not train:
-            return Prepared([], lambda: values)
-        up = promoted[: counts[creation.N_PROMOTED]]
-        if up.size:  # clean: no reader can tell
-            self._tiers.store(stripe, uniq[up], values[up], found[up], m.tick, False)
-        chosen = admitted[: counts[creation.N_ADMITTED]]
-        ids, rows = uniq[chosen], values.take(chosen, axis=0)
-        n_new = int(counts[creation.N_NEW])
-
-        def publish() -> F32:
-            self._tiers.store(stripe, ids, rows, np.zeros(ids.size, bool), m.tick, dirty=False)
-            c.admitted += ids.size
-            c.rejected += n_new - ids.size
-            return values
-
-        changes = [Change(Op.PUT, self.name, ids, rows)] if ids.size else []
-        return Prepared(changes, publish)
 
 
 def _local_unique(mine: I64, size: int) -> tuple[I64, I64]:
