@@ -16,6 +16,7 @@ create / raw gather.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -49,12 +50,14 @@ HEADER = (
 )
 
 
-def run_create(budget: Budget, seed: int, store: StoreConfig) -> dict[str, dict[str, Any]]:
+def run_create(
+    root: Path | None, budget: Budget, seed: int, store: StoreConfig
+) -> dict[str, dict[str, Any]]:
     """Phase (iv): ``{"sgd": {...}, "adagrad": {...}}``."""
     say(HEADER)
     results: dict[str, dict[str, Any]] = {}
     for kind in CREATE_OPTIMIZERS:
-        result = _one(kind, budget, seed, store)
+        result = _one(kind, root, budget, seed, store)
         results[kind.value] = result
         say(
             f"{kind.value:>9} {fmt_rate(result['create_ids_per_s']):>9} "
@@ -65,7 +68,9 @@ def run_create(budget: Budget, seed: int, store: StoreConfig) -> dict[str, dict[
     return results
 
 
-def _one(kind: OptimizerKind, budget: Budget, seed: int, store: StoreConfig) -> dict[str, Any]:
+def _one(
+    kind: OptimizerKind, root: Path | None, budget: Budget, seed: int, store: StoreConfig
+) -> dict[str, Any]:
     config = make_config(CREATE_DIM, CREATE_CAPACITY, kind, store)
     rng = rng_for(seed, 4)
     raw = rng.random((RAM_IDS, CREATE_DIM), dtype=np.float32)
@@ -77,7 +82,7 @@ def _one(kind: OptimizerKind, budget: Budget, seed: int, store: StoreConfig) -> 
         created[0] += 1
         return np.arange(low, low + BATCH, dtype=np.uint64)
 
-    with open_shard(config, None, f"create-{kind.value}") as shard:
+    with open_shard(config, root, f"create-{kind.value}") as shard:
 
         def create(_: int) -> object:
             return shard.lookup(TABLE, fresh(), train=True)

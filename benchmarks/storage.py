@@ -1,7 +1,7 @@
 """Storage benchmark of one embeddb shard: RAM-tier and disk-tier throughput against raw numpy.
 
 Everything runs in one process and one calling thread, on batches of 65,536 ids (``BATCH``),
-for tables of dim 16 and 64. Three measurements:
+for tables of dim 16 and 64. Four measurements:
 
 (i) **RAM-resident.** An Adagrad table with exactly 1M RAM-tier rows, pre-populated with ids
     0..1M-1, is read with training lookups and updated with ``apply_gradients`` on uniform and
@@ -35,6 +35,11 @@ for tables of dim 16 and 64. Three measurements:
     lookups over the current table size are timed. This is the single-machine analogue of the
     paper's capacity test. The populate rate (rows created per second, evictions to RocksDB
     included) is reported too.
+(iv) **Creation.** Training lookups of ids never seen before (every id is created: initializer,
+    optimizer state, hash-index insert) against training lookups of resident ids (the shard's
+    gather) and numpy's gather, alternating, for SGD and Adagrad tables of dim 16 with room for
+    every row (``benchmarks/_storage_create.py``); ``create_vs_gather`` is the first over the
+    second (target >= 0.5).
 
 Id batches: uniform ids are ``rng.integers``; Zipf ids draw ranks by inverse CDF over the finite
 id space (cumulative weights ``k ** -1.05``, ``np.searchsorted`` on uniform draws) and map rank to
@@ -444,7 +449,7 @@ def run_all(args: argparse.Namespace, budget: Budget, root: Path | None) -> dict
         "\n(iv) creation: dim 16, SGD and Adagrad; training lookups of first-seen ids (create) "
         "vs of resident ids (gather) and numpy gather, alternating"
     )
-    create = run_create(budget, args.seed, args.store)
+    create = run_create(root, budget, args.seed, args.store)
     say(f"  ({time.perf_counter() - phase_start:.1f} s)")
 
     capacity: list[dict[str, Any]] = []

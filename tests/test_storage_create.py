@@ -13,7 +13,8 @@ from embeddb.config import OptimizerConfig, OptimizerKind
 from embeddb.engine.initializers import initial_vectors, table_key
 from embeddb.engine.storage.disk_tier import DiskTier
 from embeddb.engine.storage.ram_tier import DIRTY, ON_DISK, RamStripe
-from tests.conftest import MakeShard, ids
+from embeddb.engine.storage.writes import commit, hold
+from tests.conftest import MakeShard, ids, sgd
 
 WIDTH = 4
 
@@ -164,3 +165,25 @@ def test_admission_draws_once_per_new_id_from_the_stripes_generator(
     sa, sb = a.stats().tables["t"], b.stats().tables["t"]
     assert (sa.admitted, sa.rejected) == (sb.admitted, sb.rejected)
     assert 800 < sa.admitted < 1200  # Binomial(2000, 0.5) over both lookups
+
+
+def test_rows_another_call_created_between_the_phases_are_answered_not_created_again(
+    make_shard: MakeShard,
+) -> None:
+    """Phase 3 re-probes a stripe that placed rows since phase 1 (else it skips the probe)."""
+    shard = make_shard(capacity=100, stripes=4, optimizer=sgd())
+    table = shard._tables["t"]
+    query = np.arange(40, dtype=np.uint64)
+    plan = table.lookup_begin(query, train=True)  # every id missed
+    shard.lookup("t", query[::2])  # another call creates half of them, then trains them
+    shard.apply_gradients("t", query[::2], np.ones((20, 4), dtype=np.float32))
+    trained = shard.lookup("t", query[::2], train=False)
+    with hold(table.lookup_locks(plan)):
+        (out,) = commit([table.prepare_lookup(plan)], table.journal)
+    np.testing.assert_array_equal(out[::2], trained)
+    spec = shard.config.tables["t"]
+    want = initial_vectors(query[1::2], 4, spec.initializer, table_key("t", spec.seed))
+    np.testing.assert_array_equal(out[1::2], want)
+    stats = shard.stats().tables["t"]
+    assert stats.ram_rows == 40 and stats.admitted == 40
+    np.testing.assert_array_equal(shard.lookup("t", query, train=False), out)

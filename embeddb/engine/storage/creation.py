@@ -11,7 +11,8 @@ calls per stripe:
 0. :func:`local_unique` — the stripe's distinct ids, without sorting;
 
 1. :func:`probe_rows` — re-probe the hash index (another call may have made an id resident
-   since phase 1) and copy the resident rows into ``values``;
+   since phase 1) and copy the resident rows into ``values``; skipped when nothing was placed
+   in the stripe since phase 1 (``RamStripe.placed``);
 2. (rare) a second disk multi-get when the stripe wrote to disk meanwhile;
 3. one draw of the stripe's admission generator for the new ids (kept in numpy so the stream of
    draws is the generator's own, whatever code consumes it);
@@ -119,12 +120,13 @@ def settle_rows(
 
     The stripe's ``i``-th distinct id is ``uniq[local[i]]``, its row ``values[local[i]]``, its
     disk copy ``found[local[i]]`` and its residency ``resident[i]``. A training call creates
-    the new ids (neither resident nor found) that are admitted — the ``k``-th new one (in
-    ``local`` order) when ``p >= 1`` or ``draws[k] < p`` — into ``values`` and, compactly, into
-    ``new_rows``: the initial vector in the first ``dim`` columns (``dim = out.shape[1]``),
-    then ``state`` (the optimizer's initial state of one row). ``admitted_out`` and
+    the new ids (neither resident nor found) that are admitted (the ``k``-th new one, in
+    ``local`` order, when ``p >= 1`` or ``draws[k] < p``) compactly into ``new_rows``: the
+    initial vector in the first ``dim = out.shape[1]`` columns, then ``state`` (the optimizer's
+    initial state of one row); their rows of ``values`` stay zeros. ``admitted_out`` and
     ``promoted_out`` get the indices (into ``uniq``) of the admitted rows and of the disk rows
-    to promote, in ``local`` order. Then ``out[where[t]] = values[local[inverse[t]], :dim]``.
+    to promote, in ``local`` order. Then ``out[where[t]]`` gets the vector of
+    ``uniq[local[inverse[t]]]``.
 
     ``counts`` (int64, length :data:`N_COUNTS`) receives, per looked-up position, the RAM hits,
     disk hits and misses, then, per distinct id, the new, admitted and promoted counts.
@@ -137,6 +139,7 @@ def settle_rows(
     k = 0
     n_admitted = 0
     n_promoted = 0
+    created = np.full(local.size, -1, dtype=np.int64)  # i -> its row of new_rows, or -1
     for i in range(local.size):
         if resident[i] or not train:
             continue
@@ -151,20 +154,24 @@ def settle_rows(
             fill_row(uniq[u], key, kind, a, b, new_rows, n_admitted, dim)
             for j in range(n_state):
                 new_rows[n_admitted, dim + j] = state[j]
-            for j in range(width):
-                values[u, j] = new_rows[n_admitted, j]
+            created[i] = n_admitted
             admitted_out[n_admitted] = u
             n_admitted += 1
     for t in range(inverse.size):
         i = inverse[t]
         u = local[i]
+        w = where[t]
         if resident[i]:
             counts[RAM_HITS] += 1
         elif found[u]:
             counts[DISK_HITS] += 1
         else:
             counts[MISSES] += 1
-        w = where[t]
+            r = created[i]
+            if r >= 0:  # created: its row is in new_rows only
+                for j in range(dim):
+                    out[w, j] = new_rows[r, j]
+                continue
         for j in range(dim):
             out[w, j] = values[u, j]
     counts[N_NEW] = k

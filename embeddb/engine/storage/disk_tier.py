@@ -9,6 +9,12 @@ RocksDB's own write-ahead log is disabled: this tier is a spill area, not the du
 mechanism. The disk tier survives a clean :meth:`close` (the shard first writes back every dirty
 RAM row and records that it did); crash recovery is the update log's job.
 
+Each table keeps the **span** of ids it may hold: its first and last key when the tier opens,
+widened (under a lock) before every write, never narrowed. A multi-get asks RocksDB only about
+the ids inside it, so the first-seen ids of a table with nothing on disk, or beyond every id
+it ever spilled, cost no RocksDB call (a rocksdict multi-get costs about a microsecond per key,
+found or not).
+
 The rocksdict API takes Python lists of ``bytes``; keys and values are converted with numpy's
 void-dtype views (``tolist`` on a ``V8`` array builds the list in C), never a per-id Python loop.
 

@@ -13,7 +13,8 @@ stripe (about 25% cheaper per key) and no stripe lock is held while it runs:
    ``admit_probability``, one draw per attempt from the stripe's own generator): their vectors
    come from the deterministic initializer, their state from the optimizer. The rows it admits
    are prepared, not published: the table hands them to its journal first
-   (:mod:`embeddb.engine.storage.writes`).
+   (:mod:`embeddb.engine.storage.writes`). Settling one stripe is a few compiled passes
+   (:mod:`embeddb.engine.storage.creation`), not one numpy step per decision.
 
 :class:`~embeddb.engine.storage.table.TieredTable` owns one :class:`Lookups` and takes the
 locks; this module never takes more than one stripe lock at a time.
@@ -53,6 +54,7 @@ class _Misses:
     where: I64  # their positions in the caller's ids
     tick: int
     disk_generation: int
+    placed: int  # the stripe's placements count when the misses were collected
 
 
 @dataclass(frozen=True)
@@ -156,10 +158,12 @@ class Lookups:
         stripe = self.stripes[m.stripe]
         uniq, values, found = plan.uniq, plan.values, plan.found
         c = stripe.counters
-        resident = np.empty(local.size, dtype=bool)
-        absent = creation.probe_rows(
-            stripe.index, stripe.rows, uniq, local, m.tick, train, values, resident
-        )  # made resident by another call since phase 1: its row, as it is now
+        resident = np.zeros(local.size, dtype=bool)
+        absent = local.size
+        if stripe.placed != m.placed:  # another call may have made some of them resident
+            absent = creation.probe_rows(
+                stripe.index, stripe.rows, uniq, local, m.tick, train, values, resident
+            )  # those rows as they are now
         if absent and stripe.disk_generation != m.disk_generation:
             gone = local[~resident]
             now_found, now_rows = self._disk.get(self.name, uniq[gone])
@@ -220,7 +224,7 @@ class Lookups:
         if n_miss == 0:
             return None
         miss = miss[:n_miss]
-        return _Misses(s, ids[miss], where[miss], tick, stripe.disk_generation)
+        return _Misses(s, ids[miss], where[miss], tick, stripe.disk_generation, stripe.placed)
 
 
 def _local_unique(mine: I64, size: int) -> tuple[I64, I64]:

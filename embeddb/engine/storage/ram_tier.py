@@ -85,6 +85,9 @@ class RamStripe:
         # Bumped on every disk-tier write or delete of this stripe's ids (under the lock), so a
         # call that read the disk tier without the lock can tell whether its copies are current.
         self.disk_generation = 0
+        # Bumped whenever rows become resident (under the lock): a lookup whose misses saw the
+        # same count needs no second probe for them.
+        self.placed = 0
         self.lock = threading.Lock()
         self.counters = Counters()
 
@@ -139,6 +142,7 @@ class RamStripe:
             DIRTY,
         )
         self.n_free -= n
+        self.placed += 1
         return int(promoted)
 
     def release_slots(self, slots: npt.NDArray[np.int64]) -> None:
