@@ -11,6 +11,7 @@ import pytest
 
 from embeddb.config import OptimizerConfig, OptimizerKind
 from embeddb.engine.initializers import initial_vectors, table_key
+from embeddb.engine.storage import creation
 from embeddb.engine.storage.disk_tier import DiskTier
 from embeddb.engine.storage.ram_tier import DIRTY, ON_DISK, RamStripe
 from embeddb.engine.storage.writes import commit, hold
@@ -187,3 +188,22 @@ def test_rows_another_call_created_between_the_phases_are_answered_not_created_a
     stats = shard.stats().tables["t"]
     assert stats.ram_rows == 40 and stats.admitted == 40
     np.testing.assert_array_equal(shard.lookup("t", query, train=False), out)
+
+
+@pytest.mark.parametrize(
+    "keys",
+    [
+        np.random.default_rng(1).integers(0, 2**64 - 1, 5000, dtype=np.uint64, endpoint=True),
+        np.uint64(1 << 40) + np.random.default_rng(2).integers(0, 3000, 5000).astype(np.uint64),
+        np.array([2**64 - 1, 0, 7, 2**64 - 1, 7, 1 << 16, 1 << 32, 1 << 48], dtype=np.uint64),
+        np.full(3, 9, dtype=np.uint64),
+    ],
+    ids=["random", "shared-high-digits", "edges", "one-value"],
+)
+def test_sorted_unique_is_numpys_unique_with_inverse(keys: np.ndarray) -> None:
+    uniq = np.empty(keys.size, dtype=np.uint64)
+    inverse = np.empty(keys.size, dtype=np.int64)
+    k = creation.sorted_unique(keys, uniq, inverse)
+    want_uniq, want_inverse = np.unique(keys, return_inverse=True)
+    np.testing.assert_array_equal(uniq[:k], want_uniq)
+    np.testing.assert_array_equal(inverse, want_inverse)

@@ -118,6 +118,7 @@ def _creation() -> None:
     found = np.array([False, True, False])
     mine = np.array([0, 1, 2, 1], dtype=np.int64)
     local, inverse = np.empty(mine.size, dtype=np.int64), np.empty(mine.size, dtype=np.int64)
+    creation.sorted_unique(uniq, np.empty(n, dtype=np.uint64), np.empty(n, dtype=np.int64))
     k = creation.local_unique(mine, n, local, inverse)
     local = local[:k]
     resident = np.empty(k, dtype=bool)

@@ -45,6 +45,7 @@ __all__ = [
     "place_rows",
     "probe_rows",
     "settle_rows",
+    "sorted_unique",
 ]
 
 _S32 = np.uint64(32)
@@ -262,4 +263,51 @@ def local_unique(mine, size, local_out, inverse_out):
             rank[i] = k
     for t in range(mine.size):
         inverse_out[t] = rank[mine[t]] - 1
+    return k
+
+
+_DIGIT = 16  # bits per radix pass of sorted_unique
+_BINS = 1 << _DIGIT
+
+
+@numba.njit(nogil=True, cache=True)
+def sorted_unique(keys, uniq_out, inverse_out):
+    """``np.unique(keys, return_inverse=True)`` for uint64 ``keys``, by an LSD radix sort
+    (16-bit digits; a pass whose digit all keys share is skipped): ``uniq_out[:k]`` gets the
+    distinct keys ascending, ``inverse_out[i]`` the place of ``keys[i]`` among them.
+
+    Returns:
+        ``k``, the number of distinct keys.
+    """
+    n = keys.size
+    order = np.arange(n)
+    spare = np.empty(n, dtype=np.int64)
+    starts = np.empty(_BINS, dtype=np.int64)
+    digit_mask = np.uint64(_BINS - 1)
+    for p in range(64 // _DIGIT):
+        shift = np.uint64(p * _DIGIT)
+        starts[:] = 0
+        for i in range(n):
+            starts[np.int64((keys[i] >> shift) & digit_mask)] += 1
+        if starts[np.int64((keys[0] >> shift) & digit_mask)] == n:
+            continue  # every key has this digit: the order stands
+        total = 0
+        for d in range(_BINS):
+            c = starts[d]
+            starts[d] = total
+            total += c
+        for r in range(n):
+            i = order[r]
+            d = np.int64((keys[i] >> shift) & digit_mask)
+            spare[starts[d]] = i
+            starts[d] += 1
+        order, spare = spare, order
+    k = 0
+    for r in range(n):
+        i = order[r]
+        v = keys[i]
+        if k == 0 or v != uniq_out[k - 1]:
+            uniq_out[k] = v
+            k += 1
+        inverse_out[i] = k - 1
     return k

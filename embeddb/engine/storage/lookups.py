@@ -78,6 +78,7 @@ _NO_MISSES = (
     np.zeros(1, np.int64),
 )
 _NO_DRAWS = np.empty(0, dtype=np.float64)
+_RADIX_MIN = 2048  # fewer ids: numpy's sort is as fast as the radix sort's fixed passes
 
 
 class Lookups:
@@ -134,8 +135,8 @@ class Lookups:
         pending = [m for m in gathered if m is not None]
         if not pending:
             return LookupPlan(out, [], *_NO_MISSES)
-        uniq, inverse = np.unique(
-            np.concatenate([m.ids for m in pending]), return_inverse=True
+        uniq, inverse = _sorted_unique(
+            np.concatenate([m.ids for m in pending])
         )  # sorted: RocksDB's multi-get is fastest on ordered keys
         found, disk_rows = self._disk.get(self.name, uniq)
         values = np.zeros((uniq.size, self.width), dtype=np.float32)
@@ -225,6 +226,17 @@ class Lookups:
             return None
         miss = miss[:n_miss]
         return _Misses(s, ids[miss], where[miss], tick, stripe.disk_generation, stripe.placed)
+
+
+def _sorted_unique(ids: U64) -> tuple[U64, I64]:
+    """``np.unique(ids, return_inverse=True)``; a compiled radix sort for large calls."""
+    if ids.size < _RADIX_MIN:
+        uniq, inverse = np.unique(ids, return_inverse=True)
+        return uniq, inverse
+    uniq = np.empty(ids.size, dtype=np.uint64)
+    inverse = np.empty(ids.size, dtype=np.int64)
+    k = creation.sorted_unique(ids, uniq, inverse)
+    return uniq[:k], inverse
 
 
 def _local_unique(mine: I64, size: int) -> tuple[I64, I64]:
