@@ -1,7 +1,7 @@
 """Storage benchmark of one embeddb shard: RAM-tier and disk-tier throughput against raw numpy.
 
 Everything runs in one process and one calling thread, on batches of 65,536 ids (``BATCH``),
-for tables of dim 16 and 64. Three measurements:
+for tables of dim 16 and 64. Four measurements:
 
 (i) **RAM-resident.** An Adagrad table with exactly 1M RAM-tier rows, pre-populated with ids
     0..1M-1, is read with training lookups and updated with ``apply_gradients`` on uniform and
@@ -35,6 +35,11 @@ for tables of dim 16 and 64. Three measurements:
     lookups over the current table size are timed. This is the single-machine analogue of the
     paper's capacity test. The populate rate (rows created per second, evictions to RocksDB
     included) is reported too.
+(iv) **Creation.** Training lookups of ids never seen before (every id is created: initializer,
+    optimizer state, hash-index insert) against training lookups of resident ids (the shard's
+    gather) and numpy's gather, alternating, for SGD and Adagrad tables of dim 16 with room for
+    every row (``benchmarks/_storage_create.py``); ``create_vs_gather`` is the first over the
+    second (target >= 0.5).
 
 Id batches: uniform ids are ``rng.integers``; Zipf ids draw ranks by inverse CDF over the finite
 id space (cumulative weights ``k ** -1.05``, ``np.searchsorted`` on uniform draws) and map rank to
@@ -119,6 +124,7 @@ from _storage_common import (
     time_interleaved,
     warm_up,
 )
+from _storage_create import TARGET_CREATE_VS_GATHER, create_summary, run_create
 from _storage_spill import (
     run_spill,
     timed_zipf_lookups,
@@ -402,6 +408,7 @@ def summary(result: dict[str, Any]) -> list[str]:
         f"{result['spill_disk_share']:.1%} [target >= {fmt_rate(TARGET_SPILL_IDS_PER_S)} ids/s "
         f"at ~{TARGET_SPILL_DISK_SHARE:.0%}: "
         f"{verdict(result['spill_lookup_ids_per_s'] >= TARGET_SPILL_IDS_PER_S)}]",
+        create_summary(result),
     ]
     return lines
 
@@ -437,6 +444,14 @@ def run_all(args: argparse.Namespace, budget: Budget, root: Path | None) -> dict
     }
     say(f"  ({time.perf_counter() - phase_start:.1f} s)")
 
+    phase_start = time.perf_counter()
+    say(
+        "\n(iv) creation: dim 16, SGD and Adagrad; training lookups of first-seen ids (create) "
+        "vs of resident ids (gather) and numpy gather, alternating"
+    )
+    create = run_create(root, budget, args.seed, args.store)
+    say(f"  ({time.perf_counter() - phase_start:.1f} s)")
+
     capacity: list[dict[str, Any]] = []
     capacity_note: str | None = "skipped in --quick mode" if args.quick else None
     if not args.quick:
@@ -456,6 +471,7 @@ def run_all(args: argparse.Namespace, budget: Budget, root: Path | None) -> dict
         "spill": spill,
         "spill_distinct_ids": spill_ids,
         "spill_ram_capacity": spill_capacity,
+        "create": create,
         "capacity": capacity,
         "capacity_note": capacity_note,
     }
@@ -465,6 +481,7 @@ def build_result(args: argparse.Namespace, phases: dict[str, Any]) -> dict[str, 
     """The final JSON object: headline figures first, then every measurement."""
     head = phases["ram"]["dim16_uniform"]
     spill_head = phases["spill"]["dim16"]
+    create_head = phases["create"]["adagrad"]
     result: dict[str, Any] = {
         "bench": "storage",
         "quick": args.quick,
@@ -478,12 +495,17 @@ def build_result(args: argparse.Namespace, phases: dict[str, Any]) -> dict[str, 
         "update_ratio_same_bytes": head["update_ratio_same_bytes"],
         "spill_lookup_ids_per_s": spill_head["lookup_ids_per_s"],
         "spill_disk_share": spill_head["disk_share"],
+        "create_ids_per_s": create_head["create_ids_per_s"],
+        "gather_ids_per_s": create_head["gather_ids_per_s"],
+        "create_vs_gather": create_head["create_vs_gather"],
+        "create_vs_raw_gather": create_head["create_vs_raw_gather"],
         **phases,
         "targets": {
             "lookup_ratio": TARGET_RATIO,
             "update_ratio": TARGET_RATIO,
             "spill_lookup_ids_per_s": TARGET_SPILL_IDS_PER_S,
             "spill_disk_share": TARGET_SPILL_DISK_SHARE,
+            "create_vs_gather": TARGET_CREATE_VS_GATHER,
         },
         "settings": {
             "batch": BATCH,
@@ -508,6 +530,7 @@ def build_result(args: argparse.Namespace, phases: dict[str, Any]) -> dict[str, 
         "lookup_ratio": result["lookup_ratio"] >= TARGET_RATIO,
         "update_ratio": result["update_ratio"] >= TARGET_RATIO,
         "spill_lookup_ids_per_s": result["spill_lookup_ids_per_s"] >= TARGET_SPILL_IDS_PER_S,
+        "create_vs_gather": result["create_vs_gather"] >= TARGET_CREATE_VS_GATHER,
     }
     return result
 

@@ -21,7 +21,7 @@ import numpy.typing as npt
 from embeddb.common._routing_kernel import mix as _mix
 from embeddb.config import InitializerConfig, InitializerKind
 
-__all__ = ["initial_vectors", "table_key"]
+__all__ = ["fill_row", "initial_vectors", "initializer_args", "table_key"]
 
 _S40 = np.uint64(40)
 _ONE = np.uint64(1)
@@ -37,23 +37,43 @@ def table_key(name: str, seed: int) -> np.uint64:
     return key
 
 
+@numba.njit(nogil=True, cache=True, inline="always")
+def fill_row(row_id, key, kind, a, b, out, i, dim):  # type: ignore[no-untyped-def]
+    """Write the initial vector of ``row_id`` into ``out[i, :dim]`` (``out`` may be wider).
+
+    The one definition of the values: :func:`initial_vectors` and the kernel that creates a
+    lookup's new rows (:mod:`embeddb.engine.storage.creation`) both inline it, so a row is
+    bit-identical whichever path made it.
+    """
+    base = _mix(row_id ^ key)
+    for j in range(dim):
+        c = base + np.uint64(j) * _TWO
+        if kind == 0:
+            u = np.float64(_mix(c) >> _S40) * _INV24
+            out[i, j] = a + (b - a) * u
+        elif kind == 1:
+            u1 = (np.float64(_mix(c) >> _S40) + 1.0) * _INV24  # (0, 1]
+            u2 = np.float64(_mix(c + _ONE) >> _S40) * _INV24
+            z = np.sqrt(-2.0 * np.log(u1)) * np.cos(2.0 * np.pi * u2)
+            out[i, j] = a + b * z
+        else:
+            out[i, j] = 0.0
+
+
 @numba.njit(nogil=True, cache=True)
 def _fill(ids, key, kind, a, b, out):  # type: ignore[no-untyped-def]
     n, dim = out.shape
     for i in range(n):
-        base = _mix(ids[i] ^ key)
-        for j in range(dim):
-            c = base + np.uint64(j) * _TWO
-            if kind == 0:
-                u = np.float64(_mix(c) >> _S40) * _INV24
-                out[i, j] = a + (b - a) * u
-            elif kind == 1:
-                u1 = (np.float64(_mix(c) >> _S40) + 1.0) * _INV24  # (0, 1]
-                u2 = np.float64(_mix(c + _ONE) >> _S40) * _INV24
-                z = np.sqrt(-2.0 * np.log(u1)) * np.cos(2.0 * np.pi * u2)
-                out[i, j] = a + b * z
-            else:
-                out[i, j] = 0.0
+        fill_row(ids[i], key, kind, a, b, out, i, dim)
+
+
+def initializer_args(config: InitializerConfig) -> tuple[int, float, float]:
+    """``(kind code, a, b)``: the initializer as the kernels take it (uniform: low, high;
+    normal: mean, std)."""
+    kind = _KIND_CODE[config.kind]
+    if kind == 1:
+        return kind, float(config.mean), float(config.std)
+    return kind, float(config.low), float(config.high)
 
 
 def initial_vectors(
@@ -68,10 +88,6 @@ def initial_vectors(
         key: :func:`table_key` of the table.
     """
     out = np.empty((ids.size, dim), dtype=np.float32)
-    kind = _KIND_CODE[config.kind]
-    if kind == 1:
-        a, b = config.mean, config.std
-    else:
-        a, b = config.low, config.high
-    _fill(np.ascontiguousarray(ids, dtype=np.uint64), key, kind, float(a), float(b), out)
+    kind, a, b = initializer_args(config)
+    _fill(np.ascontiguousarray(ids, dtype=np.uint64), key, kind, a, b, out)
     return out

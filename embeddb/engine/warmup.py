@@ -17,6 +17,8 @@ time::
     hash_index.collect_victims     the stripe's index
     hash_index.scatter_rows        a stripe's rows and flags, the rows an update prepared
     hash_index.dedup_sum           request gradients: read-only or writable
+    creation (4 kernels)           a stripe's index, rows, ids, flags and free stack; writable
+                                   ids, rows and flags of a lookup's misses
     initializers (3 kinds)         writable ids
     optim: finite_rows, apply_rows the summed gradients (writable), per optimizer kind
 
@@ -37,7 +39,8 @@ from embeddb.common.routing import first_foreign
 from embeddb.config import InitializerConfig, InitializerKind, OptimizerConfig, OptimizerKind
 from embeddb.engine.initializers import initial_vectors, table_key
 from embeddb.engine.optim import Optimizer
-from embeddb.engine.storage import hash_index
+from embeddb.engine.storage import creation, hash_index
+from embeddb.engine.storage.ram_tier import DIRTY, ON_DISK
 
 __all__ = ["warm_up_core"]
 
@@ -58,6 +61,7 @@ def warm_up_core() -> float:
         ids = _ids(readonly)
         first_foreign(ids, 0, 2)
         _hash_index(ids, readonly)
+    _creation()
     for kind in InitializerKind:
         initial_vectors(_IDS, _DIM, InitializerConfig(kind=kind), table_key("warm-up", 0))
     for optimizer in _optimizers():
@@ -102,6 +106,38 @@ def _hash_index(ids: U64, readonly: bool) -> None:
         hash_index.scatter_rows(rows, slots, rows.take(slots, axis=0), flags, np.uint8(1))
     removed = np.empty(n, dtype=np.int64)
     hash_index.remove(index, ids, removed)
+
+
+def _creation() -> None:
+    """The kernels of a lookup's phase 3 (settling misses, creating and placing rows)."""
+    n, width = 3, _DIM + 1
+    index = hash_index.new_index(8)
+    rows = np.zeros((8, width), dtype=np.float32)
+    uniq = np.array([11, 22, 33], dtype=np.uint64)
+    values = np.zeros((n, width), dtype=np.float32)
+    found = np.array([False, True, False])
+    mine = np.array([0, 1, 2, 1], dtype=np.int64)
+    local, inverse = np.empty(mine.size, dtype=np.int64), np.empty(mine.size, dtype=np.int64)
+    creation.sorted_unique(uniq, np.empty(n, dtype=np.uint64), np.empty(n, dtype=np.int64))
+    k = creation.local_unique(mine, n, local, inverse)
+    local = local[:k]
+    resident = np.empty(k, dtype=bool)
+    creation.probe_rows(index, rows, uniq, local, 1, True, values, resident)
+    out = np.empty((mine.size, _DIM), dtype=np.float32)
+    new_rows = np.empty((n, width), dtype=np.float32)
+    admitted, promoted = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
+    counts = np.empty(creation.N_COUNTS, dtype=np.int64)
+    state = np.ones(1, dtype=np.float32)
+    key = table_key("warm-up", 0)
+    creation.settle_rows(
+        uniq, local, values, found, resident, inverse, mine, out, True, np.full(2, 0.5), 0.9,
+        key, 0, -1.0, 1.0, state, new_rows, admitted, promoted, counts,
+    )  # fmt: skip
+    ids, flags = np.zeros(8, dtype=np.uint64), np.zeros(8, dtype=np.uint8)
+    free = np.arange(7, -1, -1, dtype=np.int64)
+    creation.place_rows(
+        index, rows, ids, flags, free, 8, uniq, values, found, 1, False, ON_DISK, DIRTY
+    )
 
 
 def _grads(n: int, readonly: bool) -> F32:

@@ -9,6 +9,12 @@ RocksDB's own write-ahead log is disabled: this tier is a spill area, not the du
 mechanism. The disk tier survives a clean :meth:`close` (the shard first writes back every dirty
 RAM row and records that it did); crash recovery is the update log's job.
 
+Each table keeps the **span** of ids it may hold: its first and last key when the tier opens,
+widened (under a lock) before every write, never narrowed. A multi-get asks RocksDB only about
+the ids inside it, so the first-seen ids of a table with nothing on disk, or beyond every id
+it ever spilled, cost no RocksDB call (a rocksdict multi-get costs about a microsecond per key,
+found or not).
+
 The rocksdict API takes Python lists of ``bytes``; keys and values are converted with numpy's
 void-dtype views (``tolist`` on a ``V8`` array builds the list in C), never a per-id Python loop.
 
@@ -54,6 +60,7 @@ logger = logging.getLogger(__name__)
 
 _CF_PREFIX = "table."
 _ROCKSDICT_CONFIG = "rocksdict-config.json"  # written by rocksdict on every open
+_EVERY_ID = (0, (1 << 64) - 1)
 
 
 def _keys(ids: npt.NDArray[np.uint64]) -> list[bytes]:
@@ -128,9 +135,14 @@ class DiskTier:
         self._cfs: dict[str, rocksdict.ColumnFamily] = {}
         self._data_loss = dict.fromkeys(self._widths, 0)  # table -> reads failing RocksDB's checks
         self._data_loss_lock = threading.Lock()
+        # table -> the id range that may hold rows (None: the table holds none), widened before
+        # every write: a multi-get skips the ids outside it (first-seen ids, most often).
+        self._spans: dict[str, tuple[int, int] | None] = {}
+        self._spans_lock = threading.Lock()
         try:
             if read_only:
                 self._db = self._open_read_only(cache_mb)
+                self._spans = {name: self._stored_span(name) for name in self._widths}
                 return
             self.path.mkdir(parents=True, exist_ok=True)
             self._db = rocksdict.Rdict(str(self.path), _options(cache_mb, write_buffer_mb))
@@ -143,10 +155,36 @@ class DiskTier:
                     self._db.create_column_family(cf_name, _options(256, write_buffer_mb))
                 self._views[name] = self._db.get_column_family(cf_name)
                 self._cfs[name] = self._db.get_column_family_handle(cf_name)
+                self._spans[name] = self._stored_span(name)
         except StorageError:
             raise
         except Exception as exc:  # rocksdict raises plain Exception subclasses
             raise _storage_error(f"cannot open disk tier at {self.path}", exc) from exc
+
+    def _stored_span(self, table: str) -> tuple[int, int] | None:
+        """The first and last stored id of ``table`` (``None``: no row); every id when they
+        cannot be read (a damaged block fails the reads that touch it, not the open)."""
+        try:
+            it = self._views[table].iter()
+            it.seek_to_first()
+            if not it.valid():
+                it.status()
+                return None
+            first = it.key()
+            it.seek_to_last()
+            last = it.key()
+            it.status()
+        except Exception:
+            return _EVERY_ID
+        lo, hi = np.frombuffer(first + last, dtype=">u8")
+        return int(lo), int(hi)
+
+    def _widen(self, table: str, ids: npt.NDArray[np.uint64]) -> None:
+        """Widen ``table``'s span to cover ``ids`` (before they are written)."""
+        lo, hi = int(ids.min()), int(ids.max())
+        with self._spans_lock:
+            span = self._spans[table]
+            self._spans[table] = (lo, hi) if span is None else (min(lo, span[0]), max(hi, span[1]))
 
     def _open_read_only(self, cache_mb: int) -> rocksdict.Rdict:
         if not (self.path / "CURRENT").is_file():
@@ -194,8 +232,15 @@ class DiskTier:
             StorageError: RocksDB failed otherwise.
         """
         width = self._widths[table]
-        if ids.size == 0:
-            return np.zeros(0, dtype=bool), np.empty((0, width), dtype=np.float32)
+        span = self._spans[table]
+        if ids.size == 0 or span is None:  # nothing stored: no multi-get
+            return np.zeros(ids.size, dtype=bool), np.empty((0, width), dtype=np.float32)
+        if span != _EVERY_ID:
+            inside = (ids >= np.uint64(span[0])) & (ids <= np.uint64(span[1]))
+            if not inside.all():  # ask RocksDB only about the ids inside the stored span
+                found = np.zeros(ids.size, dtype=bool)
+                found[inside], rows = self.get(table, ids[inside])
+                return found, rows
         try:
             values = self._views[table].get(_keys(ids))  # type: ignore[arg-type]
         except Exception as exc:
@@ -221,6 +266,7 @@ class DiskTier:
         if ids.size == 0:
             return
         width = self._widths[table]
+        self._widen(table, ids)
         values = np.ascontiguousarray(rows, dtype=np.float32).view(f"V{4 * width}").ravel().tolist()
         batch = rocksdict.WriteBatch(raw_mode=True)
         cf = self._cfs[table]

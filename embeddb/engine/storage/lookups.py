@@ -13,7 +13,8 @@ stripe (about 25% cheaper per key) and no stripe lock is held while it runs:
    ``admit_probability``, one draw per attempt from the stripe's own generator): their vectors
    come from the deterministic initializer, their state from the optimizer. The rows it admits
    are prepared, not published: the table hands them to its journal first
-   (:mod:`embeddb.engine.storage.writes`).
+   (:mod:`embeddb.engine.storage.writes`). Settling one stripe is a few compiled passes
+   (:mod:`embeddb.engine.storage.creation`), not one numpy step per decision.
 
 :class:`~embeddb.engine.storage.table.TieredTable` owns one :class:`Lookups` and takes the
 locks; this module never takes more than one stripe lock at a time.
@@ -29,9 +30,9 @@ import numpy.typing as npt
 
 from embeddb.common.arrays import F32, I64, U64
 from embeddb.config import TableConfig
-from embeddb.engine.initializers import initial_vectors, table_key
+from embeddb.engine.initializers import initializer_args, table_key
 from embeddb.engine.optim import Optimizer
-from embeddb.engine.storage import hash_index
+from embeddb.engine.storage import creation, hash_index
 from embeddb.engine.storage.changes import Change, Op
 from embeddb.engine.storage.disk_tier import DiskTier
 from embeddb.engine.storage.parallel import StripePool
@@ -53,6 +54,7 @@ class _Misses:
     where: I64  # their positions in the caller's ids
     tick: int
     disk_generation: int
+    placed: int  # the stripe's placements count when the misses were collected
 
 
 @dataclass(frozen=True)
@@ -75,6 +77,8 @@ _NO_MISSES = (
     np.empty((0, 0), np.float32),
     np.zeros(1, np.int64),
 )
+_NO_DRAWS = np.empty(0, dtype=np.float64)
+_RADIX_MIN = 2048  # fewer ids: numpy's sort is as fast as the radix sort's fixed passes
 
 
 class Lookups:
@@ -112,6 +116,8 @@ class Lookups:
         self._pool = pool
         self._split = split
         self._key = table_key(config.name, config.seed)
+        self._initializer = initializer_args(config.initializer)
+        self._state = optimizer.initial_state(1)[0].copy()  # every new row's optimizer state
         seed_seq = np.random.SeedSequence([config.seed, int(self._key)])
         self._rngs = [np.random.default_rng(s) for s in seed_seq.spawn(len(stripes))]
 
@@ -129,8 +135,8 @@ class Lookups:
         pending = [m for m in gathered if m is not None]
         if not pending:
             return LookupPlan(out, [], *_NO_MISSES)
-        uniq, inverse = np.unique(
-            np.concatenate([m.ids for m in pending]), return_inverse=True
+        uniq, inverse = _sorted_unique(
+            np.concatenate([m.ids for m in pending])
         )  # sorted: RocksDB's multi-get is fastest on ordered keys
         found, disk_rows = self._disk.get(self.name, uniq)
         values = np.zeros((uniq.size, self.width), dtype=np.float32)
@@ -140,22 +146,68 @@ class Lookups:
 
     def settle(self, plan: LookupPlan, k: int, train: bool) -> Prepared[F32]:
         """Phase 3 for the misses of ``plan.pending[k]`` (its stripe's lock held): fills their
-        rows of ``plan.out``; a training lookup's admitted rows are prepared, not published."""
+        rows of ``plan.out``; a training lookup's admitted rows are prepared, not published.
+        Publishing returns ``plan.out``.
+
+        The compiled passes (:mod:`embeddb.engine.storage.creation`) work on the plan's arrays
+        in place: ``plan.values``/``plan.found`` rows of this stripe's ids end up as this
+        stripe's rows (resident, read from disk, created or zeros).
+        """
         m = plan.pending[k]
         mine = plan.inverse[plan.starts[k] : plan.starts[k + 1]]
-        local, local_inv = np.unique(mine, return_inverse=True)
+        local, local_inv = _local_unique(mine, plan.uniq.size)
         stripe = self.stripes[m.stripe]
-        rows, prepared = self._settle_stripe(
-            m,
-            stripe,
-            plan.uniq[local],
-            plan.values[local],
-            plan.found[local],
-            local_inv,
-            train,
-        )
-        plan.out[m.where] = rows[local_inv, : self.dim]
-        return prepared
+        uniq, values, found = plan.uniq, plan.values, plan.found
+        c = stripe.counters
+        resident = np.zeros(local.size, dtype=bool)
+        absent = local.size
+        if stripe.placed != m.placed:  # another call may have made some of them resident
+            absent = creation.probe_rows(
+                stripe.index, stripe.rows, uniq, local, m.tick, train, values, resident
+            )  # those rows as they are now
+        if absent and stripe.disk_generation != m.disk_generation:
+            gone = local[~resident]
+            now_found, now_rows = self._disk.get(self.name, uniq[gone])
+            fresh = np.zeros((now_found.size, self.width), dtype=np.float32)
+            fresh[now_found] = now_rows
+            values[gone] = fresh
+            found[gone] = now_found
+        p = self.config.admit_probability
+        draws = _NO_DRAWS
+        if train and p < 1.0 and absent:
+            n_new = int(np.count_nonzero(~(resident | found[local])))
+            if n_new:  # one draw per attempt, from the stripe's own generator
+                draws = self._rngs[m.stripe].random(n_new)
+        n_absent = int(absent) if train else 0
+        new_rows = np.empty((n_absent, self.width), dtype=np.float32)
+        admitted = np.empty(n_absent, dtype=np.int64)
+        promoted = np.empty(n_absent, dtype=np.int64)
+        counts = np.empty(creation.N_COUNTS, dtype=np.int64)
+        kind, a, b = self._initializer
+        creation.settle_rows(
+            uniq, local, values, found, resident, local_inv, m.where, plan.out, train, draws,
+            p, self._key, kind, a, b, self._state, new_rows, admitted, promoted, counts,
+        )  # fmt: skip
+        c.ram_hits += int(counts[creation.RAM_HITS])
+        c.disk_hits += int(counts[creation.DISK_HITS])
+        c.misses += int(counts[creation.MISSES])
+        if not train:
+            return Prepared([], lambda: plan.out)
+        up = promoted[: counts[creation.N_PROMOTED]]
+        if up.size:  # clean: no reader can tell
+            self._tiers.store(stripe, uniq[up], values[up], found[up], m.tick, False)
+        n_admitted = int(counts[creation.N_ADMITTED])
+        ids, rows = uniq[admitted[:n_admitted]], new_rows[:n_admitted]
+        n_new = int(counts[creation.N_NEW])
+
+        def publish() -> F32:
+            self._tiers.store(stripe, ids, rows, np.zeros(ids.size, bool), m.tick, dirty=False)
+            c.admitted += ids.size
+            c.rejected += n_new - ids.size
+            return plan.out
+
+        changes = [Change(Op.PUT, self.name, ids, rows)] if ids.size else []
+        return Prepared(changes, publish)
 
     def _gather_stripe(
         self, s: int, stripe: RamStripe, ids: U64, where: I64, out: F32, train: bool
@@ -173,64 +225,27 @@ class Lookups:
         if n_miss == 0:
             return None
         miss = miss[:n_miss]
-        return _Misses(s, ids[miss], where[miss], tick, stripe.disk_generation)
+        return _Misses(s, ids[miss], where[miss], tick, stripe.disk_generation, stripe.placed)
 
-    def _settle_stripe(
-        self,
-        m: _Misses,
-        stripe: RamStripe,
-        uniq: U64,
-        values: F32,
-        found: npt.NDArray[np.bool_],
-        inverse: I64,
-        train: bool,
-    ) -> tuple[F32, Prepared[F32]]:
-        """Phase 3 for one stripe's distinct missed ids ``uniq``.
 
-        ``values``/``found`` are what phase 2 read from disk. Returns the full rows to answer
-        with, and (a training lookup) the admitted new rows, prepared; disk rows are promoted.
-        """
-        c = stripe.counters
-        slots = np.empty(uniq.size, dtype=np.int64)
-        hash_index.probe(stripe.index, uniq, m.tick, train, slots)
-        resident = slots >= 0  # made resident by another call since phase 1
-        values[resident] = stripe.rows[slots[resident]]
-        absent = ~resident
-        if stripe.disk_generation != m.disk_generation and absent.any():
-            now_found, now_rows = self._disk.get(self.name, uniq[absent])
-            fresh = np.zeros((now_found.size, self.width), dtype=np.float32)
-            fresh[now_found] = now_rows
-            values[absent] = fresh
-            found[absent] = now_found
-        occurrences = np.bincount(inverse, minlength=uniq.size)
-        c.ram_hits += int(occurrences[resident].sum())
-        c.disk_hits += int(occurrences[absent & found].sum())
-        c.misses += int(occurrences[absent & ~found].sum())
-        if not train:
-            return values, Prepared([], lambda: values)
-        new = absent & ~found
-        admitted = new.copy()
-        p = self.config.admit_probability
-        if p < 1.0 and new.any():
-            admitted[new] = self._rngs[m.stripe].random(int(new.sum())) < p
-        if admitted.any():
-            values[admitted] = self._new_rows(uniq[admitted])
-        promoted = absent & found  # clean: no reader can tell
-        self._tiers.store(stripe, uniq[promoted], values[promoted], found[promoted], m.tick, False)
-        ids, rows = uniq[admitted], values[admitted]
-        n_new = int(new.sum())
+def _sorted_unique(ids: U64) -> tuple[U64, I64]:
+    """``np.unique(ids, return_inverse=True)``; a compiled radix sort for large calls."""
+    if ids.size < _RADIX_MIN:
+        uniq, inverse = np.unique(ids, return_inverse=True)
+        return uniq, inverse
+    uniq = np.empty(ids.size, dtype=np.uint64)
+    inverse = np.empty(ids.size, dtype=np.int64)
+    k = creation.sorted_unique(ids, uniq, inverse)
+    return uniq[:k], inverse
 
-        def publish() -> F32:
-            self._tiers.store(stripe, ids, rows, np.zeros(ids.size, bool), m.tick, dirty=False)
-            c.admitted += ids.size
-            c.rejected += n_new - ids.size
-            return values
 
-        changes = [Change(Op.PUT, self.name, ids, rows)] if ids.size else []
-        return values, Prepared(changes, publish)
-
-    def _new_rows(self, ids: U64) -> F32:
-        rows = np.empty((ids.size, self.width), dtype=np.float32)
-        rows[:, : self.dim] = initial_vectors(ids, self.dim, self.config.initializer, self._key)
-        rows[:, self.dim :] = self.optimizer.initial_state(ids.size)
-        return rows
+def _local_unique(mine: I64, size: int) -> tuple[I64, I64]:
+    """``np.unique(mine, return_inverse=True)`` of indices into ``range(size)``: one compiled
+    pass over the range when ``mine`` covers a good part of it, else numpy's sort."""
+    if mine.size * 8 < size:
+        local, inverse = np.unique(mine, return_inverse=True)
+        return local, inverse
+    local = np.empty(mine.size, dtype=np.int64)
+    inverse = np.empty(mine.size, dtype=np.int64)
+    k = creation.local_unique(mine, size, local, inverse)
+    return local[:k], inverse

@@ -21,7 +21,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 import numpy.typing as npt
 
-from embeddb.engine.storage import hash_index
+from embeddb.engine.storage import creation, hash_index
 
 __all__ = ["DIRTY", "ON_DISK", "Counters", "RamStripe"]
 
@@ -85,6 +85,9 @@ class RamStripe:
         # Bumped on every disk-tier write or delete of this stripe's ids (under the lock), so a
         # call that read the disk tier without the lock can tell whether its copies are current.
         self.disk_generation = 0
+        # Bumped whenever rows become resident (under the lock): a lookup whose misses saw the
+        # same count needs no second probe for them.
+        self.placed = 0
         self.lock = threading.Lock()
         self.counters = Counters()
 
@@ -106,6 +109,41 @@ class RamStripe:
         slots: npt.NDArray[np.int64] = self._free[start : self.n_free][::-1].copy()
         self.n_free = start
         return slots
+
+    def place(
+        self,
+        ids: npt.NDArray[np.uint64],
+        rows: npt.NDArray[np.float32],
+        on_disk: npt.NDArray[np.bool_],
+        tick: int,
+        dirty: bool,
+    ) -> int:
+        """Make absent ``ids`` resident with ``rows`` in free slots (``ids.size <= n_free``),
+        stamped ``tick``: flagged ``ON_DISK`` where ``on_disk``, ``DIRTY`` where ``dirty`` or
+        there is no disk copy. One compiled pass (slots popped as :meth:`take_slots` pops them).
+
+        Returns:
+            How many of ``ids`` have a disk copy.
+        """
+        n = ids.size
+        promoted = creation.place_rows(
+            self.index,
+            self.rows,
+            self.ids,
+            self.flags,
+            self._free,
+            self.n_free,
+            ids,
+            rows,
+            on_disk,
+            tick,
+            dirty,
+            ON_DISK,
+            DIRTY,
+        )
+        self.n_free -= n
+        self.placed += 1
+        return int(promoted)
 
     def release_slots(self, slots: npt.NDArray[np.int64]) -> None:
         """Return slots to the free list and zero their rows and flags."""

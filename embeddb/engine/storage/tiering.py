@@ -59,13 +59,7 @@ class Tiers:
             want = min(max(k - stripe.n_free, stripe.eviction_chunk), stripe.size)
             self.evict(stripe, want, tick)
         fit = min(k, stripe.n_free)
-        slots = stripe.take_slots(fit)
-        stripe.rows[slots] = rows[:fit]
-        stripe.ids[slots] = ids[:fit]
-        copy = on_disk[:fit]
-        stripe.flags[slots] = np.where(copy, ON_DISK, 0) | np.where(dirty | ~copy, DIRTY, 0)
-        hash_index.insert(stripe.index, ids[:fit], slots, tick)
-        c.promoted += int(copy.sum())
+        c.promoted += stripe.place(ids[:fit], rows[:fit], on_disk[:fit], tick, dirty)
         if fit < k:
             over_ids, over_rows, over_disk = ids[fit:], rows[fit:], on_disk[fit:]
             write = np.ones(over_ids.size, dtype=bool) if dirty else ~over_disk
