@@ -80,9 +80,10 @@ def main() -> int:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     model = module.AdultModel(len(CATEGORICAL), 8, len(NUMERIC))
-    tables = nn.ModuleList(nn.Embedding(len(vocab[c]) + 1, 8, sparse=True) for c in CATEGORICAL)
-    for table in tables:
+    embeddings = [nn.Embedding(len(vocab[c]) + 1, 8, sparse=True) for c in CATEGORICAL]
+    for table in embeddings:
         nn.init.normal_(table.weight, 0.0, 0.05)
+    tables = nn.ModuleList(embeddings)
     emb_opt = torch.optim.Adagrad(
         tables.parameters(), lr=0.05, initial_accumulator_value=0.01, eps=1e-10
     )
@@ -90,7 +91,7 @@ def main() -> int:
     loss_fn = nn.BCEWithLogitsLoss()
 
     def forward(ids: torch.Tensor, num: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = model([num], [t(ids[:, j]) for j, t in enumerate(tables)])
+        out: torch.Tensor = model([num], [t(ids[:, j]) for j, t in enumerate(embeddings)])
         return out
 
     # sparse invariant checks off, explicitly (torch warns when it is left implicit)

@@ -15,6 +15,7 @@ runs only when ``torchrec`` and ``fbgemm_gpu`` import here; otherwise the JSON s
 from __future__ import annotations
 
 import argparse
+import importlib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -105,8 +106,8 @@ def layout_ratios(runs: dict[str, Run], layout: str) -> dict[str, float | None]:
 def torchrec_missing() -> str | None:
     """Why TorchRec cannot run here (``None``: it imports)."""
     try:
-        import fbgemm_gpu  # noqa: F401
-        import torchrec  # noqa: F401
+        importlib.import_module("fbgemm_gpu")
+        importlib.import_module("torchrec")
     except Exception as exc:  # an ImportError, or fbgemm's OSError on a torch ABI mismatch
         text = str(exc).splitlines()[0] if str(exc) else ""
         return f"{type(exc).__name__}: {text[:300]}"
