@@ -305,7 +305,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if core and not args.skip_startup:
             say()
             say("start-up: embeddb train examples/adult/train.yaml against plain PyTorch")
-            startup = run_startup(workdir)
+            startup = run_startup(workdir, pairs=1 if args.quick else 2)
 
     curve_runs = [r for r in [*runs.values(), *small.values()] if r.curve]
     table_runs = [*runs.values(), *small.values()]
