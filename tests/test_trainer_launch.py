@@ -4,7 +4,6 @@ clean stops on Ctrl-C/SIGTERM, and the restart of every NN worker after one dies
 from __future__ import annotations
 
 import json
-
 import os
 import signal
 import subprocess
@@ -269,7 +268,8 @@ def test_a_job_trains_adult_predicts_and_leaves_no_process(tmp_path: Path) -> No
     assert metrics["test_auc"] == pytest.approx(auc, abs=1e-4)
     # start-up: from the launcher's own start to the first step, through every process
     phases = metrics["startup_phases_s"]
-    assert list(phases)[0] == "command" and list(phases)[-1] == "first_step"
+    order = list(phases)
+    assert order[0] == "command" and order[-1] == "first_step"
     for mark in ("validated", "shards_up", "torchrun", "rank_imports", "embedding_worker"):
         assert phases[mark] >= 0.0, mark
     assert metrics["startup_s"] == pytest.approx(sum(phases.values()))
