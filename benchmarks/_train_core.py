@@ -10,10 +10,11 @@ from pathlib import Path
 
 import torch
 from _report import say
+from _train_layouts import layout_runs
 from _train_models import CRITEO, adult_model, adult_yaml, embedding_yaml, local_cluster
 from _train_runs import Run, run_embeddb, run_inprocess
 
-from embeddb.features import AdultReader, CriteoReader
+from embeddb.features import AdultReader, CriteoReader, SyntheticCriteo
 from embeddb.trainer import Batch
 
 BATCH = CRITEO.batch
@@ -35,6 +36,7 @@ class Plan:
     rtt_samples: int
     small_samples: int
     small_test_samples: int
+    layout_samples: int = 0  # per batch-128 layout run
 
 
 def plan_of(args: argparse.Namespace) -> Plan:
@@ -48,6 +50,7 @@ def plan_of(args: argparse.Namespace) -> Plan:
             args.rtt_samples or 30_720,
             args.small_samples or 30_720,
             10_240,
+            args.layout_samples or 30_720,
         )
     return Plan(
         args.samples or 1_048_576,
@@ -58,6 +61,7 @@ def plan_of(args: argparse.Namespace) -> Plan:
         args.rtt_samples or 131_072,
         args.small_samples or 262_144,
         51_200,
+        args.layout_samples or 262_144,
     )
 
 
@@ -68,9 +72,10 @@ def core_runs(
     test: Sequence[Batch],
     capacity: int,
     workdir: Path,
+    data: SyntheticCriteo,
 ) -> tuple[dict[str, Run], Run, Run | None, str | None, str | None]:
-    """In-process, hybrid, sync, async (+ the other layout, CUDA), Adult and the Criteo
-    sample: ``(runs, adult, criteo, criteo_note, cuda_note)``."""
+    """In-process, hybrid, sync, async (+ the other layout and batch 128 in both, CUDA), Adult
+    and the Criteo sample: ``(runs, adult, criteo, criteo_note, cuda_note)``."""
     cpu = torch.device("cpu")
     warm = args.warmup_batches
     yaml_main = embedding_yaml(args.layout, capacity)
@@ -91,16 +96,10 @@ def core_runs(
                 mode, mode, staleness, yaml_main, addresses, train, test, plan.evals, cpu,
                 warmup=warm,
             )  # fmt: skip
-    if args.compare_layouts:
-        other = "per-feature" if args.layout == "shared" else "shared"
-        name = f"hybrid_{other.replace('-', '_')}"
-        say(f"hybrid, layout {other!r}")
-        yaml_other = embedding_yaml(other, capacity)
-        with local_cluster(yaml_other, args.shards, workdir) as addresses:
-            runs[name] = run_embeddb(
-                name, "hybrid", args.staleness, yaml_other, addresses, train, test,
-                plan.evals, cpu, warmup=warm,
-            )  # fmt: skip
+    if not args.skip_layouts:
+        runs.update(
+            layout_runs(args, data, plan.layout_samples, train, test, plan.evals, capacity, workdir)
+        )
 
     cuda_note: str | None = None
     if torch.cuda.is_available():

@@ -196,6 +196,7 @@ def run_small(
     settings: SweepSettings,
     workdir: Path,
     shape: Shape = SMALL,
+    layout: str = "per-feature",
 ) -> dict[str, Run]:
     """The small model in-process and hybrid (loopback, the benchmark's staleness)."""
     runs: dict[str, Run] = {}
@@ -203,8 +204,8 @@ def run_small(
     runs["small_inprocess"] = run_inprocess(
         "small_inprocess", train, test, evals, buckets, settings.device, shape, settings.warmup
     )
-    say(f"small model, hybrid (max_staleness {settings.staleness})")
-    yaml_text = embedding_yaml("shared", capacity, shape)
+    say(f"small model, hybrid (max_staleness {settings.staleness}, layout {layout!r})")
+    yaml_text = embedding_yaml(layout, capacity, shape)
     with local_cluster(yaml_text, settings.shards, workdir) as addresses:
         runs["small_hybrid"] = run_embeddb(
             "small_hybrid", "hybrid", settings.staleness, yaml_text, addresses, train, test,

@@ -25,10 +25,25 @@ Runs, one after the other in one process (the NN side), each on fresh shards:
   use ``max_staleness`` = ``--staleness`` (``sync`` forces 1); ``async`` uses
   ``--async-staleness`` (high, so that its accuracy loss can show).
 
-Embedding layouts (``--layout``): ``shared`` puts the 26 features in one feature group, so they
-read one table; ``per-feature`` gives each feature its own table. Either way the embedding
-worker sends one LookupMany and one ApplyGradientsMany per shard per batch (with 26 parts in
-the per-feature layout). ``--compare-layouts`` also runs hybrid in the other layout.
+Embedding layouts (``--layout``): ``per-feature`` (the default, for every run and ratio: what
+``embedding_config: auto`` and PERSIA's configs produce) gives each feature its own table;
+``shared`` puts the 26 features in one feature group, so they read one table. Either way the
+embedding worker sends one LookupMany and one ApplyGradientsMany per shard per batch (with 26
+parts in the per-feature layout). Hybrid also runs in the other layout, at batch 512 and (rate
+only, ``--layout-samples``) at batch 128 in both: ``table_layout_ratio`` and
+``table_layout_ratio_b128`` are samples/s with 26 tables over one shared table, in the same run
+(``--skip-layouts`` leaves them out; ``_train_layouts.py``).
+
+Start-up (``--skip-startup`` leaves it out; ``_train_startup.py``): the whole ``embeddb train
+examples/adult/train.yaml`` command against the equivalent plain PyTorch script
+(``_train_adult_torch.py``, same data, model, optimizers and epochs), each timed from its start
+to its exit, interleaved, twice: ``adult_wall_vs_torch`` is the second (warm) embeddb wall over
+the second PyTorch wall; ``startup_s`` is the warm job's own report (command start to the first
+training step) and ``startup`` holds its timeline.
+
+Peers (``peers``): the in-process PyTorch run (one fused ``nn.EmbeddingBag`` + Adagrad, one
+process) against hybrid, and TorchRec's unsharded ``EmbeddingBagCollection`` when torchrec and
+fbgemm-gpu-cpu import here (else the reason it was skipped).
 
 Timing: each run trains in ``--evals`` equal segments; after each segment the embedding updates
 are flushed and the model scored on the test set. Only training is timed
@@ -61,7 +76,8 @@ batch 256, in-process against hybrid.
 Output: a table as the run goes, then, as the last line, one JSON object (keys in
 ``benchmarks/README.md``). Targets (``hybrid_vs_inprocess`` >= 0.8, ``hybrid_vs_sync`` >= 2,
 |AUC hybrid - AUC sync| <= 0.001, async below, ``hybrid_rtt_flatness`` >= 0.9,
-``hybrid_vs_sync_rtt20ms`` >= 2.5, ``small_hybrid_vs_inprocess`` >= 0.6) are printed, never
+``hybrid_vs_sync_rtt20ms`` >= 2.5, ``small_hybrid_vs_inprocess`` >= 0.6, ``table_layout_ratio``
+and ``table_layout_ratio_b128`` >= 0.9, ``adult_wall_vs_torch`` <= 1.5) are printed, never
 enforced.
 
 Usage::
@@ -88,6 +104,7 @@ import numpy as np
 import torch
 from _report import finish, say, verdict
 from _train_core import BATCH, EVAL_BATCH, core_runs, plan_of
+from _train_layouts import TARGET_LAYOUT_RATIO, layout_ratios, peers_json, torchrec_missing
 from _train_models import (
     CRITEO,
     DENSE_LR,
@@ -99,6 +116,7 @@ from _train_models import (
     embedding_yaml,
 )
 from _train_runs import Run, labels_of, run_embeddb, run_inprocess, segments, write_curves
+from _train_startup import run_startup
 from _train_sweep import (
     RTTS_MS,
     SweepPoint,
@@ -145,6 +163,7 @@ TARGET_AUC_GAP = 0.001
 TARGET_RTT_FLATNESS = 0.9
 TARGET_VS_SYNC_RTT20 = 2.5
 TARGET_SMALL_VS_INPROCESS = 0.6
+TARGET_ADULT_WALL_VS_TORCH = 1.5
 
 # The real PERSIA on a 2-core machine (the reference point).
 PERSIA_SAMPLES_PER_S = 26_800
@@ -162,8 +181,11 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--cardinality", type=int, default=200_000, help="ids per feature")
     add("--buckets", type=int, default=1 << 19, help="in-process rows/feature")
     add("--shards", type=int, default=1)
-    add("--layout", choices=("shared", "per-feature"), default="shared")
-    add("--compare-layouts", action="store_true")
+    add("--layout", choices=("shared", "per-feature"), default="per-feature")
+    add("--compare-layouts", action="store_true", help="(the default now; see --skip-layouts)")
+    add("--skip-layouts", action="store_true", help="no run in the other layout, no batch 128")
+    add("--layout-samples", type=int, default=0, help="samples per batch-128 layout run")
+    add("--skip-startup", action="store_true", help="no embeddb train / PyTorch Adult walls")
     add("--staleness", type=int, default=4, help="hybrid's max_staleness")
     add("--async-staleness", type=int, default=32)
     add("--threads", type=int, default=os.cpu_count() or 1)
@@ -246,11 +268,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     criteo_note = cuda_note = None
     points: list[SweepPoint] = []
     small: dict[str, Run] = {}
+    startup: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="embeddb-train-bench-") as tmp:
         workdir = Path(tmp)
         if core:
             runs, adult_run, criteo_run, criteo_note, cuda_note = core_runs(
-                args, plan, train, test, capacity, workdir
+                args, plan, train, test, capacity, workdir, data
             )
         if not args.skip_rtt and rtts:
             say()
@@ -258,7 +281,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"{args.warmup_batches} warm-up batches")  # fmt: skip
             sweep_train = train[: max(1, plan.rtt_samples // BATCH)]
             points = run_sweep(
-                sweep_train, test, embedding_yaml("shared", capacity), sweep, workdir
+                sweep_train, test, embedding_yaml(args.layout, capacity), sweep, workdir
             )
         if core and not args.skip_small:
             say()
@@ -277,10 +300,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             small_capacity = int(distinct_ids(small_train + small_test, SMALL.num_id) * 1.2) + 1024
             small = run_small(
                 small_train, small_test, max(1, plan.evals // 2), args.buckets, small_capacity,
-                sweep, workdir,
+                sweep, workdir, layout=args.layout,
             )  # fmt: skip
+        if core and not args.skip_startup:
+            say()
+            say("start-up: embeddb train examples/adult/train.yaml against plain PyTorch")
+            startup = run_startup(workdir, pairs=1 if args.quick else 2)
 
-    curve_runs = list(runs.values()) + list(small.values())
+    curve_runs = [r for r in [*runs.values(), *small.values()] if r.curve]
+    table_runs = [*runs.values(), *small.values()]
     csv_path, png_path, plot_note = (
         write_curves(curve_runs, args.out_dir) if curve_runs else (None, None, None)
     )
@@ -310,6 +338,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if small
         else None
     )
+    layouts = layout_ratios(runs, args.layout)
+    wall_ratio = startup.get("adult_wall_vs_torch")
     small_steady = (
         ratio(
             small["small_hybrid"].steady_samples_per_s,
@@ -325,7 +355,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{'samples':>11}{'train s':>9}"
     )
     table = [
-        *curve_runs,
+        *table_runs,
         *([adult_run] if adult_run else []),
         *([criteo_run] if criteo_run else []),
     ]
@@ -365,6 +395,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         target_line("hybrid_vs_sync_rtt20ms", vs_sync_rtt, TARGET_VS_SYNC_RTT20),
         target_line("small_hybrid_vs_inprocess", small_ratio, TARGET_SMALL_VS_INPROCESS)
         + (f"; steady state {small_steady:.2f}" if small_steady is not None else ""),
+    ]
+    summary += [
+        target_line("table_layout_ratio", layouts["table_layout_ratio"], TARGET_LAYOUT_RATIO),
+        target_line(
+            "table_layout_ratio_b128", layouts["table_layout_ratio_b128"], TARGET_LAYOUT_RATIO
+        ),
+        target_line("adult_wall_vs_torch", wall_ratio, TARGET_ADULT_WALL_VS_TORCH, at_least=False)
+        + (
+            f"; embeddb train {startup['adult_wall_s']:.1f} s (start-up "
+            f"{startup['startup_s'] or 0:.1f} s) against {startup['adult_torch_wall_s']:.1f} s"
+            if startup
+            else ""
+        ),
     ]
     if adult_run is not None:
         summary.append(f"adult AUC {adult_run.auc:.4f} at {adult_run.samples_per_s:,.0f} samples/s")
@@ -413,6 +456,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "small_hybrid_vs_inprocess": small_ratio,
         "small_hybrid_vs_inprocess_steady": small_steady,
         "runs": {name: run_json(run) for name, run in [*runs.items(), *small.items()]},
+        **layouts,
+        "startup_s": startup.get("startup_s"),
+        "adult_wall_vs_torch": wall_ratio,
+        "startup": startup or None,
+        "peers": peers_json(runs, BATCH, torchrec_missing()) if core else None,
         "cuda_note": cuda_note,
         "curves_csv": str(csv_path) if csv_path else None,
         "plot_png": str(png_path) if png_path else None,
@@ -426,6 +474,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             "hybrid_rtt_flatness": TARGET_RTT_FLATNESS,
             "hybrid_vs_sync_rtt20ms": TARGET_VS_SYNC_RTT20,
             "small_hybrid_vs_inprocess": TARGET_SMALL_VS_INPROCESS,
+            "table_layout_ratio": TARGET_LAYOUT_RATIO,
+            "table_layout_ratio_b128": TARGET_LAYOUT_RATIO,
+            "adult_wall_vs_torch_at_most": TARGET_ADULT_WALL_VS_TORCH,
         },
         "targets_met": {
             "hybrid_vs_inprocess": _met(vs_inprocess, TARGET_VS_INPROCESS),
@@ -435,6 +486,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             "hybrid_rtt_flatness": _met(flatness, TARGET_RTT_FLATNESS),
             "hybrid_vs_sync_rtt20ms": _met(vs_sync_rtt, TARGET_VS_SYNC_RTT20),
             "small_hybrid_vs_inprocess": _met(small_ratio, TARGET_SMALL_VS_INPROCESS),
+            "table_layout_ratio": _met(layouts["table_layout_ratio"], TARGET_LAYOUT_RATIO),
+            "table_layout_ratio_b128": _met(
+                layouts["table_layout_ratio_b128"], TARGET_LAYOUT_RATIO
+            ),
+            "adult_wall_vs_torch": None
+            if wall_ratio is None
+            else wall_ratio <= TARGET_ADULT_WALL_VS_TORCH,
         },
         "reference": {
             "persia_samples_per_s": PERSIA_SAMPLES_PER_S,
@@ -462,6 +520,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "criteo_epochs": plan.criteo_epochs,
             "rtt_samples": plan.rtt_samples,
             "small_samples": plan.small_samples,
+            "layout_samples": plan.layout_samples,
             "small_model": SMALL.describe(),
             "warmup_batches": args.warmup_batches,
             "cpus": os.cpu_count(),

@@ -3,6 +3,7 @@ clean stops on Ctrl-C/SIGTERM, and the restart of every NN worker after one dies
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -263,7 +264,16 @@ def test_a_job_trains_adult_predicts_and_leaves_no_process(tmp_path: Path) -> No
     assert out.count("prediction ") == 3
     auc = float(out.split("test AUC ")[1].split()[0])
     assert auc > 0.85
-    assert '"test_auc"' in (tmp_path / "metrics.jsonl").read_text()
+    metrics = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
+    assert metrics["test_auc"] == pytest.approx(auc, abs=1e-4)
+    # start-up: from the launcher's own start to the first step, through every process
+    phases = metrics["startup_phases_s"]
+    order = list(phases)
+    assert order[0] == "command" and order[-1] == "first_step"
+    for mark in ("validated", "shards_up", "torchrun", "rank_imports", "embedding_worker"):
+        assert phases[mark] >= 0.0, mark
+    assert metrics["startup_s"] == pytest.approx(sum(phases.values()))
+    assert "(command start to the first step)" in out
     assert len(seen) >= 4  # shard, torchrun, 2 ranks (and their embedding workers)
     assert_all_gone(seen)
 

@@ -63,6 +63,7 @@ cluster logs JSON (``--log-format json``) and the children get ``EMBEDDB_LOG_FOR
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import shlex
@@ -90,6 +91,7 @@ from embeddb.trainer.launcher.failures import (
 )
 from embeddb.trainer.launcher.job import CONFIG_ERROR, JobConfig
 from embeddb.trainer.launcher.resume import finished
+from embeddb.trainer.launcher.startup import MARKS_ENV, process_started
 
 __all__ = [
     "Relay",
@@ -171,6 +173,7 @@ def launch(
         UnavailableError: the local shards did not become healthy.
         TrainingFailedError: a rank's error, or crashes past ``max_restarts``.
     """
+    marks = {"command": process_started()}  # the start-up timeline (launcher.startup)
     path = Path(job_path).resolve()
     job = JobConfig.from_yaml(job_path)
     done = finished(job)
@@ -191,10 +194,13 @@ def launch(
     try:
         with _signals_as_interrupt(), tempfile.TemporaryDirectory(prefix="embeddb-train-") as tmp:
             run_dir = Path(tmp)
+            marks["validating"] = time.time()
             run_validation(path, run_dir, echo, relay)
+            marks["validated"] = time.time()
             address_file = run_dir / "shards.txt"
             with _shards(job, address_file, echo, run_dir, relay):
-                attempts = _Attempts(path, job, address_file, run_dir, echo, relay)
+                marks["shards_up"] = time.time()
+                attempts = _Attempts(path, job, address_file, run_dir, echo, relay, marks)
                 return attempts.run(predict, finished=done is not None)
     except KeyboardInterrupt:
         echo("interrupted: stopped every process of the job")
@@ -248,8 +254,6 @@ def run_validation(
 
 
 def _echo_features(run_dir: Path, echo: Callable[[str], None]) -> None:
-    import json
-
     try:
         doc = json.loads((run_dir / "features.json").read_text())
         ids = [c.get("name") or c["column"] for c in doc["ids"]]
@@ -271,9 +275,11 @@ class _Attempts:
         run_dir: Path,
         echo: Callable[[str], None],
         relay: Relay | None,
+        marks: dict[str, float] | None = None,
     ) -> None:
         self.path, self.job, self.address_file, self.run_dir = path, job, address_file, run_dir
         self.echo, self.relay = echo, relay
+        self.marks = marks if marks is not None else {}
 
     def run(self, predict: int, *, finished: bool) -> int:
         """0 once torchrun succeeds.
@@ -315,6 +321,8 @@ class _Attempts:
         raw = bool(os.environ.get("EMBEDDB_TRACEBACK"))
         env = child_environ(rank_environ(self.job, os.environ), json_logs=relay is not None)
         env[ATTEMPT_ENV] = str(attempt)
+        if attempt == 0:  # the start-up timeline: the first attempt's
+            env[MARKS_ENV] = json.dumps({**self.marks, "torchrun": time.time()})
         child = subprocess.Popen(
             command,
             start_new_session=True,

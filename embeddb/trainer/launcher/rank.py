@@ -34,9 +34,12 @@ from embeddb.trainer.embedding.worker import EmbeddingWorkerConfig
 from embeddb.trainer.launcher.job import JobConfig
 from embeddb.trainer.launcher.loader import BatchStream, loader_command
 from embeddb.trainer.launcher.resume import record_steps_per_epoch, resume_point
+from embeddb.trainer.launcher.startup import marks_from, phases, process_started, startup_s
 from embeddb.trainer.launcher.validate import build_job_model, load_model, validate
 
 __all__ = ["load_model", "train"]
+
+_IMPORTED = time.time()  # the start-up timeline's "rank_imports" mark (torch imported)
 
 _PROGRESS_S = 10.0  # a plain progress line this often when stdout is not a terminal
 _FIELDS_S = 0.5  # the fields (loss, AUC over the last batches) refreshed this often
@@ -159,6 +162,8 @@ def train(
         with tempfile.TemporaryDirectory(prefix="embeddb-rank-") as own:
             validate(job, Path(own))
             return train(job, job_path, addresses, Path(own), predict, finished=finished)
+    marks = marks_from(os.environ)  # the launcher's start-up marks (launcher.startup)
+    marks.update(rank_process=process_started(), rank_imports=_IMPORTED)
     torch.manual_seed(job.seed)
     pipeline = load_pipeline(run_dir / PIPELINE_FILE)
     embedding_config = EmbeddingConfig.from_yaml(job.embedding_config_path(run_dir))
@@ -199,11 +204,14 @@ def train(
         skip=skip,
         start_step=start_step,
     )
+    marks["model_built"] = time.time()
     epochs.load()
-    began = time.perf_counter()  # start-up: the embedding worker's start + the warm-up steps
+    marks["loader_started"] = time.time()
+    began = time.perf_counter()  # warm-up: the embedding worker's start + the warm-up steps
     try:
         with _started(job, model, optimizer, embedding_config, addresses, config) as ctx:
-            return _train(job, ctx, epochs, pipeline, predict, began)
+            marks["embedding_worker"] = time.time()
+            return _train(job, ctx, epochs, pipeline, predict, began, marks)
     finally:
         epochs.close()
 
@@ -244,7 +252,11 @@ def _train(
     pipeline: FeaturePipeline,
     predict: int,
     began: float,
+    marks: dict[str, float] | None = None,
 ) -> dict[str, Any]:
+    """Train every epoch; rank 0 evaluates, reports and returns the metrics. ``marks``: the
+    start-up timeline (:mod:`embeddb.trainer.launcher.startup`), ``first_step`` added here."""
+    marks = marks if marks is not None else {}
     loss_fn = nn.BCEWithLogitsLoss()
     env = ctx.dist_env
     lead = env.rank == 0
@@ -264,6 +276,8 @@ def _train(
         output, labels = ctx.forward(prepared)
         loss = loss_fn(output, labels[0])
         ctx.backward(loss)
+        if not samples:
+            marks["first_step"] = time.time()
         samples += prepared.batch.batch_size
         if warm is None and samples >= _WARMUP_STEPS * job.batch_size:
             warm = (samples, time.perf_counter())
@@ -309,7 +323,8 @@ def _train(
     _export(ctx, job, pipeline, trained=samples > 0)
     rate = samples * env.world_size / max(elapsed, 1e-9)
     steady, warm_s = _steady(samples, warm, started + elapsed, started)
-    startup = started - began + warm_s
+    warmup = started - began + warm_s
+    startup = startup_s(marks)
     with ctx.eval_ctx() as ev:
         test_auc = _test_auc(ev, job, pipeline)
         print(
@@ -320,8 +335,9 @@ def _train(
         )
         print(
             f"steady state {steady * env.world_size:,.0f} samples/s (after the first "
-            f"{_WARMUP_STEPS} steps)  |  start-up {startup:.1f} s (embedding worker start "
-            f"and the first {_WARMUP_STEPS} steps)",
+            f"{_WARMUP_STEPS} steps)  |  start-up {_seconds(startup)} (command start to the "
+            f"first step)  |  warm-up {warmup:.1f} s (embedding worker start and the first "
+            f"{_WARMUP_STEPS} steps)",
             flush=True,
         )
         if predict:
@@ -333,6 +349,8 @@ def _train(
         "samples_per_s": rate,
         "steady_samples_per_s": steady * env.world_size,
         "startup_s": startup,
+        "startup_phases_s": phases(marks),
+        "warmup_s": warmup,
         "steps": ctx.step,
         "workers": env.world_size,
         "in_memory": job.in_memory,
@@ -413,6 +431,10 @@ def _epoch_ended(job: JobConfig, ctx: TrainCtx, lead: bool, epoch: int) -> None:
             ctx.save_checkpoint(job.checkpoint_dir)
     elif epoch < job.epochs - 1:  # the last epoch's checkpoint is the final one
         ctx.save_checkpoint(job.checkpoint_dir)
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f} s"
 
 
 def _window_auc(scores: deque[np.ndarray], truth: deque[np.ndarray]) -> float:
