@@ -123,10 +123,19 @@ class DataPlane:
         if not any(train for _, _, train in checked):
             return [t.lookup(ids, False) for t, ids, _ in checked]
         before = self._journal.mutating()
-        plans = {k: p[0].lookup_begin(p[1], True) for k, p in enumerate(checked) if p[2]}
+        fused = [
+            k for k, (t, ids, train) in enumerate(checked) if train and t.fits_one_pass(ids.size)
+        ]
+        resident = self._journal.stripes.lookup_resident([checked[k][:2] for k in fused])
+        done = {k: v for k, v in zip(fused, resident, strict=True) if v is not None}
+        plans = {
+            k: t.lookup_begin(ids, True)
+            for k, (t, ids, train) in enumerate(checked)
+            if train and k not in done
+        }  # the parts with an id to promote or create (or too large for one pass)
         self._journal.commit([checked[k][0].lookup_call(plan) for k, plan in plans.items()])
         out = [
-            plans[k].out if k in plans else t.lookup(i, False)
+            done[k] if k in done else plans[k].out if k in plans else t.lookup(i, False)
             for k, (t, i, _) in enumerate(checked)
         ]
         self._journal.acknowledge(before)
@@ -156,7 +165,10 @@ class DataPlane:
             checked.append((t, id_arr, matrix(grads, id_arr.size, t.dim, "grads")))
         distinct_tables(table for table, _, _ in parts)
         before = self._journal.mutating()
-        results = self._journal.commit([t.update_call(ids, g) for t, ids, g in checked])
+        if all(t.fits_one_pass(ids.size) for t, ids, _ in checked):
+            results = self._journal.update_many(checked)
+        else:  # large enough for the stripe pool: table by table, each on several cores
+            results = self._journal.commit([t.update_call(ids, g) for t, ids, g in checked])
         self._journal.acknowledge(before)
         return results
 
