@@ -31,6 +31,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from typing import NamedTuple
 
 import numpy as np
 
@@ -39,12 +40,25 @@ from embeddb.engine.optim import Optimizer
 from embeddb.engine.optim.kernels import finite_rows
 from embeddb.engine.storage import many_kernels as kernels
 from embeddb.engine.storage.changes import Change, Op
-from embeddb.engine.storage.ram_tier import DIRTY
+from embeddb.engine.storage.ram_tier import DIRTY, RamStripe
 from embeddb.engine.storage.stats import UpdateResult
 from embeddb.engine.storage.table import TieredTable
 from embeddb.engine.storage.writes import Journal, Prepared, commit
 
 __all__ = ["StripeSet"]
+
+
+_FIXED_KEPT = 64  # sets of tables whose layout is kept
+
+
+class _Fixed(NamedTuple):
+    """What :meth:`StripeSet.layout` derives from a set of tables alone."""
+
+    first: I64  # each table's first stripe number
+    shifts: I64  # each table's stripe shift
+    counts: I64  # each table's stripe count
+    stripes: I64  # the numbers of every stripe of the tables
+    ram: list[RamStripe]  # those stripes
 
 
 class StripeSet:
@@ -56,6 +70,11 @@ class StripeSet:
 
     def __init__(self, tables: Mapping[str, TieredTable]) -> None:
         self.rank = {name: k for k, name in enumerate(tables)}
+        signatures: dict[Hashable, int] = {}  # tables whose rows one optimizer run may update
+        self.group = {
+            name: signatures.setdefault(t.optimizer.signature, len(signatures))
+            for name, t in tables.items()
+        }
         self.first: dict[str, int] = {}
         rows: list[list[int]] = []
         self._arrays: list[np.ndarray] = []  # keeps what the addresses point to alive
@@ -70,6 +89,7 @@ class StripeSet:
                     [address[0], s.index.shape[0], address[1], s.capacity, s.width, *address[2:]]
                 )
         self.table = np.array(rows, dtype=np.int64).reshape(-1, len(kernels.COLUMNS))
+        self._fixed: dict[tuple[str, ...], _Fixed] = {}
 
     def ordered(self, tables: Sequence[TieredTable]) -> list[int]:
         """Positions of ``tables`` in lock order."""
@@ -78,7 +98,7 @@ class StripeSet:
     @contextmanager
     def holding(self, tables: Sequence[TieredTable]) -> Iterator[None]:
         """Hold the lock of every stripe of ``tables`` (given in lock order)."""
-        locks: list[threading.Lock] = [s.lock for t in tables for s in t.stripes]
+        locks: list[threading.Lock] = [s.lock for s in self._fixed_of(tables).ram]
         taken = 0
         try:
             for lock in locks:
@@ -89,6 +109,25 @@ class StripeSet:
             for lock in reversed(locks[:taken]):
                 lock.release()
 
+    def _fixed_of(self, tables: Sequence[TieredTable]) -> _Fixed:
+        """What the calls on ``tables`` share (kept: the same few sets come back call after
+        call)."""
+        names = tuple([t.name for t in tables])
+        fixed = self._fixed.get(names)
+        if fixed is None:
+            if len(self._fixed) >= _FIXED_KEPT:
+                self._fixed.clear()
+            first = np.array([self.first[n] for n in names], dtype=np.int64)
+            counts = np.array([len(t.stripes) for t in tables], dtype=np.int64)
+            fixed = self._fixed[names] = _Fixed(
+                first,
+                np.array([t.stripe_shift for t in tables], dtype=np.int64),
+                counts,
+                np.concatenate([np.arange(g, g + c) for g, c in zip(first, counts, strict=True)]),
+                [s for t in tables for s in t.stripes],
+            )
+        return fixed
+
     def layout(
         self, tables: Sequence[TieredTable], ids: Sequence[U64]
     ) -> tuple[U64, I64, I64, I64, I64, I64]:
@@ -96,13 +135,12 @@ class StripeSet:
         kernels; advances the clock of each of their stripes (their locks held)."""
         flat = ids[0] if len(ids) == 1 else np.concatenate(ids)
         bounds = np.zeros(len(ids) + 1, dtype=np.int64)
-        np.cumsum([i.size for i in ids], out=bounds[1:])
-        first = np.array([self.first[t.name] for t in tables], dtype=np.int64)
-        shifts = np.array([t.stripe_shift for t in tables], dtype=np.int64)
-        counts = np.array([len(t.stripes) for t in tables], dtype=np.int64)
+        bounds[1:] = [i.size for i in ids]
+        np.cumsum(bounds, out=bounds)
+        fixed = self._fixed_of(tables)
+        first, shifts, counts = fixed.first, fixed.shifts, fixed.counts
         ticks = np.zeros(self.table.shape[0], dtype=np.int64)
-        for t, g in zip(tables, first.tolist(), strict=True):
-            ticks[g : g + len(t.stripes)] = [s.next_tick() for s in t.stripes]
+        ticks[fixed.stripes] = [s.next_tick() for s in fixed.ram]
         return flat, bounds, first, shifts, counts, ticks
 
     # ------------------------------------------------------------------------ lookups
@@ -113,7 +151,7 @@ class StripeSet:
         order = self.ordered([t for t, _ in parts])
         out: list[F32 | None] = [None] * len(parts)
         with self.holding([parts[k][0] for k in order]):
-            for members in _groups(order, lambda k: parts[k][0].dim).values():
+            for members in _groups(order, [t.dim for t, _ in parts]).values():
                 tables = [parts[k][0] for k in members]
                 ids, bounds, first, shifts, counts, ticks = self.layout(
                     tables, [parts[k][1] for k in members]
@@ -147,7 +185,7 @@ class StripeSet:
         with self.holding([items[k][0] for k in order]):
             prepared = [
                 self._prepare([items[k] for k in members], members)
-                for members in _groups(order, lambda k: items[k][0].optimizer.signature).values()
+                for members in _groups(order, [self.group[t.name] for t, _, _ in items]).values()
             ]
             done = commit(prepared, journal, on_failure)
         results: list[UpdateResult] = [UpdateResult(0, 0, 0)] * len(items)
@@ -182,23 +220,29 @@ class StripeSet:
         skipped = self._apply(t0.optimizer, rows, sums[:n], slots, seg_stripe, seg_bounds)
         # each part's segments: stripes are numbered in lock order, like the parts
         seg_part = np.searchsorted(first, seg_stripe, side="right") - 1
-        seg_lo = np.searchsorted(seg_part, np.arange(len(items)), side="left")
-        seg_hi = np.searchsorted(seg_part, np.arange(len(items)), side="right")
+        parts = np.arange(len(items))
+        seg_lo = np.searchsorted(seg_part, parts, side="left")
+        seg_hi = np.searchsorted(seg_part, parts, side="right")
+        row_lo, row_hi = seg_bounds[seg_lo].tolist(), seg_bounds[seg_hi].tolist()
+        skips_of = np.zeros(skipped.size + 1, dtype=np.int64)  # running sum over segments
+        np.cumsum(skipped, out=skips_of[1:])
+        part_skips = (skips_of[seg_hi] - skips_of[seg_lo]).tolist()
         logged = t0.journal is not None
         changes: list[Change] = []
         resident: list[tuple[int, TieredTable, int, int, int]] = []  # key, table, ids, rows, skips
         slow: list[tuple[int, Prepared[UpdateResult]]] = []
-        for j, (t, part_ids, part_grads) in enumerate(items):
-            if missed[j]:  # some id is not resident: the table's own path, same locks, same record
+        for j, ((t, part_ids, part_grads), miss) in enumerate(
+            zip(items, missed.tolist(), strict=True)
+        ):
+            if miss:  # some id is not resident: the table's own path, same locks, same record
                 p = t.prepare_update(t.split(part_ids), part_grads)
                 changes.extend(p.changes)
                 slow.append((keys[j], p))
                 continue
-            lo, hi = int(seg_bounds[seg_lo[j]]), int(seg_bounds[seg_hi[j]])
+            lo, hi = row_lo[j], row_hi[j]
             if logged and hi > lo:  # skipped rows are logged unchanged: harmless
                 changes.append(Change(Op.PUT, t.name, row_ids[lo:hi], rows[lo:hi]))
-            skips = int(skipped[seg_lo[j] : seg_hi[j]].sum())
-            resident.append((keys[j], t, part_ids.size, hi - lo, skips))
+            resident.append((keys[j], t, part_ids.size, hi - lo, part_skips[j]))
 
         def publish() -> list[tuple[int, UpdateResult]]:
             kernels.scatter_segments(self.table, seg_stripe, seg_bounds, slots, rows, DIRTY)
@@ -245,9 +289,9 @@ class StripeSet:
         return per_seg
 
 
-def _groups(order: list[int], key: Callable[[int], Hashable]) -> dict[Hashable, list[int]]:
-    """``order`` split by ``key``, each group keeping the order."""
-    groups: dict[Hashable, list[int]] = {}
+def _groups(order: list[int], keys: list[int]) -> dict[int, list[int]]:
+    """``order`` split by ``keys[k]``, each group keeping the order."""
+    groups: dict[int, list[int]] = {}
     for k in order:
-        groups.setdefault(key(k), []).append(k)
+        groups.setdefault(keys[k], []).append(k)
     return groups
