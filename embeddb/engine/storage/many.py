@@ -45,7 +45,7 @@ from embeddb.engine.storage.stats import UpdateResult
 from embeddb.engine.storage.table import TieredTable
 from embeddb.engine.storage.writes import Journal, Prepared, commit
 
-__all__ = ["StripeSet"]
+__all__ = ["StripeSet", "stripe_row"]
 
 
 _FIXED_KEPT = 64  # sets of tables whose layout is kept
@@ -59,6 +59,15 @@ class _Fixed(NamedTuple):
     counts: I64  # each table's stripe count
     stripes: I64  # the numbers of every stripe of the tables
     ram: list[RamStripe]  # those stripes
+
+
+def stripe_row(s: RamStripe) -> list[int]:
+    """The row of stripe ``s`` in a stripe table (:data:`~.many_kernels.COLUMNS`): the
+    addresses and shapes of its arrays, which live as long as ``s`` and are never replaced."""
+    arrays = (s.index, s.rows, s.ids, s.scratch, s.flags)
+    assert all(a.flags.c_contiguous for a in arrays)
+    index, rows, ids, scratch, flags = (a.__array_interface__["data"][0] for a in arrays)
+    return [index, s.index.shape[0], rows, s.capacity, s.width, ids, scratch, flags]
 
 
 class StripeSet:
@@ -81,13 +90,8 @@ class StripeSet:
         for name, table in tables.items():
             self.first[name] = len(rows)
             for s in table.stripes:
-                arrays = (s.index, s.rows, s.ids, s.scratch, s.flags)
-                assert all(a.flags.c_contiguous for a in arrays)
-                self._arrays.extend(arrays)
-                address = [a.__array_interface__["data"][0] for a in arrays]
-                rows.append(
-                    [address[0], s.index.shape[0], address[1], s.capacity, s.width, *address[2:]]
-                )
+                rows.append(stripe_row(s))
+                self._arrays.extend((s.index, s.rows, s.ids, s.scratch, s.flags))
         self.table = np.array(rows, dtype=np.int64).reshape(-1, len(kernels.COLUMNS))
         self._fixed: dict[tuple[str, ...], _Fixed] = {}
 

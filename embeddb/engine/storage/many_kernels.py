@@ -18,10 +18,13 @@ path, which handles promotion, overflow and new rows.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numba
 import numpy as np
 from numba import types
 from numba.extending import intrinsic
+from numba.np.numpy_support import carray
 
 from embeddb.common._routing_kernel import mix as _mix
 from embeddb.common.routing import STRIPE_SALT
@@ -36,14 +39,14 @@ _LOW32 = np.uint64(0xFFFFFFFF)
 _ONE = np.uint64(1)
 
 
-def _pointer_to(item: types.Type) -> object:
+def _pointer_to(item: Any) -> Any:
     """A compiled cast of an address (int64) to a pointer to ``item``."""
 
-    @intrinsic  # type: ignore[misc]
-    def cast(typingctx: object, address: types.Type) -> object:
-        pointer = types.CPointer(item)
+    @intrinsic
+    def cast(typingctx, address):
+        pointer = types.CPointer(item)  # type: ignore[no-untyped-call]
 
-        def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        def codegen(context, builder, signature, args):
             return builder.inttoptr(args[0], context.get_value_type(pointer))
 
         return pointer(types.int64), codegen
@@ -59,27 +62,27 @@ _u8_at = _pointer_to(types.uint8)
 
 @numba.njit(nogil=True, cache=True, inline="always")
 def _index(stripes, g):
-    return numba.carray(_u64_at(stripes[g, 0]), (stripes[g, 1], 2))
+    return carray(_u64_at(stripes[g, 0]), (stripes[g, 1], 2))
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
 def _rows(stripes, g):
-    return numba.carray(_f32_at(stripes[g, 2]), (stripes[g, 3], stripes[g, 4]))
+    return carray(_f32_at(stripes[g, 2]), (stripes[g, 3], stripes[g, 4]))
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
 def _ids(stripes, g):
-    return numba.carray(_u64_at(stripes[g, 5]), stripes[g, 3])
+    return carray(_u64_at(stripes[g, 5]), stripes[g, 3])
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
 def _scratch(stripes, g):
-    return numba.carray(_i64_at(stripes[g, 6]), stripes[g, 3])
+    return carray(_i64_at(stripes[g, 6]), stripes[g, 3])
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
 def _flags(stripes, g):
-    return numba.carray(_u8_at(stripes[g, 7]), stripes[g, 3])
+    return carray(_u8_at(stripes[g, 7]), stripes[g, 3])
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
