@@ -13,6 +13,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
+from embeddb.common.routing import shard_of
 from embeddb.config import (
     EmbeddingConfig,
     OptimizerConfig,
@@ -25,6 +26,7 @@ from embeddb.engine.durability import log_format, records
 from embeddb.engine.shard import Shard
 from embeddb.engine.storage import TieredTable
 from embeddb.engine.storage.stats import UpdateResult
+from embeddb.errors import FailedPreconditionError, InvalidArgumentError, TableNotFoundError
 
 UNIVERSE = np.arange(600, dtype=np.uint64)
 ADAGRAD = OptimizerConfig(kind=OptimizerKind.ADAGRAD, lr=0.1)
@@ -35,7 +37,9 @@ TABLES = {  # two tables share an optimizer (one group), the others do not
         name="c", dim=8, capacity=4096, weight_bound=0.5,
         optimizer=OptimizerConfig(kind=OptimizerKind.SGD, lr=0.5),
     ),
-    "d": TableConfig(name="d", dim=4, capacity=4096, optimizer=OptimizerConfig(kind=OptimizerKind.ADAM)),
+    "d": TableConfig(
+        name="d", dim=4, capacity=4096, optimizer=OptimizerConfig(kind=OptimizerKind.ADAM)
+    ),
     "small": TableConfig(name="small", dim=4, capacity=64, optimizer=ADAGRAD),  # overflows to disk
 }  # fmt: skip
 
@@ -173,3 +177,36 @@ def test_many_small_incompressible_parts_skip_the_full_lz4_attempt(
     framed = log_format.frame(parts, 1)
     assert framed.flags == 0  # stored as it is
     assert sizes and max(sizes) < sum(len(p) for p in parts) // 4
+
+
+def test_calls_with_no_parts_or_empty_parts_change_nothing() -> None:
+    with Shard(config()) as shard:
+        assert shard.lookup_many([]) == []
+        assert shard.apply_gradients_many([]) == []
+        empty = np.empty(0, np.uint64)
+        (vectors,) = shard.lookup_many([("a", empty, True)])
+        assert vectors.shape == (0, 4)
+        assert shard.apply_gradients_many([("a", empty, np.empty((0, 4), np.float32))]) == [
+            UpdateResult(0, 0, 0)
+        ]
+        assert shard.stats().tables["a"].rows == 0
+
+
+def test_a_refused_call_names_the_first_bad_part_in_order() -> None:
+    """The quick check of every part at once falls back to the part-by-part check, so the
+    error is the one the first bad part gives, whatever comes after it."""
+    ids = np.arange(64, dtype=np.uint64)
+    mine, theirs = ids[shard_of(ids, 2) == 0], ids[shard_of(ids, 2) == 1]
+    g = np.zeros((mine.size, 4), np.float32)
+    with Shard(config(), shard_index=0, num_shards=2) as shard:
+        with pytest.raises(FailedPreconditionError, match=r"updates\[1\]\.ids\[2\]"):
+            shard.apply_gradients_many(
+                [("a", mine, g), ("b", np.concatenate([mine[:2], theirs]), g), ("nope", mine, g)]
+            )
+        with pytest.raises(InvalidArgumentError, match=r"lookups\[0\]\.ids"):
+            shard.lookup_many([("a", [-1], True), ("nope", mine, True)])
+        with pytest.raises(TableNotFoundError):
+            shard.lookup_many([("a", mine, True), ("nope", theirs, True)])
+        with pytest.raises(FailedPreconditionError, match=r"lookups\[0\]"):
+            shard.lookup_many([("a", theirs, True), ("b", mine, True)])
+        assert shard.stats().tables["a"].rows == 0

@@ -18,6 +18,7 @@ An ID batch as the shard sees it (table ``user``, ``dim = 2``)::
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -27,9 +28,13 @@ from embeddb.engine.journal import Journal
 from embeddb.engine.storage import DiskTier, ShardStats, TieredTable, UpdateResult
 from embeddb.engine.storage.scan import ScanPage, scan_table
 from embeddb.engine.validation import distinct_tables, find_table, finite, matrix, owned_ids
-from embeddb.errors import UnavailableError
+from embeddb.errors import EmbeddbError, UnavailableError
 
 __all__ = ["DataPlane"]
+
+T = TypeVar("T")
+# what the quick check of a call's parts raises: the per-part check then names the problem
+_REFUSED = (EmbeddbError, LookupError, TypeError, ValueError)
 
 
 class DataPlane:
@@ -54,6 +59,22 @@ class DataPlane:
         """``ids`` validated, if this shard owns every one (FailedPreconditionError naming
         the first foreign id otherwise)."""
         return owned_ids(self.topology, ids, field)
+
+    def _quick(
+        self, parts: Sequence[tuple[str, object, T]]
+    ) -> list[tuple[TieredTable, npt.NDArray[np.uint64], tuple[str, object, T]]]:
+        """Each part's table and ids, checked with one ownership pass over every part's ids.
+        Raises one of ``_REFUSED`` without naming the part: the caller then checks part by
+        part, in order, which names the first problem as a one-part call would."""
+        if not parts:
+            return []
+        self._table_check_open()
+        tables = self._tables
+        checked = [(tables[p[0]], as_ids(p[1]), p) for p in parts]
+        if self.topology.num_shards > 1:
+            every = checked[0][1] if len(checked) == 1 else np.concatenate([c[1] for c in checked])
+            self.topology.check_owned(every)
+        return checked
 
     @property
     def tables(self) -> tuple[str, ...]:
@@ -115,10 +136,13 @@ class DataPlane:
             TableNotFoundError, InvalidArgumentError (also: a table named by two parts),
             FailedPreconditionError (a training part on a read-only shard), StorageError.
         """
-        checked = [
-            (self._table(table), self._owned(ids, f"lookups[{k}].ids"), bool(train))
-            for k, (table, ids, train) in enumerate(parts)
-        ]
+        try:
+            checked = [(t, ids, bool(train)) for t, ids, (_, _, train) in self._quick(parts)]
+        except _REFUSED:  # the same checks part by part: the first problem, as named there
+            checked = [
+                (self._table(table), self._owned(ids, f"lookups[{k}].ids"), bool(train))
+                for k, (table, ids, train) in enumerate(parts)
+            ]
         distinct_tables(table for table, _, _ in parts)
         if not any(train for _, _, train in checked):
             return [t.lookup(ids, False) for t, ids, _ in checked]
@@ -159,10 +183,15 @@ class DataPlane:
             FailedPreconditionError, StorageError.
         """
         checked: list[tuple[TieredTable, npt.NDArray[np.uint64], npt.NDArray[np.float32]]] = []
-        for k, (table, ids, grads) in enumerate(parts):
-            t = self._table(table)
-            id_arr = self._owned(ids, f"updates[{k}].ids")
-            checked.append((t, id_arr, matrix(grads, id_arr.size, t.dim, "grads")))
+        try:
+            for t, id_arr, (_, _, grads) in self._quick(parts):
+                checked.append((t, id_arr, matrix(grads, id_arr.size, t.dim, "grads")))
+        except _REFUSED:  # the same checks part by part: the first problem, as named there
+            checked.clear()
+            for k, (table, ids, grads) in enumerate(parts):
+                t = self._table(table)
+                id_arr = self._owned(ids, f"updates[{k}].ids")
+                checked.append((t, id_arr, matrix(grads, id_arr.size, t.dim, "grads")))
         distinct_tables(table for table, _, _ in parts)
         before = self._journal.mutating()
         if all(t.fits_one_pass(ids.size) for t, ids, _ in checked):

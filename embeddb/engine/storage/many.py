@@ -152,6 +152,8 @@ class StripeSet:
         """Training lookups of ``(table, ids)`` parts whose ids are all resident (a table may
         appear once): the vectors of each such part, ``None`` for the others (nothing of them
         counted; their resident rows may have been stamped)."""
+        if not parts:
+            return []
         order = self.ordered([t for t, _ in parts])
         out: list[F32 | None] = [None] * len(parts)
         with self.holding([parts[k][0] for k in order]):
@@ -185,6 +187,8 @@ class StripeSet:
         """``apply_gradients`` of every ``(table, ids, grads)`` as one call (a table may appear
         once): every stripe's lock held, every table prepared in one pass, one journal call,
         then published. Results in input order."""
+        if not items:
+            return []
         order = self.ordered([t for t, _, _ in items])
         with self.holding([items[k][0] for k in order]):
             prepared = [
