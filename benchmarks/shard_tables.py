@@ -18,6 +18,14 @@ load on a shared machine skews both alike. ``shard_table_layout_ratio_b{batch}``
 26-table throughput divided by the one-table throughput (ids per second of whole steps;
 target >= 0.9). A cProfile top 20 of the 26-table steps at the largest batch follows.
 
+Page size matters here, not only per-table work: numpy asks the kernel for huge pages
+(``madvise``) for arrays of 4 MiB or more, so the one shared table's stripes (16 MiB index,
+33 MiB rows each) get 2 MiB pages while the 26 small tables' stripes (0.5 MiB, 1.3 MiB) get
+4 KiB pages and pay a TLB miss on most random row accesses: the compiled lookup and update
+passes run ~1.5x slower on them for the same ids. ``--small-pages`` turns the advice off for
+both layouts, which isolates what the shard itself spends per table. (Real per-feature tables
+differ in size: the large ones get huge pages, and the small ones mostly stay in cache.)
+
 Usage::
 
     PYTHONPATH=. python benchmarks/shard_tables.py --quick
@@ -83,7 +91,10 @@ def open_shard(per_feature: bool, root: Path) -> Shard:
     capacity = 2 * FEATURE_IDS * (1 if per_feature else FEATURES)
     tables = {
         n: TableConfig(
-            name=n, dim=DIM, capacity=capacity, optimizer=OptimizerConfig(kind=OptimizerKind.ADAGRAD)
+            name=n,
+            dim=DIM,
+            capacity=capacity,
+            optimizer=OptimizerConfig(kind=OptimizerKind.ADAGRAD),
         )
         for n in names
     }
@@ -95,13 +106,11 @@ Step = Callable[[int], None]
 
 
 def make_step(shard: Shard, per_feature: bool, batches: list[np.ndarray]) -> Step:
-    grads = np.random.default_rng(7).standard_normal(
-        (FEATURES * batches[0].shape[1], DIM)
-    ).astype(np.float32) * np.float32(0.01)
+    grads = np.random.default_rng(7).standard_normal((FEATURES * batches[0].shape[1], DIM)).astype(
+        np.float32
+    ) * np.float32(0.01)
     if per_feature:
-        parts = [
-            [(feature_table(f), b[f], True) for f in range(FEATURES)] for b in batches
-        ]
+        parts = [[(feature_table(f), b[f], True) for f in range(FEATURES)] for b in batches]
         n = batches[0].shape[1]
         upd = [
             [(feature_table(f), b[f], grads[f * n : (f + 1) * n]) for f in range(FEATURES)]
@@ -175,10 +184,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="fewer steps (< 30 s)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-profile", action="store_true", help="skip the cProfile top 20")
+    parser.add_argument(
+        "--small-pages",
+        action="store_true",
+        help="turn off numpy's huge-page advice (arrays of >= 4 MiB), so both layouts' stripes "
+        "use 4 KiB pages (see the module docstring)",
+    )
     parser.add_argument("--json-out", type=Path, default=None)
     args = parser.parse_args(argv)
+    if args.small_pages:
+        np._core.multiarray._set_madvise_hugepage(False)  # type: ignore[attr-defined]
     root = Path(tempfile.mkdtemp(prefix="embeddb-shard-tables-"))
-    result: dict[str, Any] = {"features": FEATURES, "dim": DIM, "quick": args.quick}
+    result: dict[str, Any] = {
+        "features": FEATURES,
+        "dim": DIM,
+        "quick": args.quick,
+        "small_pages": args.small_pages,
+    }
     try:
         print(
             f"embeddb shard table layout: {FEATURES} features, dim {DIM}, Adagrad, Zipf({ZIPF_S}) "

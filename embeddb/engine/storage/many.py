@@ -59,6 +59,7 @@ class _Fixed(NamedTuple):
     counts: I64  # each table's stripe count
     stripes: I64  # the numbers of every stripe of the tables
     ram: list[RamStripe]  # those stripes
+    locks: list[threading.Lock]  # their locks
 
 
 def stripe_row(s: RamStripe) -> list[int]:
@@ -102,7 +103,7 @@ class StripeSet:
     @contextmanager
     def holding(self, tables: Sequence[TieredTable]) -> Iterator[None]:
         """Hold the lock of every stripe of ``tables`` (given in lock order)."""
-        locks: list[threading.Lock] = [s.lock for s in self._fixed_of(tables).ram]
+        locks = self._fixed_of(tables).locks
         taken = 0
         try:
             for lock in locks:
@@ -129,6 +130,7 @@ class StripeSet:
                 counts,
                 np.concatenate([np.arange(g, g + c) for g, c in zip(first, counts, strict=True)]),
                 [s for t in tables for s in t.stripes],
+                [s.lock for t in tables for s in t.stripes],
             )
         return fixed
 
@@ -144,7 +146,7 @@ class StripeSet:
         fixed = self._fixed_of(tables)
         first, shifts, counts = fixed.first, fixed.shifts, fixed.counts
         ticks = np.zeros(self.table.shape[0], dtype=np.int64)
-        ticks[fixed.stripes] = [s.next_tick() for s in fixed.ram]
+        ticks[fixed.stripes] = list(map(RamStripe.next_tick, fixed.ram))
         return flat, bounds, first, shifts, counts, ticks
 
     # ------------------------------------------------------------------------ lookups

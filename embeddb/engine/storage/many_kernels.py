@@ -37,6 +37,7 @@ COLUMNS = ("index", "buckets", "rows", "capacity", "width", "ids", "scratch", "f
 _S32 = np.uint64(32)
 _LOW32 = np.uint64(0xFFFFFFFF)
 _ONE = np.uint64(1)
+_BLOCK = 32  # ids per block of lookup_resident's passes
 
 
 def _pointer_to(item: Any) -> Any:
@@ -96,7 +97,29 @@ def _stripe(key, shift, count):
 def _find(index, key, stamp):
     """The slot of ``key`` (stamped with ``stamp``), or -1."""
     mask = np.uint64(index.shape[0] - 1)
-    b = _mix(key ^ BUCKET_SALT) & mask
+    return _probe(index, key, _mix(key ^ BUCKET_SALT) & mask, mask, stamp)
+
+
+@numba.njit(nogil=True, cache=True, inline="always")
+def _find_from(index, key, home, word, tick):
+    """:func:`_find` from ``key``'s home bucket ``home``, whose second word ``word`` the
+    caller already loaded, stamping ``tick``."""
+    mask = np.uint64(index.shape[0] - 1)
+    b = home
+    v = word
+    stamp = np.uint64(tick) << _S32
+    while True:
+        if v == 0:
+            return np.int64(-1)
+        if index[b, 0] == key:
+            index[b, 1] = stamp | (v & _LOW32)
+            return np.int64(v & _LOW32) - 1
+        b = (b + _ONE) & mask
+        v = index[b, 1]
+
+
+@numba.njit(nogil=True, cache=True, inline="always")
+def _probe(index, key, b, mask, stamp):
     while True:
         v = index[b, 1]
         if v == 0:
@@ -112,19 +135,40 @@ def _find(index, key, stamp):
 def lookup_resident(ids, bounds, first, shifts, counts, stripes, ticks, out, missed):
     """A training lookup's resident rows: ``out[i] = rows[stripe][slot, :dim]`` for each
     resident ``ids[i]`` (stamped with its stripe's ``ticks``); ``missed[p] = 1`` for a part
-    with an id that is not resident (its other rows are copied and stamped all the same)."""
+    with an id that is not resident (its other rows are copied and stamped all the same).
+
+    Blocks of ``_BLOCK`` ids in three passes, as ``hash_index.lookup_gather``: the home
+    buckets' loads (independent, so their cache misses overlap), the probes, the row copies."""
     dim = out.shape[1]
+    stripe_of = np.empty(_BLOCK, dtype=np.int64)
+    homes = np.empty(_BLOCK, dtype=np.uint64)
+    words = np.empty(_BLOCK, dtype=np.uint64)
+    slots = np.empty(_BLOCK, dtype=np.int64)
     for p in range(bounds.size - 1):
-        for i in range(bounds[p], bounds[p + 1]):
-            key = ids[i]
-            g = first[p] + _stripe(key, shifts[p], counts[p])
-            slot = _find(_index(stripes, g), key, np.uint64(ticks[g]) << _S32)
-            if slot < 0:
-                missed[p] = 1
-                continue
-            r = _rows(stripes, g)
-            for d in range(dim):
-                out[i, d] = r[slot, d]
+        shift, count = shifts[p], counts[p]
+        for start in range(bounds[p], bounds[p + 1], _BLOCK):
+            n = min(_BLOCK, bounds[p + 1] - start)
+            for j in range(n):
+                key = ids[start + j]
+                g = first[p] + _stripe(key, shift, count)
+                index = _index(stripes, g)
+                b = _mix(key ^ BUCKET_SALT) & np.uint64(index.shape[0] - 1)
+                stripe_of[j] = g
+                homes[j] = b
+                words[j] = index[b, 1]
+            for j in range(n):
+                g = stripe_of[j]
+                slot = _find_from(_index(stripes, g), ids[start + j], homes[j], words[j], ticks[g])
+                slots[j] = slot
+                if slot < 0:
+                    missed[p] = 1
+            for j in range(n):
+                slot = slots[j]
+                if slot >= 0:
+                    r = _rows(stripes, stripe_of[j])
+                    i = start + j
+                    for d in range(dim):
+                        out[i, d] = r[slot, d]
 
 
 @numba.njit(nogil=True, cache=True)
