@@ -157,7 +157,8 @@ class DataPlane:
             for k, (t, ids, train) in enumerate(checked)
             if train and k not in done
         }  # the parts with an id to promote or create (or too large for one pass)
-        self._journal.commit([checked[k][0].lookup_call(plan) for k, plan in plans.items()])
+        if plans:
+            self._journal.commit([checked[k][0].lookup_call(plan) for k, plan in plans.items()])
         out = [
             done[k] if k in done else plans[k].out if k in plans else t.lookup(i, False)
             for k, (t, i, _) in enumerate(checked)
