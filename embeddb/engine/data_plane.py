@@ -18,6 +18,7 @@ An ID batch as the shard sees it (table ``user``, ``dim = 2``)::
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -27,9 +28,13 @@ from embeddb.engine.journal import Journal
 from embeddb.engine.storage import DiskTier, ShardStats, TieredTable, UpdateResult
 from embeddb.engine.storage.scan import ScanPage, scan_table
 from embeddb.engine.validation import distinct_tables, find_table, finite, matrix, owned_ids
-from embeddb.errors import UnavailableError
+from embeddb.errors import EmbeddbError, UnavailableError
 
 __all__ = ["DataPlane"]
+
+T = TypeVar("T")
+# what the quick check of a call's parts raises: the per-part check then names the problem
+_REFUSED = (EmbeddbError, LookupError, TypeError, ValueError)
 
 
 class DataPlane:
@@ -54,6 +59,22 @@ class DataPlane:
         """``ids`` validated, if this shard owns every one (FailedPreconditionError naming
         the first foreign id otherwise)."""
         return owned_ids(self.topology, ids, field)
+
+    def _quick(
+        self, parts: Sequence[tuple[str, object, T]]
+    ) -> list[tuple[TieredTable, npt.NDArray[np.uint64], tuple[str, object, T]]]:
+        """Each part's table and ids, checked with one ownership pass over every part's ids.
+        Raises one of ``_REFUSED`` without naming the part: the caller then checks part by
+        part, in order, which names the first problem as a one-part call would."""
+        if not parts:
+            return []
+        self._table_check_open()
+        tables = self._tables
+        checked = [(tables[p[0]], as_ids(p[1]), p) for p in parts]
+        if self.topology.num_shards > 1:
+            every = checked[0][1] if len(checked) == 1 else np.concatenate([c[1] for c in checked])
+            self.topology.check_owned(every)
+        return checked
 
     @property
     def tables(self) -> tuple[str, ...]:
@@ -115,18 +136,31 @@ class DataPlane:
             TableNotFoundError, InvalidArgumentError (also: a table named by two parts),
             FailedPreconditionError (a training part on a read-only shard), StorageError.
         """
-        checked = [
-            (self._table(table), self._owned(ids, f"lookups[{k}].ids"), bool(train))
-            for k, (table, ids, train) in enumerate(parts)
-        ]
+        try:
+            checked = [(t, ids, bool(train)) for t, ids, (_, _, train) in self._quick(parts)]
+        except _REFUSED:  # the same checks part by part: the first problem, as named there
+            checked = [
+                (self._table(table), self._owned(ids, f"lookups[{k}].ids"), bool(train))
+                for k, (table, ids, train) in enumerate(parts)
+            ]
         distinct_tables(table for table, _, _ in parts)
         if not any(train for _, _, train in checked):
             return [t.lookup(ids, False) for t, ids, _ in checked]
         before = self._journal.mutating()
-        plans = {k: p[0].lookup_begin(p[1], True) for k, p in enumerate(checked) if p[2]}
-        self._journal.commit([checked[k][0].lookup_call(plan) for k, plan in plans.items()])
+        fused = [
+            k for k, (t, ids, train) in enumerate(checked) if train and t.fits_one_pass(ids.size)
+        ]
+        resident = self._journal.stripes.lookup_resident([checked[k][:2] for k in fused])
+        done = {k: v for k, v in zip(fused, resident, strict=True) if v is not None}
+        plans = {
+            k: t.lookup_begin(ids, True)
+            for k, (t, ids, train) in enumerate(checked)
+            if train and k not in done
+        }  # the parts with an id to promote or create (or too large for one pass)
+        if plans:
+            self._journal.commit([checked[k][0].lookup_call(plan) for k, plan in plans.items()])
         out = [
-            plans[k].out if k in plans else t.lookup(i, False)
+            done[k] if k in done else plans[k].out if k in plans else t.lookup(i, False)
             for k, (t, i, _) in enumerate(checked)
         ]
         self._journal.acknowledge(before)
@@ -150,13 +184,21 @@ class DataPlane:
             FailedPreconditionError, StorageError.
         """
         checked: list[tuple[TieredTable, npt.NDArray[np.uint64], npt.NDArray[np.float32]]] = []
-        for k, (table, ids, grads) in enumerate(parts):
-            t = self._table(table)
-            id_arr = self._owned(ids, f"updates[{k}].ids")
-            checked.append((t, id_arr, matrix(grads, id_arr.size, t.dim, "grads")))
+        try:
+            for t, id_arr, (_, _, grads) in self._quick(parts):
+                checked.append((t, id_arr, matrix(grads, id_arr.size, t.dim, "grads")))
+        except _REFUSED:  # the same checks part by part: the first problem, as named there
+            checked.clear()
+            for k, (table, ids, grads) in enumerate(parts):
+                t = self._table(table)
+                id_arr = self._owned(ids, f"updates[{k}].ids")
+                checked.append((t, id_arr, matrix(grads, id_arr.size, t.dim, "grads")))
         distinct_tables(table for table, _, _ in parts)
         before = self._journal.mutating()
-        results = self._journal.commit([t.update_call(ids, g) for t, ids, g in checked])
+        if all(t.fits_one_pass(ids.size) for t, ids, _ in checked):
+            results = self._journal.update_many(checked)
+        else:  # large enough for the stripe pool: table by table, each on several cores
+            results = self._journal.commit([t.update_call(ids, g) for t, ids, g in checked])
         self._journal.acknowledge(before)
         return results
 

@@ -34,11 +34,15 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import TypeVar
 
+import numpy as np
+import numpy.typing as npt
+
 from embeddb.config import FsyncPolicy
 from embeddb.engine.durability import records
 from embeddb.engine.durability.log import UpdateLog
-from embeddb.engine.storage import TieredTable
+from embeddb.engine.storage import TieredTable, UpdateResult
 from embeddb.engine.storage.changes import Change
+from embeddb.engine.storage.many import StripeSet
 from embeddb.engine.storage.writes import Prepared, commit_ordered
 from embeddb.errors import (
     FailedPreconditionError,
@@ -81,6 +85,7 @@ class Journal:
         """Make ``tables`` journal their calls here (when there is an update log)."""
         # calls spanning tables lock them in this order (a snapshot's too: no deadlock)
         self._rank = {name: k for k, name in enumerate(tables)}
+        self.stripes = StripeSet(tables)  # the same order
         if self._log is not None:
             for table in tables.values():
                 table.journal = self.append
@@ -96,6 +101,16 @@ class Journal:
         if self._log is None:
             return commit_ordered(ranked, None)
         return commit_ordered(ranked, self.append, self.unpublished)
+
+    def update_many(
+        self, items: Sequence[tuple[TieredTable, npt.NDArray[np.uint64], npt.NDArray[np.float32]]]
+    ) -> list[UpdateResult]:
+        """A gradient push spanning tables — ``(table, ids, grads)`` each — prepared in one pass
+        (:mod:`~embeddb.engine.storage.many`) and logged as one record before any of it is
+        published. Returns the tables' results in order."""
+        if self._log is None:
+            return self.stripes.update(items, None)
+        return self.stripes.update(items, self.append, self.unpublished)
 
     def append(self, changes: list[Change]) -> None:
         """Append one call's changes to the log as one record (called with the stripe locks

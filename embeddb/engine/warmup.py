@@ -19,6 +19,8 @@ time::
     hash_index.dedup_sum           request gradients: read-only or writable
     creation (4 kernels)           a stripe's index, rows, ids, flags and free stack; writable
                                    ids, rows and flags of a lookup's misses
+    many_kernels (3)               request ids and gradients (one part: read-only or
+                                   writable; several: a writable concatenation)
     initializers (3 kinds)         writable ids
     optim: finite_rows, apply_rows the summed gradients (writable), per optimizer kind
 
@@ -39,8 +41,9 @@ from embeddb.common.routing import first_foreign
 from embeddb.config import InitializerConfig, InitializerKind, OptimizerConfig, OptimizerKind
 from embeddb.engine.initializers import initial_vectors, table_key
 from embeddb.engine.optim import Optimizer
-from embeddb.engine.storage import creation, hash_index
-from embeddb.engine.storage.ram_tier import DIRTY, ON_DISK
+from embeddb.engine.storage import creation, hash_index, many_kernels
+from embeddb.engine.storage.many import stripe_row
+from embeddb.engine.storage.ram_tier import DIRTY, ON_DISK, RamStripe
 
 __all__ = ["warm_up_core"]
 
@@ -61,6 +64,7 @@ def warm_up_core() -> float:
         ids = _ids(readonly)
         first_foreign(ids, 0, 2)
         _hash_index(ids, readonly)
+        _many(ids, readonly)
     _creation()
     for kind in InitializerKind:
         initial_vectors(_IDS, _DIM, InitializerConfig(kind=kind), table_key("warm-up", 0))
@@ -138,6 +142,32 @@ def _creation() -> None:
     creation.place_rows(
         index, rows, ids, flags, free, 8, uniq, values, found, 1, False, ON_DISK, DIRTY
     )
+
+
+def _many(ids: U64, readonly: bool) -> None:
+    """The kernels of calls spanning tables, on one stripe holding ``ids``."""
+    stripe = RamStripe(8, _DIM)
+    keys = np.unique(ids)
+    hash_index.insert(stripe.index, keys, stripe.take_slots(keys.size), 1)
+    table = np.array([stripe_row(stripe)], dtype=np.int64)
+    n = ids.size
+    bounds, zero = np.array([0, n], dtype=np.int64), np.zeros(1, dtype=np.int64)
+    one, ticks, missed = (
+        np.ones(1, dtype=np.int64),
+        np.ones(1, dtype=np.int64),
+        np.zeros(1, np.uint8),
+    )
+    out = np.empty((n, _DIM), dtype=np.float32)
+    many_kernels.lookup_resident(ids, bounds, zero, zero, one, table, ticks, out, missed)
+    seg_stripe, seg_bounds, seg_ids = (np.empty(k, dtype=np.int64) for k in (1, 2, 1))
+    slots, sums = np.empty(n, dtype=np.int64), np.empty((n, _DIM), dtype=np.float32)
+    rows, row_ids = np.empty((n, _DIM), dtype=np.float32), np.empty(n, dtype=np.uint64)
+    many_kernels.update_resident(
+        ids, bounds, zero, zero, one, table, ticks, _grads(n, readonly),
+        missed, seg_stripe, seg_bounds, seg_ids, slots, sums, rows, row_ids,
+    )  # fmt: skip
+    if not readonly:
+        many_kernels.scatter_segments(table, seg_stripe, seg_bounds, slots, rows, np.uint8(1))
 
 
 def _grads(n: int, readonly: bool) -> F32:

@@ -55,6 +55,7 @@ with them when it opens, :class:`~.log_read.LogReader` reads records back.
 from __future__ import annotations
 
 import errno
+import heapq
 import os
 import re
 import struct
@@ -300,6 +301,10 @@ def record_header(record: Framed, seq: int) -> bytes:
     return RECORD_HEADER.pack(_crc32c(fields, record.crc), stored, seq, length, flags)
 
 
+def _flat(part: bytes | memoryview) -> memoryview:
+    return part.cast("B") if isinstance(part, memoryview) else memoryview(part)
+
+
 def _byte_view(part: PayloadPart) -> bytes | memoryview:
     if isinstance(part, bytes):
         return part
@@ -316,18 +321,22 @@ def _compress(parts: list[bytes | memoryview], length: int) -> bytes | None:
     """The payload as one LZ4 frame, or None when that would not shrink it by 10%.
 
     A large payload is probed first: three windows (start, middle, end) of its largest part
-    (for a shard's records, the rows) are compressed, and if they do not shrink by 10% the
-    full attempt is skipped — float vectors and optimizer state rarely compress.
+    (for a shard's records, the rows) are compressed — or, when no part is that large (a call
+    spanning many tables logs one smaller rows part per table), the first window of each of
+    its three largest parts — and if they do not shrink by 10% the full attempt is skipped:
+    float vectors and optimizer state rarely compress.
     """
     if length >= 4 * _PROBE_BYTES:
-        big = max(parts, key=len)
-        view = memoryview(big).cast("B") if isinstance(big, memoryview) else memoryview(big)
+        window = _PROBE_BYTES // 4
+        largest = [_flat(p) for p in heapq.nlargest(3, parts, key=len)]
+        view = largest[0]
         if len(view) >= _PROBE_BYTES:
-            window = _PROBE_BYTES // 4
             starts = (0, (len(view) - window) // 2, len(view) - window)
             sample = b"".join(view[a : a + window] for a in starts)
-            if len(lz4.frame.compress(sample)) >= 0.9 * len(sample):
-                return None
+        else:
+            sample = b"".join(v[:window] for v in largest)
+        if len(sample) >= window and len(lz4.frame.compress(sample)) >= 0.9 * len(sample):
+            return None
     data = parts[0] if len(parts) == 1 else b"".join(parts)
     packed: bytes = lz4.frame.compress(data)
     return packed if len(packed) < 0.9 * length else None

@@ -47,6 +47,12 @@ class Optimizer:
         self.state_dim = config.state_dim(dim)
         self._bound = float(weight_bound) if weight_bound is not None else 0.0
 
+    @property
+    def signature(self) -> tuple[OptimizerConfig, int, float]:
+        """Equal for optimizers that update a row identically (settings, dim, weight bound):
+        such tables' rows may be updated in one :meth:`apply`."""
+        return self.config, self.dim, self._bound
+
     def initial_state(self, n: int) -> npt.NDArray[np.float32]:
         """The state of ``n`` freshly created rows (Adagrad: the initial accumulator)."""
         state = np.zeros((n, self.state_dim), dtype=np.float32)

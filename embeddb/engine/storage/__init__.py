@@ -5,6 +5,8 @@ names that stored data gives (a manifest's, a checkpoint's listing) to their dir
 Modules: :mod:`~embeddb.engine.storage.table` (:class:`TieredTable`: a table's lock stripes and
 its calls), :mod:`~embeddb.engine.storage.lookups` (the three-phase lookup path and the rows it
 creates), :mod:`~embeddb.engine.storage.writes` (the write path: logged first, then visible),
+:mod:`~embeddb.engine.storage.many` and :mod:`~embeddb.engine.storage.many_kernels` (calls
+spanning tables, served in one pass),
 :mod:`~embeddb.engine.storage.changes` (what a call hands to the journal),
 :mod:`~embeddb.engine.storage.stats` (what a table reports),
 :mod:`~embeddb.engine.storage.capture` (a table's RAM tier copied out for a snapshot),

@@ -191,6 +191,17 @@ class TieredTable:
         return deleted
 
     # ------------------------------------------------------------------ the write path
+    @property
+    def stripe_shift(self) -> int:
+        """An id's stripe is ``mix64(id ^ STRIPE_SALT) >> stripe_shift`` (one stripe: 0)."""
+        return int(self._shift)
+
+    def fits_one_pass(self, n_ids: int) -> bool:
+        """Whether a call of ``n_ids`` ids runs on its calling thread alone (too small for the
+        stripe pool), so a call spanning tables may prepare it in one pass
+        (:mod:`embeddb.engine.storage.many`)."""
+        return self._pool.threads == 1 or n_ids < self._pool.min_ids
+
     def split(self, ids: U64) -> list[tuple[int, U64, I64]]:
         """``(stripe, its ids, their positions)`` of each stripe ``ids`` touch, ascending."""
         return list(self._split(ids))
