@@ -29,8 +29,8 @@ locks and in the same record (:meth:`~embeddb.engine.storage.TieredTable.prepare
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from contextlib import ExitStack
 from typing import NamedTuple
 
 import numpy as np
@@ -43,7 +43,7 @@ from embeddb.engine.storage.changes import Change, Op
 from embeddb.engine.storage.ram_tier import DIRTY, RamStripe
 from embeddb.engine.storage.stats import UpdateResult
 from embeddb.engine.storage.table import TieredTable
-from embeddb.engine.storage.writes import Journal, Prepared, commit
+from embeddb.engine.storage.writes import Journal, Prepared, commit, hold
 
 __all__ = ["StripeSet", "stripe_row"]
 
@@ -100,19 +100,9 @@ class StripeSet:
         """Positions of ``tables`` in lock order."""
         return sorted(range(len(tables)), key=lambda k: self.rank[tables[k].name])
 
-    @contextmanager
-    def holding(self, tables: Sequence[TieredTable]) -> Iterator[None]:
+    def holding(self, tables: Sequence[TieredTable]) -> ExitStack:
         """Hold the lock of every stripe of ``tables`` (given in lock order)."""
-        locks = self._fixed_of(tables).locks
-        taken = 0
-        try:
-            for lock in locks:
-                lock.acquire()
-                taken += 1
-            yield
-        finally:
-            for lock in reversed(locks[:taken]):
-                lock.release()
+        return hold(self._fixed_of(tables).locks)
 
     def _fixed_of(self, tables: Sequence[TieredTable]) -> _Fixed:
         """What the calls on ``tables`` share (kept: the same few sets come back call after
