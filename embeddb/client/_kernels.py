@@ -24,31 +24,8 @@ def dedup(ids, unique_out, inverse_out, counts_out):
     Writes ``unique_out[:k]``, ``counts_out[:k]`` and ``inverse_out`` (``ids[i] ==
     unique_out[inverse_out[i]]``); all outputs hold ``ids.size`` entries. Returns ``k``.
     """
-    n = ids.size
-    buckets = 16
-    while buckets < 2 * n:
-        buckets *= 2
-    mask = np.uint64(buckets - 1)
-    table = np.full(buckets, -1, dtype=np.int64)  # bucket → position in unique_out
-    k = 0
-    for i in range(n):
-        key = ids[i]
-        b = _mix(key) & mask
-        while True:
-            pos = table[b]
-            if pos < 0:
-                table[b] = k
-                unique_out[k] = key
-                counts_out[k] = 1
-                inverse_out[i] = k
-                k += 1
-                break
-            if unique_out[pos] == key:
-                counts_out[pos] += 1
-                inverse_out[i] = pos
-                break
-            b = (b + np.uint64(1)) & mask
-    return k
+    table = np.empty(_buckets(ids.size), dtype=np.int64)  # bucket → position in unique_out
+    return _dedup_range(ids, 0, ids.size, table, 0, unique_out, inverse_out, counts_out)
 
 
 @numba.njit(nogil=True, cache=True)
@@ -85,35 +62,48 @@ def dedup_segments(ids, bounds, unique_out, inverse_out, counts_out, unique_boun
     largest = 0
     for t in range(bounds.size - 1):
         largest = max(largest, bounds[t + 1] - bounds[t])
-    capacity = 16
-    while capacity < 2 * largest:
-        capacity *= 2
-    table = np.empty(capacity, dtype=np.int64)  # bucket → position in unique_out
+    table = np.empty(_buckets(largest), dtype=np.int64)  # bucket → position in unique_out
     k = 0
     unique_bounds_out[0] = 0
     for t in range(bounds.size - 1):
-        start, stop = bounds[t], bounds[t + 1]
-        buckets = 16
-        while buckets < 2 * (stop - start):
-            buckets *= 2
-        mask = np.uint64(buckets - 1)
-        table[:buckets] = -1
-        for i in range(start, stop):
-            key = ids[i]
-            b = _mix(key) & mask
-            while True:
-                pos = table[b]
-                if pos < 0:
-                    table[b] = k
-                    unique_out[k] = key
-                    counts_out[k] = 1
-                    inverse_out[i] = k
-                    k += 1
-                    break
-                if unique_out[pos] == key:
-                    counts_out[pos] += 1
-                    inverse_out[i] = pos
-                    break
-                b = (b + np.uint64(1)) & mask
+        k = _dedup_range(
+            ids, bounds[t], bounds[t + 1], table, k, unique_out, inverse_out, counts_out
+        )
         unique_bounds_out[t + 1] = k
+    return k
+
+
+@numba.njit(nogil=True, cache=True, inline="always")
+def _buckets(n):
+    """The open-addressing table's size for ``n`` ids: a power of two, at least twice ``n``."""
+    buckets = 16
+    while buckets < 2 * n:
+        buckets *= 2
+    return buckets
+
+
+@numba.njit(nogil=True, cache=True, inline="always")
+def _dedup_range(ids, start, stop, table, k, unique_out, inverse_out, counts_out):
+    """Deduplicate ``ids[start:stop]`` into ``unique_out[k:]`` (linear probing in ``table``,
+    reset here); returns the new ``k``."""
+    size = _buckets(stop - start)
+    mask = np.uint64(size - 1)
+    table[:size] = -1
+    for i in range(start, stop):
+        key = ids[i]
+        b = _mix(key) & mask
+        while True:
+            pos = table[b]
+            if pos < 0:
+                table[b] = k
+                unique_out[k] = key
+                counts_out[k] = 1
+                inverse_out[i] = k
+                k += 1
+                break
+            if unique_out[pos] == key:
+                counts_out[pos] += 1
+                inverse_out[i] = pos
+                break
+            b = (b + np.uint64(1)) & mask
     return k
