@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import lz4.frame
 import numpy as np
 import pytest
@@ -10,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from embeddb.errors import InvalidArgumentError, ResourceExhaustedError
-from embeddb.transport import wire
+from embeddb.transport import wire, wire_decode
 from embeddb.v1 import embeddb_pb2 as pb
 
 
@@ -267,8 +269,7 @@ def test_parsed_many_vectors_are_views_of_the_received_bytes() -> None:
     b = -np.arange(6, dtype=np.float32).reshape(2, 3)
     parts = [wire.encode_lookup_response(a), wire.encode_lookup_response(b)]
     data = wire.encode_lookup_many_response(parts).SerializeToString()
-    parsed = wire.parse_lookup_many_response(data, small_bytes=0)
-    assert len(data) <= wire.SMALL_RESPONSE_BYTES  # by default, protobuf would copy these
+    parsed = wire.parse_lookup_many_response(data)  # small: protobuf copied them until issue 25
     for result, values in zip(parsed.results, (a, b), strict=True):
         assert isinstance(result.vectors.data, memoryview) and result.vectors.data.obj is data
         decoded = wire.decode_matrix(result.vectors, "vectors", *values.shape)
@@ -314,16 +315,34 @@ def test_many_parser_agrees_with_protobuf(
             assert (v.compression, bytes(v.row_scales)) == (u.compression, u.row_scales)
 
 
+def _part(tensor: bytes) -> bytes:
+    inner = b"\x0a" + wire._varint(len(tensor)) + tensor
+    return b"\x0a" + wire._varint(len(inner)) + inner
+
+
 @pytest.mark.parametrize(
     "message",
     [b"\x0a\x05\x0a\x03\x08", b"\x0a\x80", b"\x0a\x02\x0a\x09", b"\x0a\x01\x0b", b"\x00\x01",
-     b"\x0a\x04\x0a\x02\x1a\x09", b"\x0a" + b"\xff" * 11],
+     b"\x0a\x04\x0a\x02\x1a\x09", b"\x0a" + b"\xff" * 11,
+     # where the shards' layout is walked (wire_decode): each hands over to the general walk
+     b"\x0a\x80\x01" + _part(b"\x08\x02"), _part(b"\x08\x80") + _part(b""),
+     _part(b"\x12\x01\x80\x08\x02"), _part(b"\x12\x03\x80\x80\x80\x08\x02"),
+     _part(b"\x1a\x05abc") + _part(b""), _part(b"\x08" + b"\xff" * 10 + b"\x01"),
+     _part(b"\x08\x02\x2a\x09abc") + _part(b"\x08\x02"), _part(b"\x08\x02")[:-1]],
     ids=["truncated-message", "truncated-length", "inner-past-end", "inner-wire-type-3",
-         "field-zero", "tensor-field-past-end", "overlong-varint"],
+         "field-zero", "tensor-field-past-end", "overlong-varint",
+         "two-byte-length-past-end", "dtype-varint-past-part", "shape-varint-past-field",
+         "long-shape-varint-past-field", "data-past-part", "overlong-dtype-varint",
+         "row-scales-past-part", "truncated-last-part"],
 )  # fmt: skip
 def test_malformed_many_responses_raise(message: bytes) -> None:
+    with pytest.raises(ValueError) as general:  # the general walk's precise error
+        wire_decode._walk_lookup_many(message)
+    assert wire_decode._parse_canonical_lookup_many(message) is None
     for small_bytes in (0, None):
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match=re.escape(str(general.value))):
             wire.parse_lookup_many_response(message, small_bytes)
+    with pytest.raises(ValueError):  # and protobuf's path, where a caller asks for it
+        wire.parse_lookup_many_response(message, len(message))
     with pytest.raises(DecodeError):  # protobuf rejects them too
         pb.LookupManyResponse.FromString(message)

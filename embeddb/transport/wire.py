@@ -20,8 +20,8 @@ Every malformed tensor raises :class:`~embeddb.errors.InvalidArgumentError` nami
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import lz4.frame
@@ -29,13 +29,25 @@ import numpy as np
 import numpy.typing as npt
 
 from embeddb.errors import InvalidArgumentError, ResourceExhaustedError
+from embeddb.transport.wire_decode import (
+    SMALL_RESPONSE_BYTES,
+    LookupManyResponseView,
+    LookupResponseView,
+    TensorView,
+    parse_lookup_many_response,
+    parse_lookup_response,
+)
 from embeddb.v1 import embeddb_pb2 as pb
 
 __all__ = [
     "KAPPA",
     "LEGACY_SERVICE_NAME",
     "SERVICE_NAME",
+    "SMALL_RESPONSE_BYTES",
+    "LookupManyResponseView",
+    "LookupResponseView",
     "TensorFields",
+    "TensorView",
     "decode_ids",
     "decode_matrix",
     "encode_id_parts",
@@ -423,177 +435,3 @@ class Encoded:
 
     def SerializeToString(self) -> bytes:
         return b"".join(self._parts)
-
-
-@dataclass
-class TensorView:
-    """A ``Tensor`` read from the wire whose ``data`` is a view into the received bytes.
-
-    Has the attributes :func:`decode_matrix` reads, like ``pb.Tensor``.
-    """
-
-    dtype: int = 0
-    shape: list[int] = field(default_factory=list)
-    data: bytes | memoryview = b""
-    compression: int = 0
-    row_scales: bytes | memoryview = b""
-
-
-@dataclass
-class LookupResponseView:
-    """A parsed ``LookupResponse`` (see :func:`parse_lookup_response`)."""
-
-    vectors: TensorView = field(default_factory=TensorView)
-
-
-class _Reader:
-    """Reads protobuf fields from a buffer; every malformation raises ``ValueError``."""
-
-    def __init__(self, buffer: memoryview) -> None:
-        self.buf = buffer
-        self.pos = 0
-
-    def varint(self) -> int:
-        result = shift = 0
-        buf, pos = self.buf, self.pos
-        while True:
-            if pos >= len(buf):
-                raise ValueError("truncated varint")
-            byte = buf[pos]
-            pos += 1
-            result |= (byte & 0x7F) << shift
-            if byte < 0x80:
-                self.pos = pos
-                return result & ((1 << 64) - 1)
-            shift += 7
-            if shift >= 70:
-                raise ValueError("varint longer than ten bytes")
-
-    def fields(self) -> Iterator[tuple[int, int, int | memoryview]]:
-        """``(field, wire type, value)``: an int for VARINT/I64/I32, a view for LEN."""
-        while self.pos < len(self.buf):
-            key = self.varint()
-            number, wire_type = key >> 3, key & 7
-            if number == 0:
-                raise ValueError("field number 0")
-            if wire_type == _VARINT:
-                yield number, wire_type, self.varint()
-            elif wire_type in (_I64, _I32):
-                width = 8 if wire_type == _I64 else 4
-                yield number, wire_type, int.from_bytes(self._take(width), "little")
-            elif wire_type == _LEN:
-                yield number, wire_type, self._take(self.varint())
-            else:
-                raise ValueError(f"unsupported wire type {wire_type} (field {number})")
-
-    def _take(self, n: int) -> memoryview:
-        end = self.pos + n
-        if end > len(self.buf):
-            raise ValueError(f"field of {n} bytes runs past the end of the message")
-        view = self.buf[self.pos : end]
-        self.pos = end
-        return view
-
-
-def _signed64(value: int) -> int:
-    return value - (1 << 64) if value >= 1 << 63 else value
-
-
-def _merge_tensor(tensor: TensorView, buffer: memoryview) -> None:
-    for number, wire_type, value in _Reader(buffer).fields():
-        if isinstance(value, memoryview):  # LEN
-            if number == 2:  # packed repeated int64
-                reader = _Reader(value)
-                while reader.pos < len(reader.buf):
-                    tensor.shape.append(_signed64(reader.varint()))
-            elif number == 3:
-                tensor.data = value
-            elif number == 5:
-                tensor.row_scales = value
-        elif wire_type == _VARINT:
-            if number == 1:
-                tensor.dtype = value
-            elif number == 2:  # unpacked repeated int64: parsers must accept both forms
-                tensor.shape.append(_signed64(value))
-            elif number == 4:
-                tensor.compression = value
-        # anything else is an unknown field (a newer server): skipped, as protobuf does
-
-
-def parse_lookup_response(data: bytes) -> LookupResponseView:
-    """Parse a serialized ``LookupResponse`` without copying the vectors.
-
-    Follows protobuf's rules: fields in any order, unknown fields skipped, a repeated embedded
-    message merged, packed or unpacked ``shape``. ``vectors.data`` is a view into ``data``.
-
-    Raises:
-        ValueError: malformed bytes (the gRPC client reports the call as failed).
-    """
-    return _parse_lookup(memoryview(data))
-
-
-def _parse_lookup(buffer: memoryview) -> LookupResponseView:
-    response = LookupResponseView()
-    for number, _, value in _Reader(buffer).fields():
-        if number == 1 and isinstance(value, memoryview):
-            _merge_tensor(response.vectors, value)
-    return response
-
-
-@dataclass
-class LookupManyResponseView:
-    """A parsed ``LookupManyResponse`` (see :func:`parse_lookup_many_response`)."""
-
-    results: list[LookupResponseView] = field(default_factory=list)
-
-
-def parse_lookup_many_response(
-    data: bytes, small_bytes: int | None = None
-) -> LookupManyResponseView:
-    """Parse a serialized ``LookupManyResponse`` without copying any part's vectors.
-
-    Each occurrence of field 1 is one more result (a repeated message field), parsed as
-    :func:`parse_lookup_response` parses a whole message; unknown fields are skipped. Every
-    ``results[i].vectors.data`` is a view into ``data``.
-
-    Answers of at most ``small_bytes`` (default :data:`SMALL_RESPONSE_BYTES`) are parsed by
-    protobuf instead, copying their vectors: cheaper for a few ids in many tables.
-
-    Raises:
-        ValueError: malformed bytes (the gRPC client reports the call as failed).
-    """
-    if len(data) <= (
-        SMALL_RESPONSE_BYTES if small_bytes is None else small_bytes
-    ):  # protobuf's C parser: the copy costs less than
-        return _parse_small_lookup_many(data)  # walking many small parts in Python
-    response = LookupManyResponseView()
-    for number, _, value in _Reader(memoryview(data)).fields():
-        if number == 1 and isinstance(value, memoryview):
-            response.results.append(_parse_lookup(value))
-    return response
-
-
-SMALL_RESPONSE_BYTES = 1 << 16
-"""LookupMany answers up to this size are parsed by protobuf (copying the vectors: online
-lookups of a few ids in many tables); larger ones are walked in Python without a copy."""
-
-
-def _parse_small_lookup_many(data: bytes) -> LookupManyResponseView:
-    try:
-        message = pb.LookupManyResponse.FromString(data)
-    except Exception as exc:  # google.protobuf.message.DecodeError
-        raise ValueError(f"malformed LookupManyResponse: {exc}") from exc
-    return LookupManyResponseView(
-        [
-            LookupResponseView(
-                TensorView(
-                    dtype=r.vectors.dtype,
-                    shape=list(r.vectors.shape),
-                    data=r.vectors.data,
-                    compression=r.vectors.compression,
-                    row_scales=r.vectors.row_scales,
-                )
-            )
-            for r in message.results
-        ]
-    )
