@@ -14,8 +14,12 @@ feature group, one table) and ``per-feature`` (26 tables). Runs alternate betwee
 (``--rounds`` rounds of ``--steps`` steps each) and the best round of each counts. Printed:
 steps/s of each layout and batch size, ``client_table_layout_ratio_b128`` / ``_b512``
 (per-feature steps/s divided by shared steps/s: 1.0 means the table count costs nothing; the
-features' ids never collide, so both layouts look up the same number of distinct rows), and a
-cProfile top-20 (cumulative time) of the per-feature layout at batch 128.
+features' ids never collide, so both layouts look up the same number of distinct rows),
+the parsing of one ``LookupMany`` answer alone (``parse_us_1part``: 1 part of 65536 rows,
+``parse_us_26parts``: 26 parts of 60 rows, dim 16, µs each, best of ``--rounds``; the shards'
+layout walk that the client uses, the general walk, and protobuf's C parser with the
+conversion of its parts, interleaved in one run; ``parse_speedup_26parts`` = general walk /
+layout walk), and a cProfile top-20 (cumulative time) of the per-feature layout at batch 128.
 
     PYTHONPATH=. python benchmarks/client_tables.py [--quick] [--shards 1] [--no-profile]
 """
@@ -28,6 +32,8 @@ import cProfile
 import io
 import pstats
 import time
+import timeit
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -173,6 +179,44 @@ def measure(batch: int, steps: int, rounds: int, shards: int) -> dict[str, float
     return {layout: steps / seconds for layout, seconds in best.items()}
 
 
+def parse_parsers() -> dict[str, Callable[[bytes], Any]]:
+    """The parsers compared: the client's, and the ones it may hand over to (where present)."""
+    parsers: dict[str, Callable[[bytes], Any]] = {"client": wire.parse_lookup_many_response}
+    try:
+        from embeddb.transport import wire_decode
+    except ImportError:  # before issue 25: the client's parser was the general walk
+        return parsers
+    parsers["general"] = wire_decode._walk_lookup_many
+    parsers["protobuf"] = wire_decode._parse_small_lookup_many  # many small parts only
+    return parsers
+
+
+def measure_parse(rounds: int) -> dict[str, dict[str, float]]:
+    """µs to parse one answer, per parser and answer shape (best of ``rounds``, interleaved)."""
+    answers = {
+        "1part": (1, 65536),
+        "26parts": (26, 60),
+    }
+    data = {
+        key: wire.encode_lookup_many_response(
+            [wire.encode_lookup_response(np.ones((rows, DIM), np.float32)) for _ in range(parts)]
+        ).SerializeToString()
+        for key, (parts, rows) in answers.items()
+    }
+    parsers = parse_parsers()
+    best: dict[str, dict[str, float]] = {key: {} for key in answers}
+    for _ in range(rounds):
+        for key, answer in data.items():
+            for name, parse in parsers.items():
+                if name == "protobuf" and key == "1part":  # copies 4 MiB twice: not a contender
+                    continue
+                number = 200
+                seconds = timeit.timeit(lambda p=parse, a=answer: p(a), number=number)
+                micros = seconds / number * 1e6
+                best[key][name] = min(best[key].get(name, float("inf")), micros)
+    return best
+
+
 def profile(batch: int, steps: int, shards: int) -> str:
     data = batches(batch, steps)
     grads = [np.full((batch, DIM), 0.01, np.float32) for _ in range(FEATURES)]
@@ -213,6 +257,15 @@ def main() -> None:
             f"{rate['per-feature']:.0f} steps/s"
         )
         print(f"client_table_layout_ratio_b{batch} = {ratio:.3f}")
+    parse = measure_parse(rounds)
+    for key, timings in parse.items():
+        line = ", ".join(f"{name} {micros:.1f}" for name, micros in timings.items())
+        print(f"parse_us_{key} = {timings['client']:.1f}  ({line} µs)")
+    if "general" in parse["26parts"]:
+        speedup = parse["26parts"]["general"] / parse["26parts"]["client"]
+        print(f"parse_speedup_26parts = {speedup:.2f}")
+    with open("/proc/loadavg") as f:
+        print(f"loadavg after {f.read().split()[0:3]}")
     if not args.no_profile:
         print("cProfile, per-feature layout (26 tables), batch 128, cumulative top 20:")
         print(profile(128, steps, args.shards))
