@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import cProfile
+import functools
 import io
 import pstats
 import time
@@ -211,7 +212,7 @@ def measure_parse(rounds: int) -> dict[str, dict[str, float]]:
                 if name == "protobuf" and key == "1part":  # copies 4 MiB twice: not a contender
                     continue
                 number = 200
-                seconds = timeit.timeit(lambda p=parse, a=answer: p(a), number=number)
+                seconds = timeit.timeit(functools.partial(parse, answer), number=number)
                 micros = seconds / number * 1e6
                 best[key][name] = min(best[key].get(name, float("inf")), micros)
     return best

@@ -4,6 +4,8 @@ over to the general walk (malformed answers: tests/test_wire.py)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -62,8 +64,9 @@ def test_shard_answers_take_the_specialized_walk(
         np.testing.assert_allclose(decoded, v, rtol=2**-10, atol=0)
 
 
-def _tensor(**fields: object) -> bytes:
-    return pb.Tensor(**fields).SerializeToString()  # type: ignore[arg-type]
+def _tensor(**fields: Any) -> bytes:
+    data: bytes = pb.Tensor(**fields).SerializeToString()
+    return data
 
 
 _T = _tensor(dtype=pb.D_TYPE_FLOAT32, shape=[1, 2], data=b"abcdefgh")

@@ -15,6 +15,10 @@ Used by the server and the client alike (docs/architecture.md §4):
 Every malformed tensor raises :class:`~embeddb.errors.InvalidArgumentError` naming the field
 (an unknown dtype or compression value included); a tensor that would decompress beyond
 ``max_lz4_bytes`` raises :class:`~embeddb.errors.ResourceExhaustedError`.
+
+The lookup answers are written here and read by :mod:`embeddb.transport.wire_decode`, whose
+public names (``parse_lookup_response``, ``parse_lookup_many_response``, the views) are
+re-exported from this module.
 """
 
 from __future__ import annotations
