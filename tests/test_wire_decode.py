@@ -4,10 +4,13 @@ over to the general walk (malformed answers: tests/test_wire.py)."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from embeddb.transport import wire, wire_decode
 from embeddb.v1 import embeddb_pb2 as pb
@@ -84,10 +87,11 @@ def _wrap(*tensors: bytes, inside: bytes = b"") -> bytes:
      _wrap(b"\x1a\x08abcdefgh\x08\x02\x12\x02\x01\x02"), _wrap(b"\x08\x02\x10\x01\x10\x02"),
      _wrap(_T, _tensor(compression=pb.COMPRESSION_LZ4)), _wrap(b"\x08\x02\x08\x03"),
      _wrap(b"\x12\x02\x01\x02\x12\x01\x05"), _wrap(_tensor(shape=[-1, 2**40])),
-     _UNKNOWN + _wrap(_T), _wrap() + b"\x0a\x02\x38\x07"],
+     _UNKNOWN + _wrap(_T), _wrap() + b"\x0a\x02\x38\x07", _wrap(b"\x08\x02\x0a\x00")],
     ids=["unknown-between-parts", "unknown-in-part", "unknown-in-tensor", "fields-out-of-order",
          "unpacked-shape", "merged-vectors", "repeated-dtype", "two-packed-shapes",
-         "negative-and-long-shape", "unknown-first", "part-without-vectors"],
+         "negative-and-long-shape", "unknown-first", "part-without-vectors",
+         "dtype-as-len-in-tensor"],
 )  # fmt: skip
 def test_other_layouts_hand_over_to_the_general_walk(message: bytes) -> None:
     """Valid answers in layouts other than the shards' (and odd shapes within it) parse as
@@ -99,3 +103,51 @@ def test_other_layouts_hand_over_to_the_general_walk(message: bytes) -> None:
         assert [_fields(r.vectors) for r in canonical] == [
             _fields(r.vectors) for r in parsed.results
         ]
+
+
+_SHARD_ANSWER = wire.encode_lookup_many_response(
+    [
+        wire.encode_lookup_response(
+            np.arange(rows * dim, dtype=np.float32).reshape(rows, dim), fp16
+        )
+        for rows, dim, fp16 in ((3, 2, False), (1, 1, True), (0, 3, False), (130, 2, False))
+    ]
+).SerializeToString()
+
+
+@pytest.mark.slow
+@given(
+    edits=st.lists(
+        st.tuples(st.integers(0, len(_SHARD_ANSWER)), st.sampled_from(["set", "cut", "insert"]),
+                  st.sampled_from([0, 1, 0x08, 0x0A, 0x12, 0x1A, 0x20, 0x2A, 0x7F, 0x80, 0xFF])),
+        min_size=1, max_size=3,
+    )
+)  # fmt: skip
+def test_damaged_shard_answers_parse_as_the_general_walk_parses_them(
+    edits: list[tuple[int, str, int]],
+) -> None:
+    """Whatever the specialized walk accepts, the general walk reads the same way; whatever the
+    general walk rejects, the client's parser rejects with the same message."""
+    data = bytearray(_SHARD_ANSWER)
+    for at, edit, byte in edits:
+        at = min(at, len(data))
+        if edit == "set" and at < len(data):
+            data[at] = byte
+        elif edit == "cut":
+            del data[at:]
+        else:
+            data.insert(at, byte)
+    message = bytes(data)
+    try:
+        general: list[wire.LookupResponseView] | str = wire_decode._walk_lookup_many(
+            message
+        ).results
+    except ValueError as exc:
+        general = str(exc)
+    canonical = wire_decode._parse_canonical_lookup_many(message)
+    if canonical is not None:
+        assert not isinstance(general, str)
+        assert [_fields(r.vectors) for r in canonical] == [_fields(r.vectors) for r in general]
+    if isinstance(general, str):
+        with pytest.raises(ValueError, match=re.escape(general)):
+            wire.parse_lookup_many_response(message)
