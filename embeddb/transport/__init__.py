@@ -1,6 +1,7 @@
 """The transport: how tensors, calls and errors cross a network, knowing nothing of the engine.
 
-Owns: :mod:`.wire` (numpy arrays ⇄ ``embeddb.v1.Tensor`` messages, zero-copy where it can),
+Owns: :mod:`.wire` (numpy arrays ⇄ ``embeddb.v1.Tensor`` messages, zero-copy where it can;
+its answer decoding in :mod:`.wire_decode`),
 :mod:`.status` (the one table between exceptions and gRPC/HTTP statuses, used by every server
 and client) and :mod:`.rpc` (the gRPC server layer: listen config, tokens and roles, the
 boundary interceptor, memory budget, metrics, assembly, lifecycle). The generated messages and
