@@ -291,6 +291,23 @@ def collect_victims(index, count, below_tick, keys_out, slots_out):
     return out
 
 
+@numba.njit(nogil=True, cache=True, inline="always")
+def add_to_sum(scratch, slot, grads, row, uniq_out, sums_out, k):
+    """Add ``grads[row]`` to the sum of ``slot``: ``scratch[slot]`` is its position in
+    ``sums_out`` (-1 before its first row, which appends it as ``uniq_out[k]``). Returns the
+    new count of distinct slots."""
+    pos = scratch[slot]
+    if pos < 0:
+        scratch[slot] = k
+        uniq_out[k] = slot
+        for j in range(grads.shape[1]):
+            sums_out[k, j] = grads[row, j]
+        return k + 1
+    for j in range(grads.shape[1]):
+        sums_out[pos, j] += grads[row, j]
+    return k
+
+
 @numba.njit(nogil=True, cache=True)
 def dedup_sum(slots, grads, rows_of, scratch, uniq_out, sums_out):
     """Sum gradient rows that share a slot, in first-appearance order.
@@ -302,23 +319,11 @@ def dedup_sum(slots, grads, rows_of, scratch, uniq_out, sums_out):
     Returns:
         ``k``: ``uniq_out[:k]`` are the distinct slots, ``sums_out[:k]`` their summed gradients.
     """
-    dim = grads.shape[1]
     k = 0
     for i in range(slots.size):
         s = slots[i]
-        if s < 0:
-            continue
-        pos = scratch[s]
-        r = rows_of[i]
-        if pos < 0:
-            scratch[s] = k
-            uniq_out[k] = s
-            for j in range(dim):
-                sums_out[k, j] = grads[r, j]
-            k += 1
-        else:
-            for j in range(dim):
-                sums_out[pos, j] += grads[r, j]
+        if s >= 0:
+            k = add_to_sum(scratch, s, grads, rows_of[i], uniq_out, sums_out, k)
     for x in range(k):
         scratch[uniq_out[x]] = -1
     return k

@@ -28,7 +28,7 @@ from numba.np.numpy_support import carray
 
 from embeddb.common._routing_kernel import mix as _mix
 from embeddb.common.routing import STRIPE_SALT
-from embeddb.engine.storage.hash_index import BUCKET_SALT
+from embeddb.engine.storage.hash_index import BUCKET_SALT, add_to_sum
 
 __all__ = ["COLUMNS", "lookup_resident", "scatter_segments", "update_resident"]
 
@@ -190,7 +190,6 @@ def update_resident(
     Returns:
         ``(rows, segments)`` written.
     """
-    dim = grads.shape[1]
     n = 0
     nseg = 0
     seg_bounds[0] = 0
@@ -229,16 +228,7 @@ def update_resident(
                 if slot < 0:
                     bad = True
                     break
-                pos = scratch[slot]
-                if pos < 0:
-                    scratch[slot] = n
-                    slots_out[n] = slot
-                    for d in range(dim):
-                        sums_out[n, d] = grads[i, d]
-                    n += 1
-                else:
-                    for d in range(dim):
-                        sums_out[pos, d] += grads[i, d]
+                n = add_to_sum(scratch, slot, grads, i, slots_out, sums_out, n)
             for y in range(start, n):
                 scratch[slots_out[y]] = -1
             if bad:
