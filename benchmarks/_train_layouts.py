@@ -8,8 +8,9 @@ in this run: ``table_layout_ratio`` (batch 512) and ``table_layout_ratio_b128`` 
 one-table-per-feature samples/s over the shared table's.
 
 Peers. ``pytorch_inprocess`` is the in-process run (one fused ``nn.EmbeddingBag`` + torch's
-Adagrad, one process); TorchRec's unsharded ``EmbeddingBagCollection`` with its fused Adagrad
-runs only when ``torchrec`` and ``fbgemm_gpu`` import here; otherwise the JSON says why.
+Adagrad, one process; at batch 128 too, ``inprocess_b128`` against ``hybrid_b128``:
+``hybrid_vs_inprocess_b128``); TorchRec's unsharded ``EmbeddingBagCollection`` with its fused
+Adagrad runs only when ``torchrec`` and ``fbgemm_gpu`` import here; otherwise the JSON says why.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Any
 import torch
 from _report import say
 from _train_models import embedding_yaml, local_cluster
-from _train_runs import Run, run_embeddb
+from _train_runs import Run, run_embeddb, run_inprocess
 
 from embeddb.features import SyntheticCriteo
 from embeddb.trainer import Batch
@@ -52,9 +53,9 @@ def layout_runs(
     capacity: int,
     workdir: Path,
 ) -> dict[str, Run]:
-    """Hybrid in the other layout at batch 512 (scored), both layouts at batch 128 (rate
-    only, ``samples`` each): runs named ``hybrid_<other>``, ``hybrid_b128`` and
-    ``hybrid_<other>_b128``."""
+    """Hybrid in the other layout at batch 512 (scored), in-process PyTorch at batch 128 (scored
+    once) and hybrid in both layouts at batch 128 (rate only), ``samples`` each: runs named
+    ``hybrid_<other>``, ``inprocess_b128``, ``hybrid_b128`` and ``hybrid_<other>_b128``."""
     cpu = torch.device("cpu")
     other = other_layout(args.layout)
     runs: dict[str, Run] = {}
@@ -67,6 +68,10 @@ def layout_runs(
             warmup=args.warmup_batches,
         )  # fmt: skip
     small = list(data.batches(samples, SMALL_BATCH, "train"))
+    say(f"in-process PyTorch, batch {SMALL_BATCH}")
+    runs["inprocess_b128"] = run_inprocess(
+        "inprocess_b128", small, test, 1, args.buckets, cpu, warmup=args.warmup_batches
+    )
     for layout in (args.layout, other):
         name = "hybrid_b128" if layout == args.layout else layout_name(layout, "_b128")
         say(f"hybrid, layout {layout!r}, batch {SMALL_BATCH} (rate only)")
@@ -121,8 +126,18 @@ TORCHREC_NOTE = (  # what was found when it was tried here
 )
 
 
+def hybrid_vs_inprocess_b128(runs: dict[str, Run]) -> float | None:
+    """Hybrid (the main layout) over in-process PyTorch samples/s at batch 128, same batches,
+    same run (``None`` when a run is missing)."""
+    hybrid, inproc = runs.get("hybrid_b128"), runs.get("inprocess_b128")
+    if hybrid is None or inproc is None or not inproc.samples_per_s:
+        return None
+    return hybrid.samples_per_s / inproc.samples_per_s
+
+
 def peers_json(runs: dict[str, Run], batch: int, torchrec_reason: str | None) -> dict[str, Any]:
-    """The ``peers`` JSON object: the in-process PyTorch peer against hybrid, in this run."""
+    """The ``peers`` JSON object: the in-process PyTorch peer against hybrid, in this run (at
+    ``batch``, and at batch 128 under ``batch_128`` when those runs were made)."""
     hybrid, inproc = runs.get("hybrid"), runs.get("inprocess")
     peers: dict[str, Any] = {"batch": batch}
     peers["hybrid"] = {"samples_per_s": hybrid.samples_per_s, "auc": hybrid.auc} if hybrid else None
@@ -145,4 +160,34 @@ def peers_json(runs: dict[str, Run], batch: int, torchrec_reason: str | None) ->
         peers["torchrec"] = {"skipped": f"{torchrec_reason} ({note})" if abi else torchrec_reason}
     else:
         peers["torchrec"] = {"skipped": "torchrec imports, but this benchmark has no TorchRec run"}
+    small = {name: runs.get(f"{name}_b128") for name in ("hybrid", "inprocess")}
+    peers["batch_128"] = (
+        {
+            "hybrid_samples_per_s": small["hybrid"].samples_per_s,
+            "pytorch_inprocess_samples_per_s": small["inprocess"].samples_per_s,
+            "pytorch_inprocess_auc": small["inprocess"].auc,
+            "hybrid_vs": hybrid_vs_inprocess_b128(runs),
+        }
+        if small["hybrid"] is not None and small["inprocess"] is not None
+        else None
+    )
     return peers
+
+
+# The side-by-side session of docs/performance.md ("Against PERSIA and TorchRec"): one idle
+# 2-core machine, one shared table, medians of 2-4 alternating runs; its harness is not in this
+# repository. samples/s by batch.
+SIDE_BY_SIDE: dict[str, Any] = {
+    "what": (
+        "an earlier side-by-side session (harness not in this repository): one idle 2-core "
+        "machine, the 26 features in one shared table, 524k rows, medians of 2-4 runs"
+    ),
+    "embeddb_hybrid": {"128": 31_300, "512": 56_200, "2048": 72_900},
+    "persia": {"128": 12_200, "512": 20_800, "2048": 26_400},
+    "pytorch_inprocess": {"128": 70_500, "512": 98_600, "2048": 105_800},
+    "torchrec_session": {
+        "embeddb_hybrid": {"512": 54_300, "2048": 72_600},
+        "torchrec_exact_adagrad": {"512": 77_900, "2048": 94_100},
+        "torchrec_rowwise_adagrad": {"512": 111_000, "2048": 119_000},
+    },
+}

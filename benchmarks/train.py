@@ -32,7 +32,7 @@ embedding worker sends one LookupMany and one ApplyGradientsMany per shard per b
 parts in the per-feature layout). Hybrid also runs in the other layout, at batch 512 and (rate
 only, ``--layout-samples``) at batch 128 in both: ``table_layout_ratio`` and
 ``table_layout_ratio_b128`` are samples/s with 26 tables over one shared table, in the same run
-(``--skip-layouts`` leaves them out; ``_train_layouts.py``).
+(``--skip-layouts`` leaves them out, with the in-process run at 128; ``_train_layouts.py``).
 
 Start-up (``--skip-startup`` leaves it out; ``_train_startup.py``): the whole ``embeddb train
 examples/adult/train.yaml`` command against the equivalent plain PyTorch script
@@ -41,9 +41,15 @@ to its exit, interleaved, twice: ``adult_wall_vs_torch`` is the second (warm) em
 the second PyTorch wall; ``startup_s`` is the warm job's own report (command start to the first
 training step) and ``startup`` holds its timeline.
 
+Public shape (``--skip-public`` leaves it out; ``_train_public.py``): a synthetic Avazu-shaped
+click log (22 categorical fields, 9k rows, fixed seed) trained from YAML with ``embeddb train``
+(batch 256) against the plain PyTorch script of the same shape, timed as the Adult job:
+``public_shape_vs_torch`` is the PyTorch wall over the warm embeddb wall.
+
 Peers (``peers``): the in-process PyTorch run (one fused ``nn.EmbeddingBag`` + Adagrad, one
-process) against hybrid, and TorchRec's unsharded ``EmbeddingBagCollection`` when torchrec and
-fbgemm-gpu-cpu import here (else the reason it was skipped).
+process) against hybrid, at batch 512 and (``inprocess_b128`` against ``hybrid_b128``:
+``hybrid_vs_inprocess_b128``) 128, and TorchRec's reason to be skipped (fbgemm-gpu-cpu does not
+load here). ``readme_table.py`` renders README.md's comparison from a recorded run.
 
 Timing: each run trains in ``--evals`` equal segments; after each segment the embedding updates
 are flushed and the model scored on the test set. Only training is timed
@@ -74,10 +80,11 @@ Small model (``--small-samples``): 10 ID features x dim 16, no numeric column, M
 batch 256, in-process against hybrid.
 
 Output: a table as the run goes, then, as the last line, one JSON object (keys in
-``benchmarks/README.md``). Targets (``hybrid_vs_inprocess`` >= 0.8, ``hybrid_vs_sync`` >= 2,
-|AUC hybrid - AUC sync| <= 0.001, async below, ``hybrid_rtt_flatness`` >= 0.9,
-``hybrid_vs_sync_rtt20ms`` >= 2.5, ``small_hybrid_vs_inprocess`` >= 0.6, ``table_layout_ratio``
-and ``table_layout_ratio_b128`` >= 0.9, ``adult_wall_vs_torch`` <= 1.5) are printed, never
+``benchmarks/README.md``). Targets (``hybrid_vs_inprocess`` >= 0.8,
+``hybrid_vs_inprocess_b128`` >= 0.6, ``hybrid_vs_sync`` >= 2, |AUC hybrid - AUC sync| <= 0.001,
+async below, ``hybrid_rtt_flatness`` >= 0.9, ``hybrid_vs_sync_rtt20ms`` >= 2.5,
+``small_hybrid_vs_inprocess`` >= 0.6, ``table_layout_ratio`` and ``table_layout_ratio_b128`` >=
+0.9, ``adult_wall_vs_torch`` <= 1.5, ``public_shape_vs_torch`` >= 0.6) are printed, never
 enforced.
 
 Usage::
@@ -104,7 +111,14 @@ import numpy as np
 import torch
 from _report import finish, say, verdict
 from _train_core import BATCH, EVAL_BATCH, core_runs, plan_of
-from _train_layouts import TARGET_LAYOUT_RATIO, layout_ratios, peers_json, torchrec_missing
+from _train_layouts import (
+    SIDE_BY_SIDE,
+    TARGET_LAYOUT_RATIO,
+    hybrid_vs_inprocess_b128,
+    layout_ratios,
+    peers_json,
+    torchrec_missing,
+)
 from _train_models import (
     CRITEO,
     DENSE_LR,
@@ -115,6 +129,7 @@ from _train_models import (
     dense_net,
     embedding_yaml,
 )
+from _train_public import TARGET_PUBLIC_SHAPE_VS_TORCH, run_public_shape
 from _train_runs import Run, labels_of, run_embeddb, run_inprocess, segments, write_curves
 from _train_startup import run_startup
 from _train_sweep import (
@@ -158,6 +173,7 @@ NUM_DENSE = CRITEO.num_dense
 DIM = CRITEO.dim
 HIDDEN = CRITEO.hidden
 TARGET_VS_INPROCESS = 0.8
+TARGET_VS_INPROCESS_B128 = 0.6
 TARGET_VS_SYNC = 2.0
 TARGET_AUC_GAP = 0.001
 TARGET_RTT_FLATNESS = 0.9
@@ -174,7 +190,7 @@ PERSIA_ADULT = "13-15k samples/s (batch 128), AUC 0.893-0.896 after one epoch"
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     add = parser.add_argument
-    add("--quick", action="store_true", help="< 120 s: fewer samples")
+    add("--quick", action="store_true", help="fewer samples: 7-9 min measured, 2 cores, load 5-7")
     add("--samples", type=int, default=0, help="training samples per run")
     add("--test-samples", type=int, default=0)
     add("--evals", type=int, default=0, help="AUC points per run")
@@ -186,6 +202,7 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--skip-layouts", action="store_true", help="no run in the other layout, no batch 128")
     add("--layout-samples", type=int, default=0, help="samples per batch-128 layout run")
     add("--skip-startup", action="store_true", help="no embeddb train / PyTorch Adult walls")
+    add("--skip-public", action="store_true", help="no public-shape embeddb train / PyTorch walls")
     add("--staleness", type=int, default=4, help="hybrid's max_staleness")
     add("--async-staleness", type=int, default=32)
     add("--threads", type=int, default=os.cpu_count() or 1)
@@ -227,6 +244,7 @@ def target_line(name: str, value: float | None, target: float, at_least: bool = 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse(argv)
     started = time.perf_counter()
+    load_start = list(os.getloadavg())
     plan = plan_of(args)
     torch.set_num_threads(args.threads)
     cpu = torch.device("cpu")
@@ -269,6 +287,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     points: list[SweepPoint] = []
     small: dict[str, Run] = {}
     startup: dict[str, Any] = {}
+    public: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="embeddb-train-bench-") as tmp:
         workdir = Path(tmp)
         if core:
@@ -306,6 +325,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             say()
             say("start-up: embeddb train examples/adult/train.yaml against plain PyTorch")
             startup = run_startup(workdir, pairs=1 if args.quick else 2)
+        if core and not args.skip_public:
+            say()
+            say("public shape: 22 fields, 9k rows, embeddb train (YAML) against plain PyTorch")
+            public = run_public_shape(workdir, pairs=1 if args.quick else 2)
 
     curve_runs = [r for r in [*runs.values(), *small.values()] if r.curve]
     table_runs = [*runs.values(), *small.values()]
@@ -339,6 +362,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         else None
     )
     layouts = layout_ratios(runs, args.layout)
+    vs_inprocess_b128 = hybrid_vs_inprocess_b128(runs)
+    public_ratio = public.get("public_shape_vs_torch")
     wall_ratio = startup.get("adult_wall_vs_torch")
     small_steady = (
         ratio(
@@ -385,6 +410,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     summary = [
         target_line("hybrid_vs_inprocess", vs_inprocess, TARGET_VS_INPROCESS),
+        target_line("hybrid_vs_inprocess_b128", vs_inprocess_b128, TARGET_VS_INPROCESS_B128),
         target_line("hybrid_vs_sync", vs_sync, TARGET_VS_SYNC),
         target_line("|AUC hybrid - AUC sync|", gap, TARGET_AUC_GAP, at_least=False),
         f"AUC hybrid - AUC async {async_drop:+.4f} (async at staleness {args.async_staleness}; "
@@ -406,6 +432,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"; embeddb train {startup['adult_wall_s']:.1f} s (start-up "
             f"{startup['startup_s'] or 0:.1f} s) against {startup['adult_torch_wall_s']:.1f} s"
             if startup
+            else ""
+        ),
+        target_line("public_shape_vs_torch", public_ratio, TARGET_PUBLIC_SHAPE_VS_TORCH)
+        + (
+            f"; embeddb train {public['job_wall_s']:.1f} s (start-up "
+            f"{public['job_startup_s'] or 0:.1f} s, AUC {public['job_auc'] or 0:.4f}) against "
+            f"{public['torch_wall_s']:.1f} s (AUC {public['torch_auc'] or 0:.4f})"
+            if public
             else ""
         ),
     ]
@@ -436,6 +470,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "async_samples_per_s": rate("async"),
         "inprocess_samples_per_s": rate("inprocess"),
         "hybrid_vs_inprocess": vs_inprocess,
+        "hybrid_vs_inprocess_b128": vs_inprocess_b128,
         "hybrid_vs_sync": vs_sync,
         "auc_hybrid": hy_auc,
         "auc_sync": sy_auc,
@@ -460,6 +495,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "startup_s": startup.get("startup_s"),
         "adult_wall_vs_torch": wall_ratio,
         "startup": startup or None,
+        "public_shape_vs_torch": public_ratio,
+        "public_shape": public or None,
         "peers": peers_json(runs, BATCH, torchrec_missing()) if core else None,
         "cuda_note": cuda_note,
         "curves_csv": str(csv_path) if csv_path else None,
@@ -469,6 +506,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "rtt_png": str(rtt_png) if rtt_png else None,
         "targets": {
             "hybrid_vs_inprocess": TARGET_VS_INPROCESS,
+            "hybrid_vs_inprocess_b128": TARGET_VS_INPROCESS_B128,
+            "public_shape_vs_torch": TARGET_PUBLIC_SHAPE_VS_TORCH,
             "hybrid_vs_sync": TARGET_VS_SYNC,
             "auc_gap_hybrid_sync": TARGET_AUC_GAP,
             "hybrid_rtt_flatness": TARGET_RTT_FLATNESS,
@@ -480,6 +519,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         },
         "targets_met": {
             "hybrid_vs_inprocess": _met(vs_inprocess, TARGET_VS_INPROCESS),
+            "hybrid_vs_inprocess_b128": _met(vs_inprocess_b128, TARGET_VS_INPROCESS_B128),
+            "public_shape_vs_torch": _met(public_ratio, TARGET_PUBLIC_SHAPE_VS_TORCH),
             "hybrid_vs_sync": _met(vs_sync, TARGET_VS_SYNC),
             "auc_gap_hybrid_sync": None if gap is None else gap <= TARGET_AUC_GAP,
             "async_below": None if async_drop is None else async_drop > TARGET_AUC_GAP,
@@ -498,6 +539,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "persia_samples_per_s": PERSIA_SAMPLES_PER_S,
             "persia_pytorch_samples_per_s": PERSIA_TORCH_SAMPLES_PER_S,
             "persia_adult": PERSIA_ADULT,
+            "side_by_side": SIDE_BY_SIDE,
         },
         "settings": {
             "batch": BATCH,
@@ -524,6 +566,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "small_model": SMALL.describe(),
             "warmup_batches": args.warmup_batches,
             "cpus": os.cpu_count(),
+            "load_average": [load_start, list(os.getloadavg())],  # 1/5/15 min: start, end
             "python": platform.python_version(),
             "torch": torch.__version__,
         },

@@ -1,6 +1,6 @@
-"""benchmarks/train.py's table-layout ratios, peers section and start-up pieces
-(``_train_layouts.py``, ``_train_startup.py``, ``_train_adult_torch.py``): their arithmetic and
-files, never the runs themselves."""
+"""benchmarks/train.py's table-layout ratios, peers section, start-up and public-shape pieces
+(``_train_layouts.py``, ``_train_startup.py``, ``_train_adult_torch.py``, ``_train_public.py``,
+``_plain_torch.py``): their arithmetic and files, never the runs themselves."""
 
 from __future__ import annotations
 
@@ -12,9 +12,11 @@ from types import ModuleType
 
 import numpy as np
 import pytest
+import torch
 
 from embeddb.common.evaluation import auc
 from embeddb.trainer.launcher.job import JobConfig
+from embeddb.trainer.models import build_model
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
@@ -32,7 +34,10 @@ def _load(name: str) -> ModuleType:
 def mods() -> Iterator[dict[str, ModuleType]]:
     sys.path.insert(0, str(BENCHMARKS))  # the scripts import their siblings
     try:
-        yield {n: _load(n) for n in ("train", "_train_layouts", "_train_startup")}
+        yield {
+            n: _load(n)
+            for n in ("train", "_train_layouts", "_train_startup", "_train_public", "_plain_torch")
+        }
     finally:
         sys.path.remove(str(BENCHMARKS))
 
@@ -100,10 +105,68 @@ def test_last_json_takes_the_last_object_line(mods: dict[str, ModuleType]) -> No
     assert last_json("{not json\n[1]\n") == {}
 
 
-def test_the_plain_pytorch_scripts_auc_agrees_with_embeddbs() -> None:
-    script = _load("_train_adult_torch")
+def test_the_plain_pytorch_scripts_auc_agrees_with_embeddbs(
+    mods: dict[str, ModuleType],
+) -> None:
+    script = _load("_train_adult_torch")  # its loop and AUC: _plain_torch.py (mods: on the path)
     rng = np.random.default_rng(0)
     labels = rng.integers(0, 2, 400).astype(np.float64)
     scores = np.round(labels * 0.3 + rng.random(400), 1)  # ties on purpose
     assert script.auc(labels, scores) == pytest.approx(auc(labels=labels, scores=scores))
     assert len(script.CATEGORICAL) == 8 and len(script.NUMERIC) == 6
+
+
+def test_hybrid_against_inprocess_at_batch_128(mods: dict[str, ModuleType]) -> None:
+    layouts, run = mods["_train_layouts"], mods["train"].Run
+    runs = {
+        "hybrid": run("hybrid", samples=1000, seconds=1.0, curve=[(1000, 1.0, 0.70)]),
+        "inprocess": run("inprocess", samples=4000, seconds=1.0, curve=[(4000, 1.0, 0.72)]),
+        "hybrid_b128": run("hybrid_b128", samples=600, seconds=2.0),
+        "inprocess_b128": run("inprocess_b128", samples=1000, seconds=1.0, curve=[(1, 1.0, 0.7)]),
+    }
+    assert layouts.hybrid_vs_inprocess_b128(runs) == pytest.approx(0.3)
+    small = layouts.peers_json(runs, 512, None)["batch_128"]
+    assert small["hybrid_vs"] == pytest.approx(0.3)
+    assert small["hybrid_samples_per_s"] == 300.0
+    assert small["pytorch_inprocess_samples_per_s"] == 1000.0
+    del runs["inprocess_b128"]
+    assert layouts.hybrid_vs_inprocess_b128(runs) is None
+    assert layouts.peers_json(runs, 512, None)["batch_128"] is None
+
+
+def test_the_public_shape_data_is_avazu_shaped_and_seeded(
+    mods: dict[str, ModuleType], tmp_path: Path
+) -> None:
+    public = mods["_train_public"]
+    train, test = public.write_data(tmp_path / "a", rows=2000)
+    header, *rows = train.read_text().splitlines()
+    assert header.split(",") == [*public.FIELDS, "click"] and len(public.FIELDS) == 22
+    assert len(rows) == 2000 - public.TEST_ROWS
+    assert len(test.read_text().splitlines()) == public.TEST_ROWS + 1
+    cells = [row.split(",") for row in rows]
+    assert all(len(c) == 23 and c[-1] in ("0", "1") for c in cells)
+    assert all(len(v) == 8 for c in cells for v in c[:-1])  # 8-hex-digit hashes, as Avazu's
+    clicks = np.mean([c[-1] == "1" for c in cells])
+    assert 0.05 < clicks < 0.4
+    again, _ = public.write_data(tmp_path / "b", rows=2000)
+    assert again.read_text() == train.read_text()  # the fixed seed
+
+
+def test_the_public_shape_job_is_the_plain_scripts_shape(
+    mods: dict[str, ModuleType], tmp_path: Path
+) -> None:
+    public = mods["_train_public"]
+    job_path, metrics = public.public_job(tmp_path)
+    job = JobConfig.from_yaml(job_path)
+    assert job.metrics_file is not None and Path(job.metrics_file) == metrics
+    assert (job.batch_size, job.epochs, job.mode, job.builtin_model) == (
+        256, public.EPOCHS, "hybrid", "dnn",
+    )  # fmt: skip
+    assert job.auto_embedding and job.embedding_dim == public.DIM
+    # the plain script's network is builtin:dnn's, layer for layer
+    plain = _load("_train_public_torch").DNN(22 * public.DIM)
+    builtin = build_model("dnn", id_dims=[public.DIM] * 22, non_id_widths=[])
+    shapes = [tuple(p.shape) for p in plain.parameters()]
+    assert shapes == [tuple(p.shape) for p in builtin.parameters()]
+    assert shapes[0] == (256, 22 * public.DIM) and shapes[-1] == (1,)
+    assert plain([], [torch.zeros(3, public.DIM)] * 22).shape == (3, 1)
