@@ -5,7 +5,8 @@ rounds of (PyTorch with torch's default threads, PyTorch with one thread, embedd
 compared are the best warm embeddb run and the best PyTorch run of either setting (the machine
 is shared: the best run is the least disturbed). ``startup_s`` is the
 job's own report (command start to the first training step, with its timeline:
-:mod:`embeddb.trainer.launcher.startup`)."""
+:mod:`embeddb.trainer.launcher.startup`). :func:`compare_walls` is the timing itself, shared
+with the public-shape job (``_train_public.py``)."""
 
 from __future__ import annotations
 
