@@ -26,6 +26,12 @@ control pipe closes).
     ids as uint64 bytes) with a preallocated 4 MiB bytes object, called through a raw
     ``channel.unary_unary`` with no (de)serializers. ``lookup_ratio`` = lookup bytes/s / echo
     bytes/s, where bytes/s counts the 4 MiB float32 vector payload per call (target >= 0.5).
+    **The floor**: the same echo server's ``Gather`` method answers the ids of its request
+    with ``Shard.lookup(train=False)`` of the benchmark's own shard (same process, same
+    threads), as raw bytes: gRPC in Python plus the shard's gather and nothing of embeddb's
+    protocol, checks or client. ``lookup_floor_ratio`` = its bytes/s / echo bytes/s, the best
+    ``lookup_ratio`` that gather allows on this machine; ``lookup_vs_floor`` = lookup bytes/s
+    / its bytes/s, what embeddb's own layers keep of it.
     One line of training lookups (``train=True`` over the same resident ids: recency refresh,
     no new rows; never retried by the client) is printed for reference.
 (b) **Online latency.** Requests of one sample (26 ids, drawn uniformly from the populated ids;
