@@ -95,6 +95,7 @@ def rpc_figures(result: Mapping[str, Any], out_dir: Path) -> list[PlotResult]:
     mib = {k: v / MIB for k, v in result.items() if k.endswith("bytes_per_s") and v is not None}
     throughput = {
         "raw echo (baseline)": {"": mib.get("echo_bytes_per_s")},
+        "raw gRPC + gather (floor)": {"": mib.get("gather_echo_bytes_per_s")},
         "lookup": {"": mib.get("lookup_bytes_per_s")},
         "training lookup": {"": mib.get("train_lookup_bytes_per_s")},
         "fp16": {"": mib.get("fp16_bytes_per_s")},

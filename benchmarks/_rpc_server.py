@@ -33,6 +33,7 @@ MAX_MESSAGE_BYTES = ServerConfig().max_message_bytes
 
 ECHO_SERVICE = "embeddb.bench.Echo"
 ECHO_METHOD = "Echo"
+GATHER_METHOD = "Gather"  # raw gRPC around the shard's gather: the floor of a lookup
 
 START_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 15.0
@@ -47,16 +48,25 @@ def server_options() -> list[tuple[str, int]]:
     ]
 
 
-def start_echo(workers: int) -> tuple[grpc.Server, futures.ThreadPoolExecutor, int]:
-    """A raw-bytes gRPC server answering every request with one preallocated 4 MiB object."""
+def start_echo(workers: int, shard: Shard) -> tuple[grpc.Server, futures.ThreadPoolExecutor, int]:
+    """A raw-bytes gRPC server: ``Echo`` answers every request with one preallocated 4 MiB
+    object; ``Gather`` answers the uint64 ids of its request with their vectors from
+    ``shard`` (``Shard.lookup(train=False)``, then one copy into ``bytes``), the least any
+    lookup over gRPC in Python can cost with this shard: no protobuf, no checks, no client."""
     response = np.random.default_rng(0).random(BATCH * DIM, dtype=np.float32).tobytes()
 
     def echo(request: bytes, context: grpc.ServicerContext) -> bytes:
         return response
 
-    handler = grpc.method_handlers_generic_handler(
-        ECHO_SERVICE, {ECHO_METHOD: grpc.unary_unary_rpc_method_handler(echo)}
-    )
+    def gather(request: bytes, context: grpc.ServicerContext) -> bytes:
+        ids = np.frombuffer(request, dtype=np.uint64)
+        return shard.lookup(TABLE, ids, train=False).tobytes()
+
+    methods = {
+        ECHO_METHOD: grpc.unary_unary_rpc_method_handler(echo),
+        GATHER_METHOD: grpc.unary_unary_rpc_method_handler(gather),
+    }
+    handler = grpc.method_handlers_generic_handler(ECHO_SERVICE, methods)
     executor = futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="bench-echo")
     server = grpc.server(executor, handlers=[handler], options=server_options())
     port = server.add_insecure_port("127.0.0.1:0")
@@ -81,7 +91,7 @@ def serve(conn: Connection, workers: int) -> None:
         populate_s = time.perf_counter() - began
         stats = shard.stats().tables[TABLE]
         shard_server = build_server(shard, ServerConfig(workers=workers))
-        echo = start_echo(workers)
+        echo = start_echo(workers, shard)
         conn.send(
             {
                 "lookup_port": shard_server.port,

@@ -26,6 +26,12 @@ control pipe closes).
     ids as uint64 bytes) with a preallocated 4 MiB bytes object, called through a raw
     ``channel.unary_unary`` with no (de)serializers. ``lookup_ratio`` = lookup bytes/s / echo
     bytes/s, where bytes/s counts the 4 MiB float32 vector payload per call (target >= 0.5).
+    **The floor**: the same echo server's ``Gather`` method answers the ids of its request
+    with ``Shard.lookup(train=False)`` of the benchmark's own shard (same process, same
+    threads), as raw bytes: gRPC in Python plus the shard's gather and nothing of embeddb's
+    protocol, checks or client. ``lookup_floor_ratio`` = its bytes/s / echo bytes/s, the best
+    ``lookup_ratio`` that gather allows on this machine; ``lookup_vs_floor`` = lookup bytes/s
+    / its bytes/s, what embeddb's own layers keep of it.
     One line of training lookups (``train=True`` over the same resident ids: recency refresh,
     no new rows; never retried by the client) is printed for reference.
 (b) **Online latency.** Requests of one sample (26 ids, drawn uniformly from the populated ids;
@@ -99,6 +105,7 @@ from _rpc_server import (
     DIM,
     ECHO_METHOD,
     ECHO_SERVICE,
+    GATHER_METHOD,
     ID_BYTES,
     POPULATED,
     RAM_CAPACITY,
@@ -231,6 +238,18 @@ def run_throughput(
                 raise RuntimeError(f"echo answered {len(answer)} bytes, not {VECTOR_BYTES}")
             return answer
 
+        gather = echo_channel.unary_unary(
+            f"/{ECHO_SERVICE}/{GATHER_METHOD}",
+            request_serializer=None,
+            response_deserializer=None,
+        )
+
+        def call_gather(i: int) -> object:
+            answer = gather(requests[i % len(requests)], timeout=CALL_TIMEOUT_S)
+            if len(answer) != VECTOR_BYTES:
+                raise RuntimeError(f"gather answered {len(answer)} bytes, not {VECTOR_BYTES}")
+            return answer
+
         def lookup(client: Client, train: bool) -> Callable[[int], object]:
             def work(i: int) -> object:
                 return client.lookup(TABLE, batches[i % len(batches)], train=train)
@@ -240,7 +259,7 @@ def run_throughput(
         first = clients["float32"].lookup(TABLE, batches[0], train=False)
         if first.shape != (BATCH, DIM) or first.dtype != np.float32:
             raise RuntimeError(f"lookup returned {first.shape} {first.dtype}")
-        works: dict[str, Callable[[int], object]] = {"echo": call_echo}
+        works: dict[str, Callable[[int], object]] = {"echo": call_echo, "gather": call_gather}
         works["float32"] = lookup(clients["float32"], train=False)
         works["train"] = lookup(clients["float32"], train=True)
         for name in ENCODINGS:
@@ -380,6 +399,7 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
         )
         labels = {
             "echo": "raw gRPC echo",
+            "gather": "raw gRPC + gather",
             "float32": "lookup float32",
             "train": "lookup train=True",
             "fp16": "lookup fp16",
@@ -427,6 +447,9 @@ def build_result(args: argparse.Namespace, phases: dict[str, Any]) -> dict[str, 
         "echo_bytes_per_s": echo.bytes_per_s,
         "echo_calls_per_s": echo.calls_per_s,
         "lookup_ratio": lookup.bytes_per_s / echo.bytes_per_s,
+        "gather_echo_bytes_per_s": rates["gather"].bytes_per_s,
+        "lookup_floor_ratio": rates["gather"].bytes_per_s / echo.bytes_per_s,
+        "lookup_vs_floor": lookup.bytes_per_s / rates["gather"].bytes_per_s,
         "train_lookup_bytes_per_s": train.bytes_per_s,
         "train_lookup_ids_per_s": train.ids_per_s,
         "p50_ms": latency["p50_ms"],
@@ -441,6 +464,7 @@ def build_result(args: argparse.Namespace, phases: dict[str, Any]) -> dict[str, 
         **{f"{name}_bytes_per_s": encodings[name]["bytes_per_s"] for name in ENCODINGS},
         "encodings": encodings,
         "echo": echo.as_dict(),
+        "gather_echo": rates["gather"].as_dict(),
         "train_lookup": train.as_dict(),
         "latency": latency,
         "server": phases["server"],
@@ -490,6 +514,9 @@ def summary(result: dict[str, Any]) -> list[str]:
         f"ids/s) vs raw gRPC echo {mib_s(result['echo_bytes_per_s'])}: lookup_ratio "
         f"{result['lookup_ratio']:.2f} [target >= {TARGET_LOOKUP_RATIO}: "
         f"{verdict(result['targets_met']['lookup_ratio'])}]",
+        f"floor: raw gRPC + the shard's gather {mib_s(result['gather_echo_bytes_per_s'])}, "
+        f"lookup_floor_ratio {result['lookup_floor_ratio']:.2f} (the best lookup_ratio this "
+        f"gather allows); the lookup keeps {result['lookup_vs_floor']:.2f} of it",
         f"latency at {result['rate']:g}/s: p50 {result['p50_ms']:.3f} ms, p99 "
         f"{result['p99_ms']:.3f} ms [target p99 <= {TARGET_P99_MS:g} ms: "
         f"{verdict(result['targets_met']['p99_ms'])}]",

@@ -9,6 +9,7 @@ Production code uses :data:`REAL`, which calls :mod:`os`.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import threading
@@ -43,6 +44,15 @@ class FileIO:
 
     def fsync_dir(self, fd: int) -> None:
         os.fsync(fd)
+
+    def drop_cache(self, fd: int, offset: int, length: int) -> None:
+        """Free the page-cache pages of ``length`` bytes at ``offset`` (0: to the end) of a
+        file whose data is fsynced (``POSIX_FADV_DONTNEED``). Advice only: nothing happens
+        where the platform lacks it, and a failure is ignored (the pages merely stay)."""
+        advise = getattr(os, "posix_fadvise", None)
+        if advise is not None:
+            with contextlib.suppress(OSError):
+                advise(fd, offset, length, os.POSIX_FADV_DONTNEED)
 
     def truncate(self, fd: int, length: int) -> None:
         os.ftruncate(fd, length)

@@ -12,6 +12,13 @@ windows are drawn in :mod:`.log_config`):
   ``durable_seq`` never covers an unsynced record; a process crash tears at most the last
   segment, and only a power loss within the policy's window can leave a torn tail in the
   previous one too (reported as corruption, naming the file: cut it at the reported offset);
+- **the page cache**: once fsynced, a record's pages are dropped from the page cache
+  (:meth:`~.fileio.FileIO.drop_cache`), except the last :data:`CACHE_KEEP_BYTES` of the active
+  segment, which followers tailing the log are about to read. A log is written once and read
+  back rarely (recovery, a lagging follower): left cached, its pages would grow the page cache
+  by the log's whole write rate, and every append would pay for fresh pages (on a VM whose
+  free memory goes back to the host, a page fault on the host per page) instead of reusing the
+  ones just freed. Under ``never`` nothing is fsynced, so nothing is dropped;
 - a **failed fsync** marks the log failed (the kernel may have dropped the unwritten pages, so
   a retry proves nothing): every later append and every wait for an undurable seq raises,
   reads keep working. Under ``always`` it also cuts the log back to its last durable record
@@ -35,7 +42,10 @@ from embeddb.engine.durability.log_format import Segment, os_error
 from embeddb.engine.durability.log_read import LogReader
 from embeddb.errors import InvalidArgumentError, StorageError
 
-__all__ = ["LogSync", "close_quietly"]
+__all__ = ["CACHE_KEEP_BYTES", "LogSync", "close_quietly"]
+
+CACHE_KEEP_BYTES = 16 << 20
+"""The fsynced tail of the active segment left in the page cache (for followers tailing it)."""
 
 logger = logging.getLogger(
     "embeddb.engine.durability.log"
@@ -64,6 +74,7 @@ class LogSync(LogReader):
         self._retired: list[int] = []  # fds of sealed segments, closed by a _sync_lock holder
         self._stop = threading.Event()
         self._syncer: threading.Thread | None = None
+        self._uncached: tuple[Segment | None, int] = (None, 0)  # cache dropped below this offset
 
     def _start_syncer(self) -> None:
         """Start the ``interval`` policy's background thread (other policies have none)."""
@@ -160,6 +171,7 @@ class LogSync(LogReader):
         try:
             for old in retired:  # sealed segments first: their records precede the active's
                 self._io.fsync(old)
+                self._io.drop_cache(old, 0, 0)
                 close_quietly(old)
                 retired = retired[1:]
         except OSError as exc:
@@ -183,6 +195,17 @@ class LogSync(LogReader):
         with self._lock:
             if target > self._durable_seq:
                 self._durable_seq, self._durable_end = target, end
+        self._drop_synced(fd, *end)
+
+    def _drop_synced(self, fd: int, segment: Segment, end: int) -> None:
+        """Drop the page cache of ``segment`` (open as ``fd``, fsynced up to ``end``) but its
+        last :data:`CACHE_KEEP_BYTES` (``_sync_lock`` held)."""
+        done, start = self._uncached
+        start = start if done is segment else 0
+        stop = end - CACHE_KEEP_BYTES
+        if stop > start:
+            self._io.drop_cache(fd, start, stop - start)
+            self._uncached = (segment, stop)
 
     def _cut_to_durable(self) -> None:
         """After a failed fsync under ``always`` (``_lock`` held): cut off the records after the
