@@ -55,7 +55,6 @@ Ends with one JSON line (per model: ``samples_per_s``, ``nn_ms`` per phase, ``wo
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import functools
 import os
@@ -76,6 +75,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from _embedded_shard import embedded_shard
 from _figures import draw
 from _plots import add_out_dir_argument
 from _report import finish, say
@@ -83,16 +83,11 @@ from _train_models import DenseNet
 from torch import nn
 
 import embeddb.trainer.ctx as ctx_module
-from embeddb.client import AsyncClient, ClientOptions
 from embeddb.config import EmbeddingConfig
-from embeddb.engine.shard import Shard
 from embeddb.features import SyntheticCriteo, SyntheticCriteoConfig
 from embeddb.server.cluster import Cluster, ClusterConfig
-from embeddb.server.servicer import StoreServicer
 from embeddb.trainer import Batch, EmbeddingWorkerConfig, Mode, TrainCtx, TrainerConfig
 from embeddb.trainer.embedding import protocol as msg
-from embeddb.trainer.embedding.in_process import EmbeddingWorkerThread
-from embeddb.transport import wire
 
 
 @dataclass(frozen=True)
@@ -215,66 +210,6 @@ class Timers:
                 return inner(*args, **kwargs)
 
         setattr(owner, attr, timed)
-
-
-class _InProcessChannel:
-    """A ``grpc.aio`` channel stand-in calling a servicer of this process (``--stage
-    embedded``): the request message passed by reference, answered in the loop's executor;
-    a pre-serialized answer (``wire.Encoded``) parsed as the client parses the wire."""
-
-    def __init__(self, servicer: Any) -> None:
-        self._servicer = servicer
-
-    def unary_unary(
-        self, path: str, request_serializer: Any = None, response_deserializer: Any = None, **_: Any
-    ) -> Callable[..., Any]:
-        handler = getattr(self._servicer, path.rsplit("/", 1)[-1])
-
-        async def call(request: Any, timeout: float | None = None, metadata: Any = None) -> Any:
-            answer = await asyncio.get_running_loop().run_in_executor(None, handler, request, None)
-            if isinstance(answer, wire.Encoded):
-                return response_deserializer(answer.SerializeToString())
-            return answer
-
-        return call
-
-    def unary_stream(self, path: str, *args: Any, **kwargs: Any) -> Callable[..., Any]:
-        def refuse(*_: Any, **__: Any) -> Any:
-            raise NotImplementedError(f"{path}: not in the embedded measurement")
-
-        return refuse
-
-    stream_unary = stream_stream = unary_stream
-
-    async def close(self) -> None:
-        return None
-
-
-@contextlib.contextmanager
-def embedded_shard(yaml_text: str, workdir: Path) -> Iterator[None]:
-    """Patch the thread stage's client onto a shard opened in this process (``--stage
-    embedded``), for the duration."""
-    shard = Shard(
-        EmbeddingConfig.from_yaml_text(yaml_text), workdir / f"shard-{time.monotonic_ns()}"
-    )
-    servicer = StoreServicer(shard)
-    original = EmbeddingWorkerThread._client
-
-    def client(self: EmbeddingWorkerThread) -> AsyncClient:
-        cfg = self.config
-        return AsyncClient(
-            self._addresses,
-            ClientOptions(timeout=cfg.shard_timeout, retry=cfg.retry_policy),
-            channel_factory=lambda address: _InProcessChannel(servicer),  # type: ignore[arg-type,return-value]
-        )
-
-    EmbeddingWorkerThread._client = client  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        EmbeddingWorkerThread._client = original  # type: ignore[method-assign]
-        servicer.close()
-        shard.close()
 
 
 @contextlib.contextmanager
