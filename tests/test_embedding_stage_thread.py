@@ -28,8 +28,8 @@ from embeddb.trainer.errors import (
 from tests.test_embedding_worker import CONFIG, FAST, features, like, wire
 from tests.trainer_harness import Shards, adult, adult_config, adult_model, serve_shards
 
-# Serves shards and trains for seconds: the full suite's, not the fast tier's.
-pytestmark = pytest.mark.slow
+# Tests that serve shards and train for seconds are marked slow (the full suite's tier); the
+# option's validation stays in the fast tier.
 
 
 @pytest.fixture
@@ -49,6 +49,7 @@ def _stage_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name == "embeddb-embedding-stage"]
 
 
+@pytest.mark.slow
 def test_thread_round_trip(stage: EmbeddingWorkerThread) -> None:
     assert stage.pid == os.getpid() and stage.alive
     feats = wire(features(batch_size=512))
@@ -68,6 +69,7 @@ def test_thread_round_trip(stage: EmbeddingWorkerThread) -> None:
     assert not np.array_equal(moved, first)  # the pushed gradients were applied
 
 
+@pytest.mark.slow
 def test_thread_reports_lookup_and_push_failures(
     stage: EmbeddingWorkerThread, shards: Shards
 ) -> None:
@@ -87,6 +89,7 @@ def test_thread_reports_lookup_and_push_failures(
         future.result(10)
 
 
+@pytest.mark.slow
 def test_a_stopped_stage_fails_pending_calls_at_once(stage: EmbeddingWorkerThread) -> None:
     _, first = stage.lookup(wire(features()), True)
     first.result(10)
@@ -105,6 +108,7 @@ def test_a_stopped_stage_fails_pending_calls_at_once(stage: EmbeddingWorkerThrea
     assert stage.close(10) is None  # already gone: nothing to drain
 
 
+@pytest.mark.slow
 def test_close_drains_pushes_and_ends_the_thread(shards: Shards) -> None:
     before = len(_stage_threads())
     stage = EmbeddingWorkerThread(CONFIG, shards.addresses, FAST, start_timeout=60)
@@ -123,6 +127,7 @@ def test_close_drains_pushes_and_ends_the_thread(shards: Shards) -> None:
         stage.lookup(wire(features()), False)
 
 
+@pytest.mark.slow
 def test_thread_start_failures_are_clear(shards: Shards) -> None:
     before = len(_stage_threads())
     other = EmbeddingConfig.from_yaml_text("slots_config: {user: {dim: 8, table: person}}")
@@ -134,6 +139,7 @@ def test_thread_start_failures_are_clear(shards: Shards) -> None:
     assert len(_stage_threads()) == before  # no thread left behind
 
 
+@pytest.mark.slow
 def test_a_training_context_with_a_thread_stage_keeps_its_staleness_bound() -> None:
     staleness, batch = 3, 256
     config = TrainerConfig(
@@ -173,6 +179,7 @@ def test_the_embedding_stage_option_is_validated() -> None:
         TrainerConfig(embedding_stage="fiber")
 
 
+@pytest.mark.slow
 def test_a_running_stage_shortens_the_switch_interval_and_restores_it(shards: Shards) -> None:
     before = sys.getswitchinterval()
     assert before > SWITCH_INTERVAL_S  # Python's default, 5 ms
