@@ -10,6 +10,19 @@ process, one embedding worker process, the NN worker in this process) for two mo
 * ``small``: 10 ids x dim 16, no numeric column -> 64-32-1, batch 256 (a public app-usage
   dataset's shape).
 
+``--stage`` picks the design of the lookup path (issue 25, "a shorter lookup path"):
+
+* ``process`` (default, the library's default): the embedding worker in its own process, behind
+  a pipe and shared-memory rings, a gRPC client to the shard process;
+* ``thread``: the embedding stage in a thread of the NN worker process
+  (``TrainerConfig(embedding_stage="thread")``): no process crossing, no serialization of
+  the batch's ids, embeddings and gradients; still gRPC to the shard process;
+* ``embedded`` (this script only, a measurement of the embedded-shard design): the ``thread``
+  stage whose client's channel calls a :class:`~embeddb.server.servicer.StoreServicer` of a
+  :class:`~embeddb.engine.shard.Shard` opened in this process with its update log (as
+  ``embeddb serve`` opens it), the requests passed by reference: no gRPC, no socket, no shard
+  process (the shard's handling shows in the NN process's CPU, not in ``shard_ms``).
+
 Three measurements per model, each on a fresh cluster after ``--warmup`` untimed batches:
 
 1. **Timers** (pass 1): the NN worker's phases, timed with ``time.perf_counter`` by wrapping
@@ -62,6 +75,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from _embedded_shard import embedded_shard
 from _figures import draw
 from _plots import add_out_dir_argument
 from _report import finish, say
@@ -243,14 +257,24 @@ def timed_pass(
     workdir: Path,
     spy_seconds: float | None,
     threads: int | None,
+    stage: str = "process",
 ) -> dict[str, Any]:
     """Train on ``batches``; time the last ``len(batches) - warmup`` of them."""
     port = free_port()
     timers = Timers()
     out: dict[str, Any] = {}
-    with cluster_of(yaml_text, workdir, port) as cluster:
-        shard_pid = cluster.pids()[0]
-        assert shard_pid is not None
+    remote = stage != "embedded"
+    with contextlib.ExitStack() as stack:
+        if remote:
+            cluster = stack.enter_context(cluster_of(yaml_text, workdir, port))
+            addresses = list(cluster.addresses)
+            pid = cluster.pids()[0]
+            assert pid is not None
+            shard_pid = pid
+        else:
+            stack.enter_context(embedded_shard(yaml_text, workdir))
+            addresses = ["127.0.0.1:1"]  # never dialled: the channel is in-process
+            shard_pid = os.getpid()
         torch.manual_seed(0)
         model = DenseNet(shape.num_dense, shape.num_id, shape.dim, shape.hidden)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -260,9 +284,10 @@ def timed_pass(
             device="cpu",
             worker=EmbeddingWorkerConfig(max_staleness=4),
             torch_threads=threads,
+            embedding_stage="process" if stage == "process" else "thread",
         )
         emb = EmbeddingConfig.from_yaml_text(yaml_text)
-        with TrainCtx(model, opt, emb, cluster.addresses, config) as ctx:
+        with TrainCtx(model, opt, emb, addresses, config) as ctx:
             worker_pid = ctx._worker.pid
             timers.wrap(ctx._worker, "lookup", "send Lookup (pickle + pipe)")
             timers.wrap(ctx._worker, "push_gradients", "send Gradients (pickle + pipe)")
@@ -278,6 +303,7 @@ def timed_pass(
             )
             try:
                 pids = {"nn": os.getpid(), "worker": worker_pid, "shard": shard_pid}
+                pids = {k: p for k, p in pids.items() if k == "nn" or p != os.getpid()}
                 spy: subprocess.Popen[bytes] | None = None
                 stream = ctx.prepare(batches)
                 step = 0
@@ -292,7 +318,7 @@ def timed_pass(
                         timers.on = True
                         cpu0 = {k: cpu_seconds(p) for k, p in pids.items()}
                         threads0 = thread_cpu(os.getpid())
-                        shard0 = scrape(port)
+                        shard0 = scrape(port) if remote else {}
                         stats0 = ctx.worker_stats()
                         if spy_seconds is not None:
                             spy = _start_spy(pids, workdir, spy_seconds)
@@ -314,7 +340,7 @@ def timed_pass(
                 timers.on = False
                 cpu1 = {k: cpu_seconds(p) for k, p in pids.items()}
                 threads1 = thread_cpu(os.getpid())
-                shard1 = scrape(port)
+                shard1 = scrape(port) if remote else {}
                 stats1 = ctx.worker_stats()
                 if spy is not None:
                     out["spy"] = _finish_spy(spy, pids, workdir)
@@ -437,7 +463,8 @@ def pickle_costs(batch: Batch, shape: Shape, reps: int = 200) -> dict[str, float
 
 # ------------------------------------------------------------------------------------ report
 def show(name: str, shape: Shape, result: dict[str, Any]) -> None:
-    say(f"\n== {name}: {shape} -- {result['samples_per_s']:,.0f} samples/s ==")
+    stage = result.get("stage", "process")
+    say(f"\n== {name} ({stage}): {shape} -- {result['samples_per_s']:,.0f} samples/s ==")
     say(f"torch threads {result['torch_threads']}")
     say("NN worker, ms per batch (wall):")
     for k, v in sorted(result["nn_ms"].items(), key=lambda kv: -kv[1]):
@@ -472,6 +499,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=30)
     parser.add_argument("--cardinality", type=int, default=200_000)
     parser.add_argument("--torch-threads", type=int, default=0, help="0: the core budget's")
+    parser.add_argument(
+        "--stage",
+        choices=("process", "thread", "embedded"),
+        default="process",
+        help="the lookup path's design (see the module docstring)",
+    )
     parser.add_argument("--py-spy", action="store_true", help="also a sampled pass (py-spy)")
     parser.add_argument("--spy-dir", type=Path, default=None, help="keep py-spy's raw files")
     add_out_dir_argument(parser, "profile_step")
@@ -501,12 +534,22 @@ def main(argv: Sequence[str] | None = None) -> int:
             batches = list(data.batches(total, shape.batch, "train"))
             yaml_text = embedding_yaml(shape, args.cardinality)
             threads = args.torch_threads or None
-            result = timed_pass(shape, yaml_text, batches, args.warmup, workdir, None, threads)
+            result = timed_pass(
+                shape, yaml_text, batches, args.warmup, workdir, None, threads, args.stage
+            )
+            result["stage"] = args.stage
             result["pickle_ms"] = pickle_costs(batches[0], shape)
             if args.py_spy:
                 seconds = 0.8 * args.batches * result["nn_ms"]["wall per batch"] / 1000.0
                 sampled = timed_pass(
-                    shape, yaml_text, batches, args.warmup, spy_dir, max(seconds, 1.0), threads
+                    shape,
+                    yaml_text,
+                    batches,
+                    args.warmup,
+                    spy_dir,
+                    max(seconds, 1.0),
+                    threads,
+                    args.stage,
                 )
                 result["spy"] = sampled.get("spy", {})
                 result["spy_pass_samples_per_s"] = sampled["samples_per_s"]

@@ -26,7 +26,10 @@ from dataclasses import dataclass, field, replace
 from embeddb.errors import ConfigError
 from embeddb.trainer.embedding.worker import EmbeddingWorkerConfig
 
-__all__ = ["BUILTIN_MODELS", "Mode", "TrainerConfig"]
+__all__ = ["BUILTIN_MODELS", "EMBEDDING_STAGES", "Mode", "TrainerConfig"]
+
+#: Where the embedding stage may run (``TrainerConfig.embedding_stage``).
+EMBEDDING_STAGES = ("process", "thread")
 
 # The built-in dense models (``model: builtin:NAME``); embeddb.trainer.models builds them (torch).
 BUILTIN_MODELS = ("dnn", "fm", "deepfm", "dlrm")
@@ -70,6 +73,12 @@ class TrainerConfig:
             machine's core budget (:mod:`embeddb.trainer.cores`: 1 on 2 CPUs with a local
             shard), unless ``OMP_NUM_THREADS`` is set (by ``embeddb train``, torchrun or the
             user), which is then left to torch.
+        embedding_stage: where the embedding stage (lookups, pooling, pushes) runs:
+            ``"process"`` (default), its own process behind a pipe and shared-memory rings
+            (:mod:`embeddb.trainer.embedding.process`); ``"thread"``, a thread of this NN
+            worker process, no process crossing and no serialization of the batch's ids,
+            embeddings and gradients (:mod:`embeddb.trainer.embedding.in_process`). Both talk
+            to the shards over gRPC with the same staleness bound and failures.
     """
 
     mode: Mode = Mode.HYBRID
@@ -80,6 +89,7 @@ class TrainerConfig:
     close_timeout: float = 120.0
     worker: EmbeddingWorkerConfig = field(default_factory=EmbeddingWorkerConfig)
     torch_threads: int | None = None
+    embedding_stage: str = "process"
 
     def __post_init__(self) -> None:
         try:
@@ -104,6 +114,11 @@ class TrainerConfig:
         ):
             raise ConfigError(
                 "torch_threads", f"must be an integer >= 1 or None, got {self.torch_threads!r}"
+            )
+        if self.embedding_stage not in EMBEDDING_STAGES:
+            raise ConfigError(
+                "embedding_stage",
+                f"must be one of {', '.join(EMBEDDING_STAGES)}, got {self.embedding_stage!r}",
             )
         if not isinstance(self.worker, EmbeddingWorkerConfig):
             raise ConfigError(

@@ -58,10 +58,14 @@ from embeddb.trainer.config import Mode, TrainerConfig
 from embeddb.trainer.cores import CoreBudget, available_cpus, core_budget, local_addresses
 from embeddb.trainer.dense import DelayedDense, DenseUpdater, SyncDense
 from embeddb.trainer.dist import DistEnv, resolve_device
-from embeddb.trainer.embedding.process import EmbeddingWorkerProcess
 from embeddb.trainer.embedding.spawn import check_main_guard
 from embeddb.trainer.embedding.worker import EmbeddingWorkerConfig
-from embeddb.trainer.embedding_ctx import EmbeddingCtx, PreparedBatch, embedding_gradients
+from embeddb.trainer.embedding_ctx import (
+    EmbeddingCtx,
+    PreparedBatch,
+    embedding_gradients,
+    start_stage,
+)
 from embeddb.trainer.errors import EmbeddingWorkerError, TrainerError
 
 if TYPE_CHECKING:  # export_model's pipeline=
@@ -138,11 +142,8 @@ class TrainCtx(EmbeddingCtx):
                 self.dense = SyncDense(
                     self.model, optimizer, scaler, distributed=env.distributed, device=device
                 )
-            worker = EmbeddingWorkerProcess(
-                embedding_config,
-                addresses,
-                _worker_config(cfg, env.local_rank, budget),
-                start_timeout=cfg.start_timeout,
+            worker = start_stage(
+                embedding_config, addresses, _worker_config(cfg, env.local_rank, budget), cfg
             )
         except BaseException:
             self._destroy_group()
@@ -409,12 +410,8 @@ class EvalCtx(EmbeddingCtx):
         addresses = _addresses(shards)
         env = DistEnv.from_environ(os.environ)
         device = _device(cfg, env.local_rank)
-        worker = EmbeddingWorkerProcess(
-            embedding_config,
-            addresses,
-            _worker_config(cfg, env.local_rank, _budget(addresses)),
-            start_timeout=cfg.start_timeout,
-        )
+        worker_config = _worker_config(cfg, env.local_rank, _budget(addresses))
+        worker = start_stage(embedding_config, addresses, worker_config, cfg)
         super().__init__(embedding_config, cfg, device, worker, owns_worker=True)
         self.model = model.to(device)
 

@@ -35,14 +35,41 @@ from embeddb.config import EmbeddingConfig
 from embeddb.errors import InvalidArgumentError
 from embeddb.features.batch import Batch
 from embeddb.trainer.config import TrainerConfig
+from embeddb.trainer.embedding.in_process import EmbeddingWorkerThread
 from embeddb.trainer.embedding.plan import IdFeature
 from embeddb.trainer.embedding.process import EmbeddingWorkerProcess
+from embeddb.trainer.embedding.worker import EmbeddingWorkerConfig
 from embeddb.trainer.errors import EmbeddingWorkerError, TrainerError
 from embeddb.trainer.pooling import Pooled
 
-__all__ = ["EmbeddingCtx", "EmbeddingTensor", "PreparedBatch", "embedding_gradients"]
+__all__ = [
+    "EmbeddingCtx",
+    "EmbeddingStage",
+    "EmbeddingTensor",
+    "PreparedBatch",
+    "embedding_gradients",
+    "start_stage",
+]
 
 EmbeddingTensor = torch.Tensor | tuple[torch.Tensor, torch.Tensor]
+#: The embedding stage of a context: its own process, or a thread of this one.
+EmbeddingStage = EmbeddingWorkerProcess | EmbeddingWorkerThread
+
+
+def start_stage(
+    embedding_config: EmbeddingConfig,
+    addresses: Sequence[str],
+    worker: EmbeddingWorkerConfig,
+    config: TrainerConfig,
+) -> EmbeddingStage:
+    """Start the embedding stage ``config.embedding_stage`` names, ready to serve.
+
+    Raises:
+        ConfigError: the cluster does not serve the config's tables.
+        EmbeddingWorkerError: the stage could not start or reach the shards in time.
+    """
+    stage = EmbeddingWorkerThread if config.embedding_stage == "thread" else EmbeddingWorkerProcess
+    return stage(embedding_config, addresses, worker, start_timeout=config.start_timeout)
 
 
 @dataclass(eq=False)
@@ -71,7 +98,7 @@ class EmbeddingCtx:
         embedding_config: EmbeddingConfig,
         config: TrainerConfig,
         device: torch.device,
-        worker: EmbeddingWorkerProcess,
+        worker: EmbeddingStage,
         *,
         owns_worker: bool,
     ) -> None:
