@@ -37,13 +37,20 @@ from embeddb.trainer.launcher.resume import record_steps_per_epoch, resume_point
 from embeddb.trainer.launcher.startup import marks_from, phases, process_started, startup_s
 from embeddb.trainer.launcher.validate import build_job_model, load_model, validate
 
-__all__ = ["load_model", "train"]
+__all__ = ["load_model", "train", "warm_up"]
 
 _IMPORTED = time.time()  # the start-up timeline's "rank_imports" mark (torch imported)
 
 _PROGRESS_S = 10.0  # a plain progress line this often when stdout is not a terminal
 _FIELDS_S = 0.5  # the fields (loss, AUC over the last batches) refreshed this often
 _WARMUP_STEPS = 10  # left out of the steady-state rate (start-up: first lookups, row inserts)
+
+
+def warm_up() -> None:
+    """Import now what training imports on first use: torch's first optimizer imports
+    ``torch._dynamo`` (about a second). A held rank (:mod:`embeddb.trainer.launcher.direct`)
+    calls it while the launcher validates the job and starts the shards."""
+    torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
 
 
 def _optimizer(job: JobConfig, model: nn.Module) -> torch.optim.Optimizer:

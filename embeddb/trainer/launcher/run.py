@@ -44,10 +44,14 @@ import sys
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from embeddb.trainer.launcher.direct import HOLD_FLAG
 from embeddb.trainer.launcher.failures import EXIT_ERROR, EXIT_TRANSIENT, write_failure
-from embeddb.trainer.launcher.job import JobConfig
+from embeddb.trainer.launcher.startup import MARKS_ENV
+
+if TYPE_CHECKING:
+    from embeddb.trainer.launcher.job import JobConfig
 
 __all__ = ["main", "train"]
 
@@ -98,6 +102,24 @@ def _shards(values: list[str]) -> tuple[str, ...]:
     return parse_addresses(values)
 
 
+def _released() -> bool:
+    """``--hold`` (:mod:`embeddb.trainer.launcher.direct`): import what training needs, then
+    wait for the launcher's line on stdin (its start-up marks); False when it closed the pipe
+    instead (the job is not to start)."""
+    from embeddb.trainer.launcher.rank import warm_up
+
+    warm_up()  # torch and what its first optimizer imports, while the launcher validates
+
+    try:
+        line = sys.stdin.readline()
+    except KeyboardInterrupt:
+        return False
+    if not line.strip():
+        return False
+    os.environ[MARKS_ENV] = line.strip()
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m embeddb.trainer.launcher.run", description=__doc__
@@ -123,8 +145,13 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="the job is finished: load its latest checkpoint, export and predict, train nothing",
     )
+    parser.add_argument(HOLD_FLAG, action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.hold and not _released():
+        return 0
     try:
+        from embeddb.trainer.launcher.job import JobConfig  # not in the embedding worker's spawn
+
         job = JobConfig.from_yaml(args.job)
         train(
             job,
