@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from embeddb.trainer import DistEnv
-from embeddb.trainer.launcher.direct import HOLD_FLAG, rank_command, rank_variables
+from embeddb.trainer.launcher.direct import CHECK_FLAG, HOLD_FLAG, rank_command, rank_variables
 from embeddb.trainer.launcher.job import JobConfig
 from embeddb.trainer.launcher.launch import _shards_while_validating
 from tests.test_trainer_launch import (
@@ -48,6 +50,8 @@ def test_a_one_worker_rank_gets_torchruns_variables_and_no_torchrun(tmp_path: Pa
     assert command[-2:] == ["--predict", "3"]
     held = rank_command(tmp_path / "j", tmp_path / "a", tmp_path, finished=True, hold=True)
     assert held[-2:] == ["--finished", HOLD_FLAG]
+    checking = rank_command(tmp_path / "j", tmp_path / "a", tmp_path, hold=True, check=True)
+    assert checking[-2:] == [HOLD_FLAG, CHECK_FLAG]
     variables = rank_variables()
     env = DistEnv.from_environ(variables)
     assert (env.rank, env.world_size, env.local_rank, env.distributed) == (0, 1, 0, False)
@@ -121,13 +125,23 @@ def test_a_one_worker_job_trains_without_torchrun_its_rank_started_while_validat
 def test_an_invalid_model_fails_before_training_and_leaves_nothing_behind(
     tmp_path: Path, settings: dict[str, object]
 ) -> None:
-    """The validation step's one error line, whatever had started meanwhile (the held rank,
-    the shards); no process, no shard data directory, no run directory left."""
+    """The validation step's one error line (from the held rank's check of the model for one
+    worker, else from the step), whatever had started meanwhile (the held rank, the shards);
+    no process, no shard data directory, no run directory left."""
     (tmp_path / "bad.py").write_text(BAD_MODEL)
     job = write_job(tmp_path, **settings)
     job.write_text(job.read_text().replace(f"{MODEL}:AdultModel", "bad.py:TwoLogits"))
-    runs = set(Path("/tmp").glob("embeddb-train-*"))
-    proc = start(job)
+    temp = tmp_path / "temp"  # the launcher's run directory goes here
+    temp.mkdir()
+    with open(job.with_suffix(".out"), "w") as output:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "embeddb.cli", "train", str(job)],
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            text=True,
+            cwd=ROOT,
+            env={**os.environ, "TMPDIR": str(temp)},
+        )
     seen: set[int] = set()
     watch(proc, seen, "the job to fail", 300)
     proc.wait(timeout=60)
@@ -138,7 +152,31 @@ def test_an_invalid_model_fails_before_training_and_leaves_nothing_behind(
         "Error: model: forward must return logits of shape (64, 1) for 64 samples, got (64, 2) "
         f"({job}:1)"
     ], out
-    assert "NN worker" not in out and "Traceback" not in out, out
+    assert "samples/s" not in out and "Traceback" not in out, out  # nothing trained
     assert not (tmp_path / "ckpt").exists()
-    assert set(Path("/tmp").glob("embeddb-train-*")) <= runs
+    assert list(temp.glob("embeddb-*")) == []  # no run directory (torch may cache there)
     assert_all_gone(seen)
+
+
+@pytest.mark.slow
+def test_the_validation_step_without_the_model_imports_no_torch(tmp_path: Path) -> None:
+    """A one-worker job's held rank checks the model; the step's torch import is saved."""
+    (tmp_path / "bad.py").write_text(BAD_MODEL)
+    job = write_job(tmp_path)
+    job.write_text(job.read_text().replace(f"{MODEL}:AdultModel", "bad.py:TwoLogits"))
+    script = (
+        "import sys\n"
+        "from embeddb.trainer.launcher.validate import main\n"
+        f"code = main([{str(job)!r}, '--run-dir', {str(tmp_path / 'run')!r}, *sys.argv[1:]])\n"
+        "print(code, 'torch' in sys.modules)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, "--no-model"], capture_output=True, text=True, timeout=120
+    )
+    assert done.stdout.split() == ["0", "False"], done.stderr
+    assert (tmp_path / "run" / "features.json").is_file()
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
+    assert done.stdout.split() == ["2", "True"], done.stderr
+    assert "forward must return logits of shape (64, 1)" in done.stderr

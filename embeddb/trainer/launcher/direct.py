@@ -11,6 +11,15 @@ what it trains with, then reads one line on its stdin (:data:`HOLD_FLAG`). The l
 writes the start-up marks of the validation step and the shards there (JSON, one line) once
 both are ready, and the rank trains; it closes the pipe instead (an invalid job, Ctrl-C) and
 the rank exits 0 at once, having started nothing.
+
+The model is the held rank's to check, not the validation step's, when a failing check leaves
+nothing behind (the shards started during validation: ephemeral, or the job's ``addresses``).
+The validation step then runs with ``--no-model`` and imports no torch (a second or more of a
+job's start-up), and the rank (``--check-model``), once released, before anything else, builds
+the model and runs it on the sample batch
+(:func:`embeddb.trainer.launcher.validate.check_model`). A failure is the validation step's
+own error line, written to ``RUN/invalid-job.txt`` (:data:`INVALID_FILE`), and exit code 2;
+the launcher raises it as the job's :class:`~embeddb.errors.ConfigError`.
 """
 
 from __future__ import annotations
@@ -19,9 +28,12 @@ import socket
 import sys
 from pathlib import Path
 
-__all__ = ["HOLD_FLAG", "rank_command", "rank_variables"]
+__all__ = ["CHECK_FLAG", "HOLD_FLAG", "INVALID_FILE", "rank_command", "rank_variables"]
 
 HOLD_FLAG = "--hold"
+CHECK_FLAG = "--check-model"
+# RUN/INVALID_FILE: the held rank's verdict on the model, the validation step's error line
+INVALID_FILE = "invalid-job.txt"
 
 
 def rank_command(
@@ -32,9 +44,11 @@ def rank_command(
     *,
     finished: bool = False,
     hold: bool = False,
+    check: bool = False,
 ) -> list[str]:
     """The one rank's command: what torchrun would run (``python -u -m
-    embeddb.trainer.launcher.run ...``), ``--hold`` when it waits for the launcher's go."""
+    embeddb.trainer.launcher.run ...``), ``--hold`` when it waits for the launcher's go,
+    ``--check-model`` when it checks the model before it trains."""
     command = [sys.executable, "-u", "-m", "embeddb.trainer.launcher.run", str(job_path)]
     command += ["--addresses", f"@{address_file}", "--run-dir", str(run_dir)]
     if predict:
@@ -43,6 +57,8 @@ def rank_command(
         command.append("--finished")
     if hold:
         command.append(HOLD_FLAG)
+    if check:
+        command.append(CHECK_FLAG)
     return command
 
 

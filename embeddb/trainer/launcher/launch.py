@@ -90,7 +90,7 @@ from pathlib import Path
 from embeddb.errors import ConfigError, UnavailableError
 from embeddb.trainer.checkpoints.files import latest_checkpoint, restore_local_shards
 from embeddb.trainer.cores import CoreBudget, available_cpus, core_budget, local_addresses
-from embeddb.trainer.launcher.direct import rank_command, rank_variables
+from embeddb.trainer.launcher.direct import INVALID_FILE, rank_command, rank_variables
 from embeddb.trainer.launcher.failures import (
     ATTEMPT_ENV,
     Crash,
@@ -99,7 +99,7 @@ from embeddb.trainer.launcher.failures import (
     first_failure,
     read_failures,
 )
-from embeddb.trainer.launcher.job import JobConfig
+from embeddb.trainer.launcher.job import EXIT_CONFIG_ERROR, JobConfig
 from embeddb.trainer.launcher.procs import (
     STOP_S,
     Relay,
@@ -231,9 +231,9 @@ def _run(
     attempts = _Attempts(path, job, address_file, run_dir, echo, relay, marks)
     with contextlib.ExitStack() as stack:
         stack.callback(attempts.close)
-        attempts.hold(predict, finished=done)
+        held = attempts.hold(predict, finished=done)
         marks["validating"] = time.time()
-        step = ValidationStep(path, run_dir, relay)
+        step = ValidationStep(path, run_dir, relay, model=not (held and attempts.checks_model))
         stack.callback(step.stop)
 
         def validated() -> None:
@@ -301,21 +301,31 @@ class _Attempts:
 
     def _command(self, predict: int, *, finished: bool, hold: bool = False) -> list[str]:
         if self._direct(finished):
+            check = hold and self.checks_model
             return rank_command(
-                self.path, self.address_file, self.run_dir, predict, finished=finished, hold=hold
-            )
+                self.path, self.address_file, self.run_dir, predict, finished=finished,
+                hold=hold, check=check,
+            )  # fmt: skip
         return torchrun_command(
             self.path, self.job, self.address_file, predict, self.run_dir, finished=finished
         )
 
-    def hold(self, predict: int, *, finished: bool) -> None:
+    def hold(self, predict: int, *, finished: bool) -> bool:
         """Start a one-worker job's rank now, held: it imports torch while the job is
-        validated and the shards start (:meth:`run` releases it, :meth:`close` stops it)."""
+        validated and the shards start (:meth:`run` releases it, :meth:`close` stops it).
+        Returns whether it did."""
         if not self._direct(finished):
-            return  # torchrun: started once the job is valid
+            return False  # torchrun: started once the job is valid
         self.marks["rank_launched"] = time.time()
         command = self._command(predict, finished=finished, hold=True)
         self._held = self._start(command, 0, direct=True, hold=True)
+        return True
+
+    @property
+    def checks_model(self) -> bool:
+        """Whether the held rank checks the model (not the validation step): when the shards
+        start during validation, so that its failure leaves no data directory behind."""
+        return _shards_while_validating(self.job)
 
     def close(self) -> None:
         """Stop the held rank, unless released (an invalid job, an interrupt)."""
@@ -346,6 +356,9 @@ class _Attempts:
             code, crash = workers.wait()
             if code == 0:
                 return 0
+            invalid = self.run_dir / INVALID_FILE
+            if code == EXIT_CONFIG_ERROR and workers.direct and invalid.is_file():
+                raise ConfigError("", invalid.read_text(encoding="utf-8"))  # the model
             failure = first_failure(read_failures(self.run_dir, attempt))
             if failure is not None and not failure.transient:
                 raise TrainingFailedError(f"the NN workers failed: {failure}")

@@ -31,11 +31,18 @@ from embeddb.trainer.checkpoints.files import latest_checkpoint
 from embeddb.trainer.config import TrainerConfig
 from embeddb.trainer.ctx import TrainCtx
 from embeddb.trainer.embedding.worker import EmbeddingWorkerConfig
-from embeddb.trainer.launcher.job import JobConfig
+from embeddb.trainer.launcher.direct import INVALID_FILE
+from embeddb.trainer.launcher.job import EXIT_CONFIG_ERROR, JobConfig
 from embeddb.trainer.launcher.loader import BatchStream, loader_command
 from embeddb.trainer.launcher.resume import record_steps_per_epoch, resume_point
 from embeddb.trainer.launcher.startup import marks_from, phases, process_started, startup_s
-from embeddb.trainer.launcher.validate import build_job_model, load_model, validate
+from embeddb.trainer.launcher.validate import (
+    build_job_model,
+    check_model,
+    error_line,
+    load_model,
+    validate,
+)
 
 __all__ = ["load_model", "train", "warm_up"]
 
@@ -154,6 +161,7 @@ def train(
     predict: int,
     *,
     finished: bool = False,
+    check: bool = False,
 ) -> dict[str, Any]:
     """Train ``job`` on the shards of the address file; rank 0 returns the final metrics.
 
@@ -163,7 +171,9 @@ def train(
     gets the same pipeline). ``finished``: the launcher found the job finished
     (:func:`embeddb.trainer.launcher.resume.finished`): load the latest checkpoint, export and
     predict
-    as the job asks, train and evaluate nothing (one rank).
+    as the job asks, train and evaluate nothing (one rank). ``check``: check the model first,
+    as the validation step would have (a held rank, :mod:`embeddb.trainer.launcher.direct`):
+    its error goes to ``RUN/invalid-job.txt`` and the process exits with code 2.
     """
     if run_dir is None:
         with tempfile.TemporaryDirectory(prefix="embeddb-rank-") as own:
@@ -171,9 +181,16 @@ def train(
             return train(job, job_path, addresses, Path(own), predict, finished=finished)
     marks = marks_from(os.environ)  # the launcher's start-up marks (launcher.startup)
     marks.update(rank_process=process_started(), rank_imports=_IMPORTED)
-    torch.manual_seed(job.seed)
     pipeline = load_pipeline(run_dir / PIPELINE_FILE)
     embedding_config = EmbeddingConfig.from_yaml(job.embedding_config_path(run_dir))
+    if check:  # before the seed: the trained model is the one it would be without the check
+        try:
+            check_model(job, pipeline, embedding_config)
+        except ConfigError as exc:
+            (run_dir / INVALID_FILE).write_text(error_line(job, exc), encoding="utf-8")
+            raise SystemExit(EXIT_CONFIG_ERROR) from None
+        marks["model_checked"] = time.time()
+    torch.manual_seed(job.seed)
     model = build_job_model(job, pipeline, embedding_config)
     optimizer = _optimizer(job, model)
     config = TrainerConfig(

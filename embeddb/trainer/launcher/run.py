@@ -46,7 +46,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from embeddb.trainer.launcher.direct import HOLD_FLAG
+from embeddb.trainer.launcher.direct import CHECK_FLAG, HOLD_FLAG
 from embeddb.trainer.launcher.failures import EXIT_ERROR, EXIT_TRANSIENT, write_failure
 from embeddb.trainer.launcher.startup import MARKS_ENV
 
@@ -64,13 +64,14 @@ def train(
     job_path: Path,
     run_dir: Path | None = None,
     finished: bool = False,
+    check: bool = False,
 ) -> dict[str, Any]:
     """Train ``job`` (read from ``job_path``, which the data loaders read again) on the shards
     of the address file: :func:`embeddb.trainer.launcher.rank.train`, imported here (it needs
     torch)."""
     from embeddb.trainer.launcher.rank import train as train_rank
 
-    return train_rank(job, job_path, addresses, run_dir, predict, finished=finished)
+    return train_rank(job, job_path, addresses, run_dir, predict, finished=finished, check=check)
 
 
 def _report_failure(run_dir: Path | None, exc: BaseException) -> int:
@@ -146,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         help="the job is finished: load its latest checkpoint, export and predict, train nothing",
     )
     parser.add_argument(HOLD_FLAG, action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument(CHECK_FLAG, action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.hold and not _released():
         return 0
@@ -160,6 +162,7 @@ def main(argv: list[str] | None = None) -> int:
             job_path=args.job,
             run_dir=args.run_dir,
             finished=args.finished,
+            check=args.check_model,  # the validation step left the model to this rank
         )
     except KeyboardInterrupt:
         return 130

@@ -29,11 +29,16 @@ class ValidationStep:
         job_path: the job's YAML file.
         run_dir: where it writes ``features.json`` (and the auto ``embedding.yaml``).
         relay: ``None``: its stdout is this process's; else each line goes through it.
+        model: False: the step leaves the model to the job's held rank (``--no-model``).
     """
 
-    def __init__(self, job_path: Path, run_dir: Path, relay: Relay | None = None) -> None:
+    def __init__(
+        self, job_path: Path, run_dir: Path, relay: Relay | None = None, *, model: bool = True
+    ) -> None:
         self.run_dir, self.relay = run_dir, relay
         command = [sys.executable, "-m", _NAME, str(job_path), "--run-dir", str(run_dir)]
+        if not model:
+            command.append("--no-model")
         self._process = subprocess.Popen(
             command,
             stdout=None if relay is None else subprocess.PIPE,
