@@ -464,6 +464,9 @@ class _Workers:
         for pipe in (self.stdout, self.stderr):
             if pipe is not None:
                 pipe.join()
+        for stream in (self.process.stdout, self.process.stderr):
+            if stream is not None:
+                stream.close()
 
 
 def job_budget(job: JobConfig) -> CoreBudget:
