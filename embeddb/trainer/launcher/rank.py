@@ -13,6 +13,7 @@ import tempfile
 import time
 from collections import deque
 from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,8 @@ from embeddb.features.batch import Batch
 from embeddb.features.pipeline import PIPELINE_FILE, FeaturePipeline, load_pipeline
 from embeddb.trainer.checkpoints.files import latest_checkpoint
 from embeddb.trainer.config import TrainerConfig
-from embeddb.trainer.ctx import TrainCtx
+from embeddb.trainer.ctx import TrainCtx, start_worker
+from embeddb.trainer.embedding.process import EmbeddingWorkerProcess
 from embeddb.trainer.embedding.worker import EmbeddingWorkerConfig
 from embeddb.trainer.launcher.direct import INVALID_FILE
 from embeddb.trainer.launcher.job import EXIT_CONFIG_ERROR, JobConfig
@@ -183,16 +185,6 @@ def train(
     marks.update(rank_process=process_started(), rank_imports=_IMPORTED)
     pipeline = load_pipeline(run_dir / PIPELINE_FILE)
     embedding_config = EmbeddingConfig.from_yaml(job.embedding_config_path(run_dir))
-    if check:  # before the seed: the trained model is the one it would be without the check
-        try:
-            check_model(job, pipeline, embedding_config)
-        except ConfigError as exc:
-            (run_dir / INVALID_FILE).write_text(error_line(job, exc), encoding="utf-8")
-            raise SystemExit(EXIT_CONFIG_ERROR) from None
-        marks["model_checked"] = time.time()
-    torch.manual_seed(job.seed)
-    model = build_job_model(job, pipeline, embedding_config)
-    optimizer = _optimizer(job, model)
     config = TrainerConfig(
         mode=job.mode,  # type: ignore[arg-type]
         torch_threads=job.threads,  # None: the core budget (OMP_NUM_THREADS from the launcher)
@@ -203,7 +195,58 @@ def train(
             network=job.network(),
         ),
     )
+    # The embedding worker starts first, in a thread: its spawn (about a second) overlaps the
+    # model's check and construction, the optimizer's and the data loader's start.
+    starting = None if finished else _start_worker(embedding_config, addresses, config)
+    try:
+        return _build_and_train(
+            job, job_path, addresses, run_dir, predict, marks, pipeline, embedding_config,
+            config, starting, finished=finished, check=check,
+        )  # fmt: skip
+    finally:
+        if starting is not None:
+            _close_started(starting)  # closed already when a context took it: idempotent
+
+
+def _start_worker(
+    embedding_config: EmbeddingConfig, addresses: Path | Sequence[str], config: TrainerConfig
+) -> Future[EmbeddingWorkerProcess]:
+    """The embedding worker's start (:func:`embeddb.trainer.ctx.start_worker`) in a thread."""
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="embedding-worker-start")
+    try:
+        return pool.submit(start_worker, embedding_config, addresses, config)
+    finally:
+        pool.shutdown(wait=False)
+
+
+def _close_started(starting: Future[EmbeddingWorkerProcess]) -> None:
+    """Close the worker ``starting`` started (once started); nothing when its start failed
+    (that error is raised where the training context awaits it)."""
+    try:
+        worker = starting.result()
+    except BaseException:
+        return
+    worker.close()
+
+
+def _build_and_train(
+    job: JobConfig,
+    job_path: Path,
+    addresses: Path | Sequence[str],
+    run_dir: Path,
+    predict: int,
+    marks: dict[str, float],
+    pipeline: FeaturePipeline,
+    embedding_config: EmbeddingConfig,
+    config: TrainerConfig,
+    starting: Future[EmbeddingWorkerProcess] | None,
+    *,
+    finished: bool,
+    check: bool,
+) -> dict[str, Any]:
+    """:func:`train` once the pipeline and the embedding config are read."""
     if finished:
+        model, optimizer = _model(job, run_dir, pipeline, embedding_config, marks, check=check)
         with _started(job, model, optimizer, embedding_config, addresses, config) as ctx:
             _resume(job, ctx)
             if ctx.dist_env.rank == 0:
@@ -212,7 +255,8 @@ def train(
                     with ctx.eval_ctx() as ev:
                         _predict(ev, job, pipeline, predict)
         return {}
-    # The data loader starts first: it warms up while the embedding worker starts.
+    # The data loader starts first: it warms up while the model is checked and built and the
+    # embedding worker starts.
     last = latest_checkpoint(job.checkpoint_dir) if job.checkpoint_dir is not None else None
     start_step = last.step if last is not None else 0
     first, skip = resume_point(job, start_step)
@@ -228,16 +272,41 @@ def train(
         skip=skip,
         start_step=start_step,
     )
-    marks["model_built"] = time.time()
-    epochs.load()
-    marks["loader_started"] = time.time()
-    began = time.perf_counter()  # warm-up: the embedding worker's start + the warm-up steps
     try:
-        with _started(job, model, optimizer, embedding_config, addresses, config) as ctx:
+        epochs.load()
+        marks["loader_started"] = time.time()
+        model, optimizer = _model(job, run_dir, pipeline, embedding_config, marks, check=check)
+        began = time.perf_counter()  # warm-up: the embedding worker's start + warm-up steps
+        with _started(job, model, optimizer, embedding_config, addresses, config, starting) as ctx:
             marks["embedding_worker"] = time.time()
             return _train(job, ctx, epochs, pipeline, predict, began, marks)
     finally:
         epochs.close()
+
+
+def _model(
+    job: JobConfig,
+    run_dir: Path,
+    pipeline: FeaturePipeline,
+    embedding_config: EmbeddingConfig,
+    marks: dict[str, float],
+    *,
+    check: bool,
+) -> tuple[nn.Module, torch.optim.Optimizer]:
+    """The job's model (seeded) and optimizer; ``check``: the model checked first (see
+    :func:`train`)."""
+    if check:  # before the seed: the trained model is the one it would be without the check
+        try:
+            check_model(job, pipeline, embedding_config)
+        except ConfigError as exc:
+            (run_dir / INVALID_FILE).write_text(error_line(job, exc), encoding="utf-8")
+            raise SystemExit(EXIT_CONFIG_ERROR) from None
+        marks["model_checked"] = time.time()
+    torch.manual_seed(job.seed)
+    model = build_job_model(job, pipeline, embedding_config)
+    optimizer = _optimizer(job, model)
+    marks["model_built"] = time.time()
+    return model, optimizer
 
 
 def _started(
@@ -247,10 +316,13 @@ def _started(
     embedding_config: EmbeddingConfig,
     addresses: Path | Sequence[str],
     config: TrainerConfig,
+    starting: Future[EmbeddingWorkerProcess] | None = None,
 ) -> TrainCtx:
-    """The training context (its embedding worker started), a refused token explained."""
+    """The training context (its embedding worker started, or the one ``starting`` starts),
+    a refused token explained."""
     try:
-        return TrainCtx(model, optimizer, embedding_config, addresses, config)
+        worker = starting.result() if starting is not None else None
+        return TrainCtx(model, optimizer, embedding_config, addresses, config, worker=worker)
     except UnauthenticatedError as exc:
         hint = (
             "the shards require a bearer token; set token_file in the job: a private file "

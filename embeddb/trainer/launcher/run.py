@@ -43,6 +43,7 @@ import contextlib
 import logging
 import os
 import sys
+import threading
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
@@ -109,9 +110,11 @@ def _released() -> bool:
     """``--hold`` (:mod:`embeddb.trainer.launcher.direct`): import what training needs, then
     wait for the launcher's line on stdin (its start-up marks); False when it closed the pipe
     instead (the job is not to start)."""
-    from embeddb.trainer.launcher.rank import warm_up
+    from embeddb.trainer.launcher.rank import warm_up  # torch: while the launcher validates
 
-    warm_up()  # torch and what its first optimizer imports, while the launcher validates
+    # what the first optimizer imports (torch._dynamo, about a second), in a thread: once
+    # released, the embedding worker's start and the model's check need none of it
+    threading.Thread(target=warm_up, name="warm-up", daemon=True).start()
 
     try:
         line = sys.stdin.readline()
