@@ -180,3 +180,30 @@ def test_the_validation_step_without_the_model_imports_no_torch(tmp_path: Path) 
     )
     assert done.stdout.split() == ["2", "True"], done.stderr
     assert "forward must return logits of shape (64, 1)" in done.stderr
+
+
+@pytest.mark.slow
+def test_an_embedding_worker_started_ahead_in_a_thread_is_the_contexts_and_closes_with_it() -> None:
+    """What a rank does: the worker's start in a thread while the model is built, then the
+    context takes it (no second worker) and stops it when it closes."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import torch
+
+    from embeddb.trainer.ctx import TrainCtx, start_worker
+    from tests.test_trainer_ctx import FAST, step
+    from tests.trainer_harness import adult, adult_config, adult_model, serve_shards
+
+    with serve_shards(adult_config(), None, 1) as shards, ThreadPoolExecutor(1) as pool:
+        starting = pool.submit(start_worker, adult_config(), shards.addresses, FAST)
+        model = adult_model()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        worker = starting.result()
+        assert worker.alive
+        with TrainCtx(
+            model, optimizer, adult_config(), shards.addresses, FAST, worker=worker
+        ) as ctx:
+            assert ctx._worker is worker
+            step(ctx, next(iter(ctx.prepare(adult("train").batches(128)))))
+            assert ctx.step == 1
+        assert not worker.alive
