@@ -197,11 +197,12 @@ def train(
     )
     # The embedding worker starts first, in a thread: its spawn (about a second) overlaps the
     # model's check and construction, the optimizer's and the data loader's start.
+    began = time.perf_counter()  # warm-up: the embedding worker's start + warm-up steps
     starting = None if finished else _start_worker(embedding_config, addresses, config)
     try:
         return _build_and_train(
             job, job_path, addresses, run_dir, predict, marks, pipeline, embedding_config,
-            config, starting, finished=finished, check=check,
+            config, starting, began, finished=finished, check=check,
         )  # fmt: skip
     finally:
         if starting is not None:
@@ -240,6 +241,7 @@ def _build_and_train(
     embedding_config: EmbeddingConfig,
     config: TrainerConfig,
     starting: Future[EmbeddingWorkerProcess] | None,
+    began: float,
     *,
     finished: bool,
     check: bool,
@@ -276,7 +278,6 @@ def _build_and_train(
         epochs.load()
         marks["loader_started"] = time.time()
         model, optimizer = _model(job, run_dir, pipeline, embedding_config, marks, check=check)
-        began = time.perf_counter()  # warm-up: the embedding worker's start + warm-up steps
         with _started(job, model, optimizer, embedding_config, addresses, config, starting) as ctx:
             marks["embedding_worker"] = time.time()
             return _train(job, ctx, epochs, pipeline, predict, began, marks)
