@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -27,7 +27,9 @@ from embeddb.cli.logs import configure_logging
 from embeddb.common.secrets import read_token_file
 from embeddb.config import EmbeddingConfig, StoreConfig
 from embeddb.errors import EmbeddbError
-from embeddb.transport.rpc.auth import Tokens
+
+if TYPE_CHECKING:
+    from embeddb.transport.rpc.auth import Tokens
 
 __all__ = [
     "channel_credentials",
@@ -119,6 +121,8 @@ def server_tokens(tokens_file: Path | None, tokens_from_env: bool) -> Tokens | N
     Raises:
         ConfigError: the file or the variables are unreadable, malformed or empty.
     """
+    from embeddb.transport.rpc.auth import Tokens  # grpc: not in every command's start
+
     if tokens_file is not None:
         return Tokens.from_file(tokens_file)
     return Tokens.from_env() if tokens_from_env else None

@@ -38,7 +38,6 @@ from embeddb.cli.common import read_bytes, server_tokens
 from embeddb.cli.logs import LOG_FORMATS
 from embeddb.config.schema import STORE_KEYS, load_yaml, store_from_keys
 from embeddb.errors import ConfigError
-from embeddb.transport.rpc.listen import ListenConfig
 
 __all__ = [
     "DEFAULT_PORT",
@@ -93,6 +92,8 @@ class ExistingPath(click.Path):
 
 
 if TYPE_CHECKING:
+    from embeddb.transport.rpc.listen import ListenConfig
+
     _ParamType = click.ParamType[Any]
 else:  # click < 8.2: ParamType is not generic at run time
     _ParamType = click.ParamType
@@ -304,6 +305,8 @@ class ListenArgs:
             ConfigError: the tokens are unreadable, malformed or empty, or see
                 :class:`~embeddb.transport.rpc.listen.ListenConfig`.
         """
+        from embeddb.transport.rpc.listen import ListenConfig  # grpc: when a server starts
+
         return ListenConfig(
             host=self.host,
             port=(self.port or 0) if port is None else port,

@@ -97,7 +97,8 @@ def demo(
 @click.pass_context
 def train(ctx: click.Context, job: Path, predict: int) -> None:
     """Train the job in JOB (YAML; schema in embeddb/trainer/launcher/job.py): start local shards
-    (unless the job lists addresses), the NN workers under torchrun, show progress, evaluate.
+    (unless the job lists addresses), the NN workers (under torchrun for two or more), show
+    progress, evaluate.
     A job whose checkpoint_dir holds its last epoch says so and trains nothing (it still
     exports and predicts). Ctrl-C stops every process it started (exit code 130). Needs the
     trainer extra (torch).

@@ -62,6 +62,7 @@ from embeddb.trainer.embedding.spawn import check_main_guard
 from embeddb.trainer.embedding.worker import EmbeddingWorkerConfig
 from embeddb.trainer.embedding_ctx import (
     EmbeddingCtx,
+    EmbeddingStage,
     PreparedBatch,
     embedding_gradients,
     start_stage,
@@ -71,7 +72,7 @@ from embeddb.trainer.errors import EmbeddingWorkerError, TrainerError
 if TYPE_CHECKING:  # export_model's pipeline=
     from embeddb.features.pipeline import FeaturePipeline
 
-__all__ = ["EvalCtx", "TrainCtx"]
+__all__ = ["EvalCtx", "TrainCtx", "start_worker"]
 
 Shards = Sequence[str] | str | os.PathLike[str]
 
@@ -93,6 +94,10 @@ class TrainCtx(EmbeddingCtx):
         shards: the shards' ``host:port`` in shard order, or the path of an address file.
         config: mode, staleness, device and the rest (:class:`TrainerConfig`).
         dist_env: this rank's place in the job; default: torchrun's environment variables.
+        worker: the embedding worker, started already by :func:`start_worker` with the same
+            arguments (its start overlaps the model's construction); the context owns it once
+            built (the caller closes it if the context could not be built). Default: started
+            here.
 
     Raises:
         ConfigError: an invalid setting, a missing address file, tables the shards do not serve.
@@ -108,6 +113,7 @@ class TrainCtx(EmbeddingCtx):
         config: TrainerConfig | None = None,
         *,
         dist_env: DistEnv | None = None,
+        worker: EmbeddingStage | None = None,
     ) -> None:
         check_main_guard()  # first: a spawn child importing an unguarded script stops here
         cfg = config if config is not None else TrainerConfig()
@@ -142,9 +148,10 @@ class TrainCtx(EmbeddingCtx):
                 self.dense = SyncDense(
                     self.model, optimizer, scaler, distributed=env.distributed, device=device
                 )
-            worker = start_stage(
-                embedding_config, addresses, _worker_config(cfg, env.local_rank, budget), cfg
-            )
+            if worker is None:
+                worker = start_stage(
+                    embedding_config, addresses, _worker_config(cfg, env.local_rank, budget), cfg
+                )
         except BaseException:
             self._destroy_group()
             self._restore_threads()
@@ -470,6 +477,29 @@ def _check_types(model: object, embedding_config: object, config: object) -> Non
         )
     if not isinstance(config, TrainerConfig):
         raise TypeError(f"config must be a TrainerConfig, got {type(config).__name__}")
+
+
+def start_worker(
+    embedding_config: EmbeddingConfig,
+    shards: Shards,
+    config: TrainerConfig | None = None,
+    *,
+    dist_env: DistEnv | None = None,
+) -> EmbeddingStage:
+    """The embedding worker a :class:`TrainCtx` of these arguments starts, started now and
+    ready: hand it to ``TrainCtx(..., worker=)``. Thread-safe: it may start while the model
+    is built (:mod:`embeddb.trainer.launcher.rank`).
+
+    Raises:
+        ConfigError: a missing address file, tables the shards do not serve.
+        EmbeddingWorkerError: the embedding worker could not start.
+    """
+    cfg = config if config is not None else TrainerConfig()
+    addresses = _addresses(shards)
+    env = dist_env if dist_env is not None else DistEnv.from_environ(os.environ)
+    return start_stage(
+        embedding_config, addresses, _worker_config(cfg, env.local_rank, _budget(addresses)), cfg
+    )
 
 
 def _addresses(shards: Shards) -> tuple[str, ...]:

@@ -89,7 +89,6 @@ from typing import TYPE_CHECKING, Any
 from embeddb.common.secrets import read_token_file
 from embeddb.errors import ConfigError
 from embeddb.features.dataset import DatasetSpec
-from embeddb.trainer.config import BUILTIN_MODELS
 from embeddb.trainer.launcher.job_yaml import Where, load_with_lines, with_line
 
 if TYPE_CHECKING:
@@ -97,7 +96,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AUTO",
-    "BUILTIN_MODELS",
     "BUILTIN_PREFIX",
     "CONFIG_ERROR",
     "DATASETS",
@@ -317,6 +315,8 @@ class JobConfig:
             raise ConfigError("model_args", f"must be a mapping, got {self.model_args!r}")
         builtin = self.builtin_model
         if builtin is not None:
+            from embeddb.trainer.config import BUILTIN_MODELS  # not at import: the CLI's start
+
             if builtin not in BUILTIN_MODELS:
                 names = ", ".join(BUILTIN_PREFIX + n for n in BUILTIN_MODELS)
                 raise ConfigError("model", f"no built-in model {builtin!r} (one of {names})")

@@ -1,19 +1,29 @@
 """``embeddb train JOB.yaml``: one training job on this machine, started and stopped cleanly.
 
-What it starts, in order (torch is imported by the NN workers only, never here)::
+What it starts (torch is imported by the validation step and the NN workers only, never
+here), each as early as it can::
 
     launcher (this process)
-      ├── validation step      python -m embeddb.trainer.launcher.validate JOB.yaml --run-dir RUN:
-      fits
-      │                        the features (RUN/features.json, RUN/embedding.yaml when auto),
-      │                        builds the model, runs it on a sample batch; exits first
+      ├── rank 0 of a one-worker job   started first, held (:mod:`.direct`): python -u -m
+      │                        embeddb.trainer.launcher.run JOB ... --hold, torchrun's
+      │                        environment, its own session; imports torch, then waits
+      ├── validation step      python -m embeddb.trainer.launcher.validate JOB.yaml --run-dir RUN
+      │                        (:mod:`.step`): fits the features (RUN/features.json,
+      │                        RUN/embedding.yaml when auto), builds the model, runs it on a
+      │                        sample batch
       ├── embeddb cluster      S local shards (embeddb serve, supervised), unless the job
       │                        lists ``addresses``; rows under checkpoint_dir/shards when
       │                        the job checkpoints, else ephemeral; requiring the job's
-      │                        token when it has a ``token_file``
-      └── torchrun             python -m torch.distributed.run --standalone --nproc_per_node W
+      │                        token when it has a ``token_file``. Ephemeral shards start
+      │                        while the validation step runs (unless the job's
+      │                        embedding config is ``auto``: the step writes it); shards
+      │                        with a data directory once it passed
+      └── the NN workers       once the job is valid and the shards are up: the held rank
+            │                  released (the start-up marks on its stdin), or torchrun
+            │                  (python -m torch.distributed.run --standalone
+            │                  --nproc_per_node W) for two workers or more
             └── rank 0..W-1    python -m embeddb.trainer.launcher.run JOB --addresses @FILE
-            --run-dir RUN
+                               --run-dir RUN
                   ├── its data loader  (python -m embeddb.trainer.launcher.loader: numpy only)
                   └── its embedding worker (spawned by the training context)
 
@@ -22,34 +32,36 @@ Cores: the ranks get ``OMP_NUM_THREADS`` from the job's core budget on this mach
 ``threads`` (torch threads per rank) still wins inside each rank.
 
 Every mistake in the job (a key, a column, a value in the data, the model) is a
-:class:`~embeddb.errors.ConfigError` raised before the shards or torchrun start: the job file
-is checked here, the rest by the validation step (a process: it imports torch, this module
-never does).
+:class:`~embeddb.errors.ConfigError` raised before anything trains: the job file is checked
+here before anything starts, the rest by the validation step. When the step fails, what
+started meanwhile (the held rank, ephemeral shards) is stopped before its error is raised:
+no process, data directory or run directory is left.
 
-Multi-node: run the printed torchrun command on every node with torchrun's own rendezvous
-arguments (``--nnodes``, ``--node_rank``, ``--rdzv_endpoint``) instead of ``--standalone``,
-and ``addresses`` in the job naming the shards; by hand, torchrun's own ``--max-restarts``
-restarts the workers after any failure (an error too).
+Multi-node: run the printed torchrun command (a one-worker job prints its rank's command: run it as
+``torchrun --nproc_per_node=1 -m embeddb.trainer.launcher.run ...``) on every node with torchrun's
+own rendezvous arguments (``--nnodes``, ``--node_rank``, ``--rdzv_endpoint``) instead of
+``--standalone``, and ``addresses`` in the job naming the shards; by hand, torchrun's own
+``--max-restarts`` restarts the workers after any failure (an error too).
 
 Failures (:mod:`embeddb.trainer.launcher.failures`). torchrun runs with ``--max-restarts=0``: the
-launcher restarts, and only crashes. When torchrun exits non-zero, the ranks' records of the
-attempt say what happened: a rank's deterministic error (bad data, a model bug) ends the job at
-once with that error, the first one (``TrainingFailedError``: the CLI's one ``Error:`` line);
-a crash (a rank killed by a signal, a peer or shard gone) starts torchrun again, up to
+launcher restarts, and only crashes. When torchrun (or the one rank) exits non-zero, the ranks'
+records of the attempt say what happened: a rank's deterministic error (bad data, a model bug) ends
+the job at once with that error, the first one (``TrainingFailedError``: the CLI's one ``Error:``
+line); a crash (a rank killed by a signal, a peer or shard gone) starts torchrun again, up to
 ``max_restarts`` times when the job has a ``checkpoint_dir``, every rank resuming from the latest
-checkpoint (dense state rolled back; the shards keep their embeddings, newer than the
-checkpoint, as PERSIA does). Starting a job again on the same ``checkpoint_dir`` resumes it
-exactly: the local shards are first rolled back to the latest checkpoint's snapshot
-(:func:`restore_local_shards`). A job whose latest checkpoint has trained every epoch
+checkpoint (dense state rolled back; the shards keep their embeddings, newer than the checkpoint,
+as PERSIA does). Starting a job again on the same ``checkpoint_dir`` resumes it exactly: the local
+shards are first rolled back to the latest checkpoint's snapshot (:func:`restore_local_shards`). A
+job whose latest checkpoint has trained every epoch
 (:func:`embeddb.trainer.launcher.resume.finished`) says so in one line and trains nothing; it still
 exports (``export_dir``) and predicts (``--predict``) from that checkpoint, with one rank.
 
-Stopping. On completion, Ctrl-C or SIGTERM the launcher sends SIGTERM to torchrun's process
-group (torchrun, the ranks and their embedding workers), waits, SIGKILLs what is left, then
-stops the shards. The shards and torchrun run in sessions of their own, so a terminal's Ctrl-C
-reaches the launcher alone and everything stops in that order: no shard is gone while an
-embedding worker still pushes (no retry warnings), no child process outlives the launcher, which
-prints one line (``interrupted: ...``) and returns 130, no traceback.
+Stopping. On completion, Ctrl-C or SIGTERM the launcher sends SIGTERM to torchrun's process group
+(torchrun, the ranks and their embedding workers; a one-worker job's rank's group), waits, SIGKILLs
+what is left, then stops the shards. The shards and torchrun (the one rank) run in sessions of
+their own, so a terminal's Ctrl-C reaches the launcher alone and everything stops in that order: no
+shard is gone while an embedding worker still pushes (no retry warnings), no child process outlives
+the launcher, which prints one line (``interrupted: ...``) and returns 130, no traceback.
 
 Output. torchrun's own stderr (its banner, its ``ChildFailedError`` traceback and failure
 report) is filtered out; the ranks' lines pass. Set ``EMBEDDB_TRACEBACK=1`` to see the ranks'
@@ -71,16 +83,14 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from types import FrameType
-from typing import IO
 
 from embeddb.errors import ConfigError, UnavailableError
 from embeddb.trainer.checkpoints.files import latest_checkpoint, restore_local_shards
 from embeddb.trainer.cores import CoreBudget, available_cpus, core_budget, local_addresses
+from embeddb.trainer.launcher.direct import INVALID_FILE, rank_command, rank_variables
 from embeddb.trainer.launcher.failures import (
     ATTEMPT_ENV,
     Crash,
@@ -89,9 +99,19 @@ from embeddb.trainer.launcher.failures import (
     first_failure,
     read_failures,
 )
-from embeddb.trainer.launcher.job import CONFIG_ERROR, JobConfig
+from embeddb.trainer.launcher.job import EXIT_CONFIG_ERROR, JobConfig
+from embeddb.trainer.launcher.procs import (
+    STOP_S,
+    Relay,
+    child_environ,
+    interrupts_deferred,
+    signals_as_interrupt,
+    stop_group,
+    writer,
+)
 from embeddb.trainer.launcher.resume import finished
 from embeddb.trainer.launcher.startup import MARKS_ENV, process_started
+from embeddb.trainer.launcher.step import ValidationStep, run_validation
 
 __all__ = [
     "Relay",
@@ -106,12 +126,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-# (line, logger, level) -> the line to write instead (``--log-format json``: one JSON object)
-Relay = Callable[[str, str, str], str]
-
-_STOP_S = 20.0  # seconds torchrun and its ranks (or the shards) get to exit after SIGTERM
 _CLUSTER_START_S = 120.0
-_WRITE_LOCK = threading.Lock()  # relayed lines from several pipes: one whole line at a time
 
 
 def torchrun_command(
@@ -169,7 +184,7 @@ def launch(
     Raises:
         ConfigError: an invalid job file, its data is missing (and the job does not set
             ``skip_missing_data``, which prints why and returns 0 instead), or the validation
-            step failed (bad data, features or model); nothing else has started then.
+            step failed (bad data, features or model); what started meanwhile is stopped.
         UnavailableError: the local shards did not become healthy.
         TrainingFailedError: a rank's error, or crashes past ``max_restarts``.
     """
@@ -192,19 +207,59 @@ def launch(
         )
         return 0
     try:
-        with _signals_as_interrupt(), tempfile.TemporaryDirectory(prefix="embeddb-train-") as tmp:
-            run_dir = Path(tmp)
-            marks["validating"] = time.time()
-            run_validation(path, run_dir, echo, relay)
-            marks["validated"] = time.time()
-            address_file = run_dir / "shards.txt"
-            with _shards(job, address_file, echo, run_dir, relay):
-                marks["shards_up"] = time.time()
-                attempts = _Attempts(path, job, address_file, run_dir, echo, relay, marks)
-                return attempts.run(predict, finished=done is not None)
+        with signals_as_interrupt(), tempfile.TemporaryDirectory(prefix="embeddb-train-") as tmp:
+            return _run(job, path, Path(tmp), predict, done is not None, echo, relay, marks)
     except KeyboardInterrupt:
         echo("interrupted: stopped every process of the job")
         return 130
+
+
+def _run(
+    job: JobConfig,
+    path: Path,
+    run_dir: Path,
+    predict: int,
+    done: bool,
+    echo: Callable[[str], None],
+    relay: Relay | None,
+    marks: dict[str, float],
+) -> int:
+    """The job's processes, started as early as each can be: a one-worker job's rank (held),
+    the validation step, the shards (while it runs, unless they need its output or would
+    write a data directory), and the NN workers once it passed and the shards are up."""
+    address_file = run_dir / "shards.txt"
+    attempts = _Attempts(path, job, address_file, run_dir, echo, relay, marks)
+    with contextlib.ExitStack() as stack:
+        stack.callback(attempts.close)
+        held = attempts.hold(predict, finished=done)
+        marks["validating"] = time.time()
+        step = ValidationStep(path, run_dir, relay, model=not (held and attempts.checks_model))
+        stack.callback(step.stop)
+
+        def validated() -> None:
+            try:
+                step.finish(echo)
+            except BaseException:
+                attempts.close()  # the held rank first: it exits having started nothing
+                raise
+            marks["validated"] = time.time()
+
+        meanwhile = validated if _shards_while_validating(job) else None
+        if meanwhile is None:
+            validated()
+        with _shards(job, address_file, echo, run_dir, relay, meanwhile=meanwhile):
+            marks["shards_up"] = time.time()
+            return attempts.run(predict, finished=done)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _shards_while_validating(job: JobConfig) -> bool:
+    """Whether the shards may start while the validation step runs: they need nothing it
+    writes (no ``embedding_config: auto``) and write nothing that outlives the job (no data
+    directory: ephemeral shards, or the job's ``addresses``)."""
+    if job.addresses is not None:
+        return True
+    return not job.auto_embedding and job.shard_data_dir() is None
 
 
 def _missing_data(job: JobConfig) -> str | None:
@@ -220,52 +275,10 @@ def _missing_data(job: JobConfig) -> str | None:
     return None
 
 
-def run_validation(
-    job_path: Path, run_dir: Path, echo: Callable[[str], None], relay: Relay | None = None
-) -> None:
-    """The validation step (:mod:`embeddb.trainer.launcher.validate`) in a subprocess.
-
-    Raises:
-        ConfigError: its one-line message when the job is invalid.
-    """
-    command = [sys.executable, "-m", "embeddb.trainer.launcher.validate", str(job_path)]
-    result = subprocess.run(
-        [*command, "--run-dir", str(run_dir)],
-        stdout=None if relay is None else subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        check=False,
-        env=child_environ(os.environ, json_logs=relay is not None),
-    )
-    if relay is not None:
-        _write_lines(result.stdout, sys.stdout, relay, "embeddb.trainer.launcher.validate", "INFO")
-    if result.returncode == 0:
-        _echo_features(run_dir, echo)
-        return
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    for line in lines:
-        if line.startswith(CONFIG_ERROR):
-            raise ConfigError("", line[len(CONFIG_ERROR) :])
-    if result.returncode < 0 and -result.returncode == signal.SIGINT:
-        raise KeyboardInterrupt
-    _write_lines(result.stderr, sys.stderr, relay, "embeddb.trainer.launcher.validate", "ERROR")
-    last = lines[-1] if lines else "no message"
-    raise ConfigError("", f"the validation step failed (exit code {result.returncode}): {last}")
-
-
-def _echo_features(run_dir: Path, echo: Callable[[str], None]) -> None:
-    try:
-        doc = json.loads((run_dir / "features.json").read_text())
-        ids = [c.get("name") or c["column"] for c in doc["ids"]]
-        numeric = [n["name"] for n in doc["numeric"]]
-    except (OSError, ValueError, KeyError, TypeError):
-        return
-    echo(f"features: ids {', '.join(ids) or '-'}; numeric {', '.join(numeric) or '-'}")
-
-
 class _Attempts:
-    """torchrun, again after a crash (up to ``max_restarts`` times with a ``checkpoint_dir``),
-    never after a rank's error."""
+    """The NN workers (torchrun, or a one-worker job's rank: :mod:`.direct`), again after a
+    crash (up to ``max_restarts`` times with a ``checkpoint_dir``), never after a rank's
+    error."""
 
     def __init__(
         self,
@@ -280,23 +293,72 @@ class _Attempts:
         self.path, self.job, self.address_file, self.run_dir = path, job, address_file, run_dir
         self.echo, self.relay = echo, relay
         self.marks = marks if marks is not None else {}
+        self._held: _Workers | None = None
+
+    def _direct(self, finished: bool) -> bool:
+        """Whether one rank runs, started without torchrun."""
+        return finished or self.job.workers == 1
+
+    def _command(self, predict: int, *, finished: bool, hold: bool = False) -> list[str]:
+        if self._direct(finished):
+            check = hold and self.checks_model
+            return rank_command(
+                self.path, self.address_file, self.run_dir, predict, finished=finished,
+                hold=hold, check=check,
+            )  # fmt: skip
+        return torchrun_command(
+            self.path, self.job, self.address_file, predict, self.run_dir, finished=finished
+        )
+
+    def hold(self, predict: int, *, finished: bool) -> bool:
+        """Start a one-worker job's rank now, held: it imports torch while the job is
+        validated and the shards start (:meth:`run` releases it, :meth:`close` stops it).
+        Returns whether it did."""
+        if not self._direct(finished):
+            return False  # torchrun: started once the job is valid
+        self.marks["rank_launched"] = time.time()
+        command = self._command(predict, finished=finished, hold=True)
+        self._held = self._start(command, 0, direct=True, hold=True)
+        return True
+
+    @property
+    def checks_model(self) -> bool:
+        """Whether the held rank checks the model (not the validation step): when the shards
+        start during validation, so that its failure leaves no data directory behind."""
+        return _shards_while_validating(self.job)
+
+    def close(self) -> None:
+        """Stop the held rank, unless released (an invalid job, an interrupt)."""
+        held, self._held = self._held, None
+        if held is not None:
+            held.stop()
 
     def run(self, predict: int, *, finished: bool) -> int:
-        """0 once torchrun succeeds.
+        """0 once the NN workers succeed.
 
         Raises:
             TrainingFailedError: a rank's error, or a crash with no restart left.
         """
         job = self.job
         restarts = job.max_restarts if job.checkpoint_dir is not None and not finished else 0
-        command = torchrun_command(
-            self.path, job, self.address_file, predict, self.run_dir, finished=finished
-        )
-        self.echo(f"NN workers: {shlex.join(['torchrun', *command[3:]])}")
+        command = self._command(predict, finished=finished)
+        if self._direct(finished):
+            self.echo(f"NN worker: {shlex.join(['python', *command[1:]])}")
+        else:
+            self.echo(f"NN workers: {shlex.join(['torchrun', *command[3:]])}")
         for attempt in range(restarts + 1):
-            code, crash = self._torchrun(command, attempt)
+            held, self._held = (self._held, None) if attempt == 0 else (None, None)
+            if held is not None:
+                held.release({**self.marks, "released": time.time()})
+                workers = held
+            else:
+                workers = self._start(command, attempt, direct=self._direct(finished))
+            code, crash = workers.wait()
             if code == 0:
                 return 0
+            invalid = self.run_dir / INVALID_FILE
+            if code == EXIT_CONFIG_ERROR and workers.direct and invalid.is_file():
+                raise ConfigError("", invalid.read_text(encoding="utf-8"))  # the model
             failure = first_failure(read_failures(self.run_dir, attempt))
             if failure is not None and not failure.transient:
                 raise TrainingFailedError(f"the NN workers failed: {failure}")
@@ -315,68 +377,96 @@ class _Attempts:
             )
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _torchrun(self, command: list[str], attempt: int) -> tuple[int, Crash | None]:
-        """One run of torchrun: its exit code and the crash its failure report names."""
-        relay = self.relay
-        raw = bool(os.environ.get("EMBEDDB_TRACEBACK"))
-        env = child_environ(rank_environ(self.job, os.environ), json_logs=relay is not None)
+    def _start(
+        self, command: list[str], attempt: int, *, direct: bool, hold: bool = False
+    ) -> _Workers:
+        env = child_environ(rank_environ(self.job, os.environ), json_logs=self.relay is not None)
         env[ATTEMPT_ENV] = str(attempt)
+        if direct:
+            env.update(rank_variables())
         if attempt == 0:  # the start-up timeline: the first attempt's
-            env[MARKS_ENV] = json.dumps({**self.marks, "torchrun": time.time()})
-        child = subprocess.Popen(
+            started = {} if direct else {"torchrun": time.time()}
+            env[MARKS_ENV] = json.dumps({**self.marks, **started})
+        return _Workers(command, env, self.relay, direct=direct, hold=hold)
+
+
+class _Workers:
+    """One attempt's NN workers running: torchrun (in a session of its own, its ranks and
+    their embedding workers in it), or a one-worker job's rank (``direct``), and the copiers
+    of their output. ``hold``: a held rank, its stdin a pipe (:mod:`.direct`)."""
+
+    def __init__(
+        self,
+        command: list[str],
+        env: dict[str, str],
+        relay: Relay | None,
+        *,
+        direct: bool,
+        hold: bool = False,
+    ) -> None:
+        raw = bool(os.environ.get("EMBEDDB_TRACEBACK"))
+        self.direct = direct
+        self.process = subprocess.Popen(
             command,
             start_new_session=True,
+            stdin=subprocess.PIPE if hold else None,
             stdout=None if relay is None else subprocess.PIPE,
             stderr=None if raw and relay is None else subprocess.PIPE,
             env=env,
         )
-        stdout = None
-        if relay is not None and child.stdout is not None:
-            stdout = StderrFilter(
-                child.stdout,
-                write=_writer(sys.stdout, relay, "embeddb.trainer.launcher.rank", "INFO"),
+        self.stdout: StderrFilter | None = None
+        if relay is not None and self.process.stdout is not None:
+            self.stdout = StderrFilter(
+                self.process.stdout,
+                write=writer(sys.stdout, relay, "embeddb.trainer.launcher.rank", "INFO"),
                 filtered=False,
             )
-        stderr = None
-        if child.stderr is not None:
-            stderr = StderrFilter(
-                child.stderr,
+        self.stderr: StderrFilter | None = None
+        if self.process.stderr is not None:
+            self.stderr = StderrFilter(
+                self.process.stderr,
                 write=None
                 if relay is None
-                else _writer(sys.stderr, relay, "embeddb.trainer.launcher.rank", "WARNING"),
+                else writer(sys.stderr, relay, "embeddb.trainer.launcher.rank", "WARNING"),
                 filtered=not raw,
             )
+
+    def release(self, marks: Mapping[str, float]) -> None:
+        """Let a held rank train: the start-up marks on its stdin."""
+        stdin = self.process.stdin
+        assert stdin is not None
+        with contextlib.suppress(OSError):  # it ended meanwhile: its exit code says why
+            stdin.write((json.dumps(dict(marks)) + "\n").encode())
+            stdin.close()
+
+    def wait(self) -> tuple[int, Crash | None]:
+        """Their exit code and the crash torchrun's failure report names (a direct rank's
+        own exit code), once they ended; then nothing of them is left."""
         try:
-            code = child.wait()
+            code = self.process.wait()
         except KeyboardInterrupt:
-            for pipe in (stdout, stderr):
+            for pipe in (self.stdout, self.stderr):
                 if pipe is not None:
                     pipe.quiet = True
             raise
         finally:
-            _stop_group(child)
-            for pipe in (stdout, stderr):
-                if pipe is not None:
-                    pipe.join()
-        return code, stderr.crash() if stderr is not None else None
+            self.stop()
+        if self.direct:
+            return code, Crash("0", code) if code else None
+        return code, self.stderr.crash() if self.stderr is not None else None
 
-
-def _writer(stream: IO[str], relay: Relay, name: str, level: str) -> Callable[[str], None]:
-    def write(line: str) -> None:
-        _write_lines(line, stream, relay, name, level)
-
-    return write
-
-
-def _write_lines(text: str, stream: IO[str], relay: Relay | None, name: str, level: str) -> None:
-    """Write ``text`` to ``stream``, each line through ``relay`` when there is one."""
-    if not text:
-        return
-    if relay is not None:
-        text = "".join(relay(line, name, level) for line in text.splitlines() if line.strip())
-    with _WRITE_LOCK:
-        stream.write(text)
-        stream.flush()
+    def stop(self) -> None:
+        """SIGTERM their process group, wait, SIGKILL what is left; their output copied."""
+        if self.process.stdin is not None:
+            with contextlib.suppress(OSError):
+                self.process.stdin.close()  # a held rank: exits at once, having started nothing
+        stop_group(self.process)
+        for pipe in (self.stdout, self.stderr):
+            if pipe is not None:
+                pipe.join()
+        for stream in (self.process.stdout, self.process.stderr):
+            if stream is not None:
+                stream.close()
 
 
 def job_budget(job: JobConfig) -> CoreBudget:
@@ -398,16 +488,6 @@ def rank_environ(job: JobConfig, environ: Mapping[str, str]) -> dict[str, str]:
     return env
 
 
-def child_environ(environ: Mapping[str, str], *, json_logs: bool) -> dict[str, str]:
-    """The environment of every child: ``GRPC_VERBOSITY=ERROR`` unless set (gRPC's C core
-    logs informational lines on stderr otherwise), ``EMBEDDB_LOG_FORMAT=json`` for JSON logs."""
-    env = dict(environ)
-    env.setdefault("GRPC_VERBOSITY", "ERROR")
-    if json_logs:
-        env["EMBEDDB_LOG_FORMAT"] = "json"
-    return env
-
-
 @contextlib.contextmanager
 def _shards(
     job: JobConfig,
@@ -415,11 +495,16 @@ def _shards(
     echo: Callable[[str], None],
     run_dir: Path | None = None,
     relay: Relay | None = None,
+    *,
+    meanwhile: Callable[[], None] | None = None,
 ) -> Iterator[None]:
     """The job's shards: the given addresses, or a local cluster (an ``embeddb cluster``
     process in a session of its own: the trainer reaches shards only through the client and
-    the command line) running while inside."""
+    the command line) running while inside. ``meanwhile``: called once the cluster process
+    is started, before waiting for it (what it raises stops the cluster)."""
     if job.addresses is not None:
+        if meanwhile is not None:
+            meanwhile()
         address_file.write_text("".join(f"{a}\n" for a in job.addresses))
         yield
         return
@@ -452,9 +537,11 @@ def _shards(
         for source, stream, level in ((cluster.stdout, sys.stdout, "INFO"),
                                       (cluster.stderr, sys.stderr, "WARNING")):  # fmt: skip
             assert source is not None
-            write = _writer(stream, relay, "embeddb.cluster", level)
+            write = writer(stream, relay, "embeddb.cluster", level)
             relays.append(StderrFilter(source, write=write, filtered=False))
     try:
+        if meanwhile is not None:
+            meanwhile()
         deadline = time.monotonic() + _CLUSTER_START_S
         while not address_file.is_file():
             if cluster.poll() is not None:
@@ -465,13 +552,13 @@ def _shards(
         echo(f"shards: {', '.join(address_file.read_text().split())}")
         yield
     finally:
-        with _interrupts_deferred():
+        with interrupts_deferred():
             if cluster.poll() is None:
                 cluster.send_signal(signal.SIGTERM)
             try:
-                cluster.wait(_STOP_S)
+                cluster.wait(STOP_S)
             except subprocess.TimeoutExpired:
-                logger.warning("the local shards did not stop in %.0f s; killing them", _STOP_S)
+                logger.warning("the local shards did not stop in %.0f s; killing them", STOP_S)
                 cluster.kill()
                 cluster.wait()
             for copier in relays:
@@ -485,65 +572,3 @@ def _private_tokens_file(directory: Path, token: str) -> Path:
     with os.fdopen(fd, "w", encoding="utf-8") as fh:
         fh.write(f"rw {token}\n")
     return path
-
-
-@contextlib.contextmanager
-def _interrupts_deferred() -> Iterator[None]:
-    """SIGINT and SIGTERM inside only mark an interrupt, raised (once) on the way out: a stop
-    in progress completes (the shards run in a session of their own: an interrupted stop
-    would leave them running)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    caught: list[int] = []
-
-    def defer(signum: int, frame: FrameType | None) -> None:
-        caught.append(signum)
-
-    previous = {sig: signal.signal(sig, defer) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-    if caught and previous[signal.SIGINT] is not signal.SIG_IGN:
-        raise KeyboardInterrupt
-
-
-@contextlib.contextmanager
-def _signals_as_interrupt() -> Iterator[None]:
-    """SIGINT and SIGTERM raise KeyboardInterrupt (main thread only), once: the stop that
-    follows is not interrupted by a second Ctrl-C."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def interrupt(signum: int, frame: FrameType | None) -> None:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        raise KeyboardInterrupt
-
-    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-
-
-def _stop_group(child: subprocess.Popen[bytes]) -> None:
-    """SIGTERM torchrun's process group, wait, SIGKILL whatever is left of it."""
-    with _interrupts_deferred():
-        _stop_now(child)
-
-
-def _stop_now(child: subprocess.Popen[bytes]) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(child.pid, signal.SIGTERM)
-    try:
-        child.wait(_STOP_S)
-    except subprocess.TimeoutExpired:
-        logger.warning("torchrun did not stop in %.0f s; killing its process group", _STOP_S)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(child.pid, signal.SIGKILL)  # ranks or embedding workers left behind
-    child.wait()

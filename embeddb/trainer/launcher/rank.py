@@ -13,6 +13,7 @@ import tempfile
 import time
 from collections import deque
 from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -29,21 +30,36 @@ from embeddb.features.batch import Batch
 from embeddb.features.pipeline import PIPELINE_FILE, FeaturePipeline, load_pipeline
 from embeddb.trainer.checkpoints.files import latest_checkpoint
 from embeddb.trainer.config import TrainerConfig
-from embeddb.trainer.ctx import TrainCtx
+from embeddb.trainer.ctx import TrainCtx, start_worker
 from embeddb.trainer.embedding.worker import EmbeddingWorkerConfig
-from embeddb.trainer.launcher.job import JobConfig
+from embeddb.trainer.embedding_ctx import EmbeddingStage
+from embeddb.trainer.launcher.direct import INVALID_FILE
+from embeddb.trainer.launcher.job import EXIT_CONFIG_ERROR, JobConfig
 from embeddb.trainer.launcher.loader import BatchStream, loader_command
 from embeddb.trainer.launcher.resume import record_steps_per_epoch, resume_point
 from embeddb.trainer.launcher.startup import marks_from, phases, process_started, startup_s
-from embeddb.trainer.launcher.validate import build_job_model, load_model, validate
+from embeddb.trainer.launcher.validate import (
+    build_job_model,
+    check_model,
+    error_line,
+    load_model,
+    validate,
+)
 
-__all__ = ["load_model", "train"]
+__all__ = ["load_model", "train", "warm_up"]
 
 _IMPORTED = time.time()  # the start-up timeline's "rank_imports" mark (torch imported)
 
 _PROGRESS_S = 10.0  # a plain progress line this often when stdout is not a terminal
 _FIELDS_S = 0.5  # the fields (loss, AUC over the last batches) refreshed this often
 _WARMUP_STEPS = 10  # left out of the steady-state rate (start-up: first lookups, row inserts)
+
+
+def warm_up() -> None:
+    """Import now what training imports on first use: torch's first optimizer imports
+    ``torch._dynamo`` (about a second). A held rank (:mod:`embeddb.trainer.launcher.direct`)
+    calls it while the launcher validates the job and starts the shards."""
+    torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
 
 
 def _optimizer(job: JobConfig, model: nn.Module) -> torch.optim.Optimizer:
@@ -147,6 +163,7 @@ def train(
     predict: int,
     *,
     finished: bool = False,
+    check: bool = False,
 ) -> dict[str, Any]:
     """Train ``job`` on the shards of the address file; rank 0 returns the final metrics.
 
@@ -156,7 +173,9 @@ def train(
     gets the same pipeline). ``finished``: the launcher found the job finished
     (:func:`embeddb.trainer.launcher.resume.finished`): load the latest checkpoint, export and
     predict
-    as the job asks, train and evaluate nothing (one rank).
+    as the job asks, train and evaluate nothing (one rank). ``check``: check the model first,
+    as the validation step would have (a held rank, :mod:`embeddb.trainer.launcher.direct`):
+    its error goes to ``RUN/invalid-job.txt`` and the process exits with code 2.
     """
     if run_dir is None:
         with tempfile.TemporaryDirectory(prefix="embeddb-rank-") as own:
@@ -164,11 +183,8 @@ def train(
             return train(job, job_path, addresses, Path(own), predict, finished=finished)
     marks = marks_from(os.environ)  # the launcher's start-up marks (launcher.startup)
     marks.update(rank_process=process_started(), rank_imports=_IMPORTED)
-    torch.manual_seed(job.seed)
     pipeline = load_pipeline(run_dir / PIPELINE_FILE)
     embedding_config = EmbeddingConfig.from_yaml(job.embedding_config_path(run_dir))
-    model = build_job_model(job, pipeline, embedding_config)
-    optimizer = _optimizer(job, model)
     config = TrainerConfig(
         mode=job.mode,  # type: ignore[arg-type]
         torch_threads=job.threads,  # None: the core budget (OMP_NUM_THREADS from the launcher)
@@ -179,7 +195,60 @@ def train(
             network=job.network(),
         ),
     )
+    # The embedding worker starts first, in a thread: its spawn (about a second) overlaps the
+    # model's check and construction, the optimizer's and the data loader's start.
+    began = time.perf_counter()  # warm-up: the embedding worker's start + warm-up steps
+    starting = None if finished else _start_worker(embedding_config, addresses, config)
+    try:
+        return _build_and_train(
+            job, job_path, addresses, run_dir, predict, marks, pipeline, embedding_config,
+            config, starting, began, finished=finished, check=check,
+        )  # fmt: skip
+    finally:
+        if starting is not None:
+            _close_started(starting)  # closed already when a context took it: idempotent
+
+
+def _start_worker(
+    embedding_config: EmbeddingConfig, addresses: Path | Sequence[str], config: TrainerConfig
+) -> Future[EmbeddingStage]:
+    """The embedding worker's start (:func:`embeddb.trainer.ctx.start_worker`) in a thread."""
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="embedding-worker-start")
+    try:
+        return pool.submit(start_worker, embedding_config, addresses, config)
+    finally:
+        pool.shutdown(wait=False)
+
+
+def _close_started(starting: Future[EmbeddingStage]) -> None:
+    """Close the worker ``starting`` started (once started); nothing when its start failed
+    (that error is raised where the training context awaits it)."""
+    try:
+        worker = starting.result()
+    except BaseException:
+        return
+    worker.close()
+
+
+def _build_and_train(
+    job: JobConfig,
+    job_path: Path,
+    addresses: Path | Sequence[str],
+    run_dir: Path,
+    predict: int,
+    marks: dict[str, float],
+    pipeline: FeaturePipeline,
+    embedding_config: EmbeddingConfig,
+    config: TrainerConfig,
+    starting: Future[EmbeddingStage] | None,
+    began: float,
+    *,
+    finished: bool,
+    check: bool,
+) -> dict[str, Any]:
+    """:func:`train` once the pipeline and the embedding config are read."""
     if finished:
+        model, optimizer = _model(job, run_dir, pipeline, embedding_config, marks, check=check)
         with _started(job, model, optimizer, embedding_config, addresses, config) as ctx:
             _resume(job, ctx)
             if ctx.dist_env.rank == 0:
@@ -188,7 +257,8 @@ def train(
                     with ctx.eval_ctx() as ev:
                         _predict(ev, job, pipeline, predict)
         return {}
-    # The data loader starts first: it warms up while the embedding worker starts.
+    # The data loader starts first: it warms up while the model is checked and built and the
+    # embedding worker starts.
     last = latest_checkpoint(job.checkpoint_dir) if job.checkpoint_dir is not None else None
     start_step = last.step if last is not None else 0
     first, skip = resume_point(job, start_step)
@@ -204,16 +274,40 @@ def train(
         skip=skip,
         start_step=start_step,
     )
-    marks["model_built"] = time.time()
-    epochs.load()
-    marks["loader_started"] = time.time()
-    began = time.perf_counter()  # warm-up: the embedding worker's start + the warm-up steps
     try:
-        with _started(job, model, optimizer, embedding_config, addresses, config) as ctx:
+        epochs.load()
+        marks["loader_started"] = time.time()
+        model, optimizer = _model(job, run_dir, pipeline, embedding_config, marks, check=check)
+        with _started(job, model, optimizer, embedding_config, addresses, config, starting) as ctx:
             marks["embedding_worker"] = time.time()
             return _train(job, ctx, epochs, pipeline, predict, began, marks)
     finally:
         epochs.close()
+
+
+def _model(
+    job: JobConfig,
+    run_dir: Path,
+    pipeline: FeaturePipeline,
+    embedding_config: EmbeddingConfig,
+    marks: dict[str, float],
+    *,
+    check: bool,
+) -> tuple[nn.Module, torch.optim.Optimizer]:
+    """The job's model (seeded) and optimizer; ``check``: the model checked first (see
+    :func:`train`)."""
+    if check:  # before the seed: the trained model is the one it would be without the check
+        try:
+            check_model(job, pipeline, embedding_config)
+        except ConfigError as exc:
+            (run_dir / INVALID_FILE).write_text(error_line(job, exc), encoding="utf-8")
+            raise SystemExit(EXIT_CONFIG_ERROR) from None
+        marks["model_checked"] = time.time()
+    torch.manual_seed(job.seed)
+    model = build_job_model(job, pipeline, embedding_config)
+    optimizer = _optimizer(job, model)
+    marks["model_built"] = time.time()
+    return model, optimizer
 
 
 def _started(
@@ -223,10 +317,13 @@ def _started(
     embedding_config: EmbeddingConfig,
     addresses: Path | Sequence[str],
     config: TrainerConfig,
+    starting: Future[EmbeddingStage] | None = None,
 ) -> TrainCtx:
-    """The training context (its embedding worker started), a refused token explained."""
+    """The training context (its embedding worker started, or the one ``starting`` starts),
+    a refused token explained."""
     try:
-        return TrainCtx(model, optimizer, embedding_config, addresses, config)
+        worker = starting.result() if starting is not None else None
+        return TrainCtx(model, optimizer, embedding_config, addresses, config, worker=worker)
     except UnauthenticatedError as exc:
         hint = (
             "the shards require a bearer token; set token_file in the job: a private file "

@@ -39,15 +39,22 @@ the latter); ``EMBEDDB_TRACEBACK=1`` prints the traceback too.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
 import os
 import sys
+import threading
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from embeddb.trainer.launcher.direct import CHECK_FLAG, HOLD_FLAG
 from embeddb.trainer.launcher.failures import EXIT_ERROR, EXIT_TRANSIENT, write_failure
-from embeddb.trainer.launcher.job import JobConfig
+from embeddb.trainer.launcher.startup import MARKS_ENV
+
+if TYPE_CHECKING:
+    from embeddb.trainer.launcher.job import JobConfig
 
 __all__ = ["main", "train"]
 
@@ -60,13 +67,14 @@ def train(
     job_path: Path,
     run_dir: Path | None = None,
     finished: bool = False,
+    check: bool = False,
 ) -> dict[str, Any]:
     """Train ``job`` (read from ``job_path``, which the data loaders read again) on the shards
     of the address file: :func:`embeddb.trainer.launcher.rank.train`, imported here (it needs
     torch)."""
     from embeddb.trainer.launcher.rank import train as train_rank
 
-    return train_rank(job, job_path, addresses, run_dir, predict, finished=finished)
+    return train_rank(job, job_path, addresses, run_dir, predict, finished=finished, check=check)
 
 
 def _report_failure(run_dir: Path | None, exc: BaseException) -> int:
@@ -98,6 +106,26 @@ def _shards(values: list[str]) -> tuple[str, ...]:
     return parse_addresses(values)
 
 
+def _released() -> bool:
+    """``--hold`` (:mod:`embeddb.trainer.launcher.direct`): import what training needs, then
+    wait for the launcher's line on stdin (its start-up marks); False when it closed the pipe
+    instead (the job is not to start)."""
+    from embeddb.trainer.launcher.rank import warm_up  # torch: while the launcher validates
+
+    # what the first optimizer imports (torch._dynamo, about a second), in a thread: once
+    # released, the embedding worker's start and the model's check need none of it
+    threading.Thread(target=warm_up, name="warm-up", daemon=True).start()
+
+    try:
+        line = sys.stdin.readline()
+    except KeyboardInterrupt:
+        return False
+    if not line.strip():
+        return False
+    os.environ[MARKS_ENV] = line.strip()
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m embeddb.trainer.launcher.run", description=__doc__
@@ -123,8 +151,14 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="the job is finished: load its latest checkpoint, export and predict, train nothing",
     )
+    parser.add_argument(HOLD_FLAG, action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument(CHECK_FLAG, action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.hold and not _released():
+        return 0
     try:
+        from embeddb.trainer.launcher.job import JobConfig  # not in the embedding worker's spawn
+
         job = JobConfig.from_yaml(args.job)
         train(
             job,
@@ -133,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
             job_path=args.job,
             run_dir=args.run_dir,
             finished=args.finished,
+            check=args.check_model,  # the validation step left the model to this rank
         )
     except KeyboardInterrupt:
         return 130
@@ -141,5 +176,24 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _exit(code: int | str | None) -> None:
+    """Exit now with ``code``, skipping the interpreter's teardown: torch's, gRPC's and numba's
+    native state took 1-1.5 s to finalize after the job was done (the launcher waits for this
+    process before it stops the shards). Everything this process started is stopped by then
+    (its training context, data loader and embedding worker); its output is flushed here."""
+    if isinstance(code, str):  # SystemExit("message"): printed as the interpreter would
+        print(code, file=sys.stderr)
+        code = 1
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code or 0)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        status: int | str | None = main()
+    except SystemExit as exc:  # argparse's usage errors, a held rank's check of the model
+        status = exc.code
+    _exit(status)

@@ -18,7 +18,10 @@ What it checks and writes (a job that passes has its data, features and model kn
 
 Any failure exits with code 2 and ONE line on stderr, ``embeddb: CONFIG ERROR: <message>``
 (the message names the key and the job file's line, or the data file's line), which the
-launcher raises as :class:`~embeddb.errors.ConfigError`. Imports torch (the launcher does not).
+launcher raises as :class:`~embeddb.errors.ConfigError`. Imports torch (the launcher does not),
+but for the model only: with ``--no-model`` (a one-worker job) it imports no torch, and the job's
+held rank checks the model (:func:`check_model`) before it trains, writing the same error line
+to ``RUN/invalid-job.txt`` (:mod:`embeddb.trainer.launcher.direct`).
 """
 
 from __future__ import annotations
@@ -29,12 +32,10 @@ import importlib.util
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 import yaml
-from torch import nn
 
 from embeddb.config import EmbeddingConfig
 from embeddb.errors import ConfigError, CorruptDataError, EmbeddbError
@@ -43,16 +44,23 @@ from embeddb.features.pipeline import PIPELINE_FILE, FeaturePipeline, save_pipel
 from embeddb.trainer.launcher.job import CONFIG_ERROR, EMBEDDING_FILE, EXIT_CONFIG_ERROR, JobConfig
 from embeddb.trainer.launcher.label_check import check_label_classes
 
+if TYPE_CHECKING:
+    from torch import nn
+
 __all__ = [
     "CONFIG_ERROR",
     "EXIT_CONFIG_ERROR",
     "auto_embedding_yaml",
     "build_job_model",
+    "check_model",
+    "error_line",
     "load_model",
     "main",
+    "sample_batch",
     "sample_forward",
     "validate",
 ]
+
 
 SAMPLE_ROWS = 64  # rows of the sample batch the model is run on
 
@@ -89,6 +97,8 @@ def load_model(job: JobConfig) -> nn.Module:
         ConfigError: naming ``model`` (and its line): no such file or module, no such name,
             a failing constructor, or something that is not a ``torch.nn.Module``.
     """
+    from torch import nn
+
     target, name = job.model.rsplit(":", 1)
     try:
         if target.endswith(".py"):
@@ -155,6 +165,8 @@ def sample_forward(model: nn.Module, batch: Batch, embedding_config: EmbeddingCo
     Raises:
         ConfigError: naming ``model``: forward failed or returned something else.
     """
+    import torch
+
     n = batch.batch_size
     non_id = [torch.from_numpy(np.array(f.data)) for f in batch.non_id_type_features]
     embeddings: list[Any] = []
@@ -182,9 +194,10 @@ def sample_forward(model: nn.Module, batch: Batch, embedding_config: EmbeddingCo
         raise ConfigError("model", "forward on a sample batch returned non-finite logits")
 
 
-def validate(job: JobConfig, run_dir: Path) -> FeaturePipeline:
+def validate(job: JobConfig, run_dir: Path, *, model: bool = True) -> FeaturePipeline:
     """Fit the pipeline, write ``RUN/features.json`` (and the auto ``RUN/embedding.yaml``),
-    build the model and run it on a sample batch (see the module docstring).
+    read the sample batch, build the model and run it on the sample batch (see the module
+    docstring); ``model=False``: no model (:func:`check_model` later, no torch here).
 
     Raises:
         ConfigError: any problem, naming the key and its line or the data file's line.
@@ -210,7 +223,20 @@ def validate(job: JobConfig, run_dir: Path) -> FeaturePipeline:
             f"has no feature {missing[0]!r} of the dataset's ID features "
             f"({', '.join(pipeline.id_features)}); use embedding_config: auto or add it",
         )
-    model = build_job_model(job, pipeline, embedding_config)
+    if not model:
+        sample_batch(job, pipeline)  # its data errors are the step's
+        return pipeline
+    built = build_job_model(job, pipeline, embedding_config)  # first: as check_model does
+    sample_forward(built, sample_batch(job, pipeline), embedding_config)
+    return pipeline
+
+
+def sample_batch(job: JobConfig, pipeline: FeaturePipeline) -> Batch:
+    """The first :data:`SAMPLE_ROWS` rows of the training split, the model's sample batch.
+
+    Raises:
+        ConfigError: the rows are unreadable, or there are none.
+    """
     try:
         reader = job.dataset_spec.reader(pipeline, "train", SAMPLE_ROWS, train=True)
         batch = next(iter(reader), None)
@@ -218,8 +244,32 @@ def validate(job: JobConfig, run_dir: Path) -> FeaturePipeline:
         raise ConfigError("dataset", str(exc)) from exc
     if batch is None:
         raise ConfigError("dataset.train", "the training split holds no rows")
-    sample_forward(model, batch, embedding_config)
-    return pipeline
+    return batch
+
+
+def check_model(
+    job: JobConfig, pipeline: FeaturePipeline, embedding_config: EmbeddingConfig
+) -> None:
+    """The model part of :func:`validate` (a held rank's, :mod:`embeddb.trainer.launcher.direct`,
+    when the validation step ran with ``--no-model``): build it, run it on the sample batch.
+
+    Raises:
+        ConfigError: naming ``model`` or ``model_args``.
+    """
+    built = build_job_model(job, pipeline, embedding_config)
+    sample_forward(built, sample_batch(job, pipeline), embedding_config)
+
+
+def error_line(job: JobConfig | None, exc: EmbeddbError) -> str:
+    """The message of the validation step's one error line: ``exc`` naming the job file's
+    line of its key."""
+    error = exc if isinstance(exc, ConfigError) or job is None else ConfigError("", str(exc))
+    if job is not None and isinstance(error, ConfigError):
+        from embeddb.trainer.launcher.job_yaml import Where, with_line
+
+        if isinstance(job.where, Where):
+            error = with_line(error, job.where)
+    return " ".join(str(error).split())
 
 
 def _short(exc: BaseException) -> str:
@@ -232,19 +282,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m embeddb.trainer.launcher.validate")
     parser.add_argument("job", type=Path, help="the training job YAML")
     parser.add_argument("--run-dir", type=Path, required=True, help="the job's run directory")
+    parser.add_argument(
+        "--no-model",
+        action="store_true",
+        help="leave the model to the job's one rank (check_model): no torch here",
+    )
     args = parser.parse_args(argv)
     job: JobConfig | None = None
     try:
         job = JobConfig.from_yaml(args.job)
-        validate(job, args.run_dir)
+        validate(job, args.run_dir, model=not args.no_model)
     except EmbeddbError as exc:
-        error = exc if isinstance(exc, ConfigError) or job is None else ConfigError("", str(exc))
-        if job is not None and isinstance(error, ConfigError):
-            from embeddb.trainer.launcher.job_yaml import Where, with_line
-
-            if isinstance(job.where, Where):
-                error = with_line(error, job.where)
-        print(CONFIG_ERROR + " ".join(str(error).split()), file=sys.stderr, flush=True)
+        print(CONFIG_ERROR + error_line(job, exc), file=sys.stderr, flush=True)
         return EXIT_CONFIG_ERROR
     return 0
 

@@ -1,0 +1,209 @@
+"""``embeddb train``'s start-up (issue 25): a one-worker job's rank started without torchrun and
+held while the job is validated, the shards started during the validation step, and an
+invalid job stopping everything it started. The figures are benchmarks/_train_startup.py's."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from embeddb.trainer import DistEnv
+from embeddb.trainer.launcher.direct import CHECK_FLAG, HOLD_FLAG, rank_command, rank_variables
+from embeddb.trainer.launcher.job import JobConfig
+from embeddb.trainer.launcher.launch import _shards_while_validating
+from tests.test_trainer_launch import (
+    MODEL,
+    ROOT,
+    assert_all_gone,
+    descendants,
+    start,
+    watch,
+    write_job,
+)
+
+BAD_MODEL = """
+import torch
+from torch import nn
+
+
+class TwoLogits(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.bias = nn.Parameter(torch.zeros(2))
+
+    def forward(self, non_id, embeddings):
+        return self.bias.expand(non_id[0].shape[0], 2)
+"""
+
+
+def test_a_one_worker_rank_gets_torchruns_variables_and_no_torchrun(tmp_path: Path) -> None:
+    command = rank_command(tmp_path / "job.yaml", tmp_path / "a.txt", tmp_path, predict=3)
+    assert command[1:5] == ["-u", "-m", "embeddb.trainer.launcher.run", str(tmp_path / "job.yaml")]
+    assert "torch.distributed.run" not in command and HOLD_FLAG not in command
+    assert command[command.index("--addresses") + 1] == f"@{tmp_path / 'a.txt'}"
+    assert command[-2:] == ["--predict", "3"]
+    held = rank_command(tmp_path / "j", tmp_path / "a", tmp_path, finished=True, hold=True)
+    assert held[-2:] == ["--finished", HOLD_FLAG]
+    checking = rank_command(tmp_path / "j", tmp_path / "a", tmp_path, hold=True, check=True)
+    assert checking[-2:] == [HOLD_FLAG, CHECK_FLAG]
+    variables = rank_variables()
+    env = DistEnv.from_environ(variables)
+    assert (env.rank, env.world_size, env.local_rank, env.distributed) == (0, 1, 0, False)
+    assert env.attempt is None  # no torchrun agent store to key a group by
+    assert variables["LOCAL_WORLD_SIZE"] == "1" and 0 < int(variables["MASTER_PORT"]) < 65536
+
+
+def test_shards_start_during_validation_unless_they_need_it_or_write_data(
+    tmp_path: Path,
+) -> None:
+    def job(**settings: object) -> JobConfig:
+        return JobConfig.from_yaml(write_job(tmp_path, **settings))
+
+    assert _shards_while_validating(job())  # a preset's config, ephemeral shards
+    assert not _shards_while_validating(job(embedding_config="auto"))  # the step writes it
+    assert not _shards_while_validating(job(checkpoint_dir="ckpt"))  # a data directory
+    assert _shards_while_validating(job(addresses="[127.0.0.1:1]", embedding_config="auto"))
+
+
+@pytest.mark.slow
+def test_a_held_rank_whose_launcher_closes_its_stdin_exits_having_started_nothing(
+    tmp_path: Path,
+) -> None:
+    job = write_job(tmp_path)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    command = rank_command(job, tmp_path / "missing.txt", run_dir, hold=True)
+    done = subprocess.run(
+        command, stdin=subprocess.DEVNULL, capture_output=True, text=True, cwd=ROOT, timeout=120
+    )
+    assert (done.returncode, done.stdout, done.stderr) == (0, "", "")
+    assert list(run_dir.iterdir()) == []  # no failure record, no loader, no worker
+
+
+@pytest.mark.slow
+def test_a_one_worker_job_trains_without_torchrun_its_rank_started_while_validating(
+    tmp_path: Path,
+) -> None:
+    job = write_job(tmp_path, metrics_file="metrics.jsonl")
+    proc = start(job)
+    seen: set[int] = set()
+    commands: set[bytes] = set()
+
+    def sample() -> bool:
+        for pid in descendants(proc.pid):
+            with contextlib.suppress(OSError):
+                commands.add(Path(f"/proc/{pid}/cmdline").read_bytes())
+        return False
+
+    watch(proc, seen, "the job to end", 300, sample)
+    out = job.with_suffix(".out").read_text()
+    proc.wait(timeout=60)
+    assert proc.returncode == 0, out
+    assert "NN worker: python -u -m embeddb.trainer.launcher.run " in out
+    assert "torchrun" not in out and not [c for c in commands if b"torch.distributed.run" in c]
+    assert [c for c in commands if b"embeddb.trainer.launcher.run" in c]  # sampled: the rank
+    metrics = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
+    phases = metrics["startup_phases_s"]
+    order = list(phases)
+    assert order[0] == "command" and order[-1] == "first_step"
+    # the rank starts first, and trains once the job is valid and the shards are up
+    assert order.index("rank_launched") < order.index("validated") < order.index("released")
+    assert order.index("shards_up") < order.index("released") < order.index("model_built")
+    assert "torchrun" not in phases
+    assert metrics["startup_s"] == pytest.approx(sum(phases.values()))
+    assert_all_gone(seen)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("settings", [{}, {"checkpoint_dir": "ckpt"}, {"workers": 2}])
+def test_an_invalid_model_fails_before_training_and_leaves_nothing_behind(
+    tmp_path: Path, settings: dict[str, object]
+) -> None:
+    """The validation step's one error line (from the held rank's check of the model for one
+    worker, else from the step), whatever had started meanwhile (the held rank, the shards);
+    no process, no shard data directory, no run directory left."""
+    (tmp_path / "bad.py").write_text(BAD_MODEL)
+    job = write_job(tmp_path, **settings)
+    job.write_text(job.read_text().replace(f"{MODEL}:AdultModel", "bad.py:TwoLogits"))
+    temp = tmp_path / "temp"  # the launcher's run directory goes here
+    temp.mkdir()
+    with open(job.with_suffix(".out"), "w") as output:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "embeddb.cli", "train", str(job)],
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            text=True,
+            cwd=ROOT,
+            env={**os.environ, "TMPDIR": str(temp)},
+        )
+    seen: set[int] = set()
+    watch(proc, seen, "the job to fail", 300)
+    proc.wait(timeout=60)
+    out = job.with_suffix(".out").read_text()
+    errors = [line for line in out.splitlines() if line.startswith("Error: ")]
+    assert proc.returncode == 1, out
+    assert errors == [
+        "Error: model: forward must return logits of shape (64, 1) for 64 samples, got (64, 2) "
+        f"({job}:1)"
+    ], out
+    assert "samples/s" not in out and "Traceback" not in out, out  # nothing trained
+    assert not (tmp_path / "ckpt").exists()
+    assert list(temp.glob("embeddb-*")) == []  # no run directory (torch may cache there)
+    assert_all_gone(seen)
+
+
+@pytest.mark.slow
+def test_the_validation_step_without_the_model_imports_no_torch(tmp_path: Path) -> None:
+    """A one-worker job's held rank checks the model; the step's torch import is saved."""
+    (tmp_path / "bad.py").write_text(BAD_MODEL)
+    job = write_job(tmp_path)
+    job.write_text(job.read_text().replace(f"{MODEL}:AdultModel", "bad.py:TwoLogits"))
+    script = (
+        "import sys\n"
+        "from embeddb.trainer.launcher.validate import main\n"
+        f"code = main([{str(job)!r}, '--run-dir', {str(tmp_path / 'run')!r}, *sys.argv[1:]])\n"
+        "print(code, 'torch' in sys.modules)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, "--no-model"], capture_output=True, text=True, timeout=120
+    )
+    assert done.stdout.split() == ["0", "False"], done.stderr
+    assert (tmp_path / "run" / "features.json").is_file()
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
+    assert done.stdout.split() == ["2", "True"], done.stderr
+    assert "forward must return logits of shape (64, 1)" in done.stderr
+
+
+@pytest.mark.slow
+def test_an_embedding_worker_started_ahead_in_a_thread_is_the_contexts_and_closes_with_it() -> None:
+    """What a rank does: the worker's start in a thread while the model is built, then the
+    context takes it (no second worker) and stops it when it closes."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import torch
+
+    from embeddb.trainer.ctx import TrainCtx, start_worker
+    from tests.test_trainer_ctx import FAST, step
+    from tests.trainer_harness import adult, adult_config, adult_model, serve_shards
+
+    with serve_shards(adult_config(), None, 1) as shards, ThreadPoolExecutor(1) as pool:
+        starting = pool.submit(start_worker, adult_config(), shards.addresses, FAST)
+        model = adult_model()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        worker = starting.result()
+        assert worker.alive
+        with TrainCtx(
+            model, optimizer, adult_config(), shards.addresses, FAST, worker=worker
+        ) as ctx:
+            assert ctx._worker is worker
+            step(ctx, next(iter(ctx.prepare(adult("train").batches(128)))))
+            assert ctx.step == 1
+        assert not worker.alive
