@@ -129,8 +129,9 @@ def slower_lines(result: Mapping[str, Any]) -> list[str]:
         f"{_fixed(result.get('table_layout_ratio'))} at batch 512, "
         f"{_fixed(result.get('table_layout_ratio_b128'))} at 128 (`table_layout_ratio`, "
         "`table_layout_ratio_b128`; the tables above use one table per feature).",
-        f"- With a simulated 20 ms round trip to the shards, hybrid keeps "
-        f"{_fixed(result.get('hybrid_rtt_flatness'))} of its speed and runs "
+        f"- With a simulated 20 ms round trip to the shards, hybrid runs at "
+        f"{_fixed(result.get('hybrid_rtt_flatness'))} of its loopback speed "
+        "(`hybrid_rtt_flatness`; its staleness window widens with the round trip) and at "
         f"{times(result.get('hybrid_vs_sync_rtt20ms'))} the `sync` mode.",
     ]
     if startup:

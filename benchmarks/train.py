@@ -190,7 +190,11 @@ PERSIA_ADULT = "13-15k samples/s (batch 128), AUC 0.893-0.896 after one epoch"
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     add = parser.add_argument
-    add("--quick", action="store_true", help="fewer samples: 7-9 min measured, 2 cores, load 5-7")
+    add(
+        "--quick",
+        action="store_true",
+        help="fewer samples: 2.5 min measured on 2 idle cores (7-9 min at load 5-7)",
+    )
     add("--samples", type=int, default=0, help="training samples per run")
     add("--test-samples", type=int, default=0)
     add("--evals", type=int, default=0, help="AUC points per run")
