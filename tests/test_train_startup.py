@@ -207,3 +207,31 @@ def test_an_embedding_worker_started_ahead_in_a_thread_is_the_contexts_and_close
             step(ctx, next(iter(ctx.prepare(adult("train").batches(128)))))
             assert ctx.step == 1
         assert not worker.alive
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", ["thread", "process"])
+def test_the_job_key_embedding_stage_picks_where_the_embedding_stage_runs(
+    tmp_path: Path, stage: str
+) -> None:
+    job = write_job(tmp_path, embedding_stage=stage, metrics_file="metrics.jsonl")
+    proc = start(job)
+    seen: set[int] = set()
+    commands: set[bytes] = set()
+
+    def sample() -> bool:
+        for pid in descendants(proc.pid):
+            with contextlib.suppress(OSError):
+                commands.add(Path(f"/proc/{pid}/cmdline").read_bytes())
+        return False
+
+    watch(proc, seen, "the job to end", 300, sample)
+    out = job.with_suffix(".out").read_text()
+    proc.wait(timeout=60)
+    assert proc.returncode == 0, out
+    assert [c for c in commands if b"embeddb.trainer.launcher.run" in c]  # sampled: the rank
+    spawned = [c for c in commands if b"spawn_main" in c]  # multiprocessing's spawn children
+    assert bool(spawned) == (stage == "process"), commands
+    metrics = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
+    assert metrics["test_auc"] > 0.8
+    assert_all_gone(seen)

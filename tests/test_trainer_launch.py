@@ -45,6 +45,7 @@ def test_the_job_file_is_validated_with_clear_errors(tmp_path: Path) -> None:
     for bad, match in [
         ("epochs: 0\n", "epochs"),
         ("mode: fast\n", "mode"),
+        ("embedding_stage: fibre\n", "embedding_stage: must be one of process, thread"),
         ("colour: red\n", "colour"),
         ("optimizer: {type: lbfgs}\n", "optimizer"),
         ("embedding_config: nowhere.yaml\n", None),

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
 import os
 import sys
@@ -50,8 +49,8 @@ from typing import Any, TypeVar
 from embeddb.client import AsyncClient, ClientOptions, warm_up_client
 from embeddb.common.arrays import F32
 from embeddb.config import EmbeddingConfig
-from embeddb.errors import EmbeddbError
 from embeddb.trainer.embedding import protocol as msg
+from embeddb.trainer.embedding.front import StageFront
 from embeddb.trainer.embedding.metrics import WorkerMetrics
 from embeddb.trainer.embedding.plan import IdFeature
 from embeddb.trainer.embedding.worker import EmbeddingWorker, EmbeddingWorkerConfig
@@ -100,7 +99,7 @@ class _SwitchInterval:
                 cls._previous = None
 
 
-class EmbeddingWorkerThread:
+class EmbeddingWorkerThread(StageFront):
     """Start the embedding stage in a thread of this process and talk to it (thread-safe).
 
     Returns once the stage has checked the cluster, like
@@ -125,16 +124,11 @@ class EmbeddingWorkerThread:
         *,
         start_timeout: float = 120.0,
     ) -> None:
+        super().__init__()
         self.config = config
         self.pid = os.getpid()
         self._embedding_config = embedding_config
         self._addresses = tuple(addresses)
-        self._lock = threading.Lock()  # guards the maps below, _dead and _closing
-        self._lookups: dict[int, Future[list[Pooled]]] = {}
-        self._refs = itertools.count()
-        self._failures: list[EmbeddbError] = []
-        self._dead: EmbeddingWorkerError | None = None
-        self._closing = False
         self._final: dict[str, float] | None = None
         self._loop = asyncio.new_event_loop()
         self._stop: asyncio.Event | None = None
@@ -159,21 +153,8 @@ class EmbeddingWorkerThread:
             ) from exc
 
     # ------------------------------------------------------------------ calls
-    def lookup(
-        self, features: Sequence[IdFeature], train: bool
-    ) -> tuple[int, Future[list[Pooled]]]:
-        """Ask for a batch's pooled embeddings; returns its ``batch_ref`` and a future.
-
-        Raises:
-            EmbeddingWorkerError: the stage is gone.
-        """
-        batch_ref = next(self._refs)
-        future: Future[list[Pooled]] = Future()
-        with self._lock:
-            self._check_alive()
-            self._lookups[batch_ref] = future
-        self._call_soon(self._start_lookup, batch_ref, tuple(features), train)
-        return batch_ref, future
+    def _submit_lookup(self, batch_ref: int, features: tuple[IdFeature, ...], train: bool) -> None:
+        self._call_soon(self._start_lookup, batch_ref, features, train)
 
     def push_gradients(
         self, batch_ref: int, grads: Sequence[F32 | None], nonfinite: int = 0
@@ -193,20 +174,6 @@ class EmbeddingWorkerThread:
     def stats(self, timeout: float = 30.0) -> dict[str, float]:
         """The stage's metrics (see :mod:`embeddb.trainer.embedding.metrics`)."""
         return self._wait(self._stats(), timeout, "stats")
-
-    def raise_failure(self) -> None:
-        """Raise the first asynchronous failure reported since the last call, if any.
-
-        Raises:
-            GradientPushFailedError: a push failed after its retries.
-            EmbeddingWorkerError: the stage is gone.
-        """
-        with self._lock:
-            if self._failures:
-                first = self._failures[0]
-                self._failures.clear()
-                raise first
-            self._check_alive()
 
     def close(self, timeout: float = 60.0) -> dict[str, float] | None:
         """Drain pending pushes, stop the stage, wait for its thread; returns its final
@@ -230,10 +197,6 @@ class EmbeddingWorkerThread:
         return self._dead is None and self._thread.is_alive()
 
     # ------------------------------------------------------------------ the caller's side
-    def _check_alive(self) -> None:
-        if self._dead is not None:
-            raise self._dead
-
     def _call_soon(self, fn: Any, *args: Any) -> None:
         with self._lock:
             self._check_alive()
@@ -365,8 +328,7 @@ class EmbeddingWorkerThread:
         except Exception as exc:  # a bug: report it rather than leave the NN worker waiting
             logger.exception("lookup of batch %d failed", batch_ref)
             outcome = LookupFailedError(str(exc), cause=type(exc).__name__)
-        with self._lock:
-            future = self._lookups.pop(batch_ref, None)
+        future = self._take_lookup(batch_ref)
         if future is None or future.done():
             return
         if isinstance(outcome, BaseException):
@@ -391,20 +353,12 @@ class EmbeddingWorkerThread:
         return self._worker.stats()
 
     def _report(self, error: TrainerError) -> None:
-        with self._lock:
-            self._failures.append(error)
+        self._add_failure(error)
 
     def _mark_dead(self) -> None:
-        with self._lock:
-            if self._dead is None:
-                self._dead = EmbeddingWorkerError(
-                    "the embedding stage (a thread of this process) stopped"
-                    + ("" if self._closing else "; see the error logged above")
-                )
-            pending = list(self._lookups.values())
-            self._lookups.clear()
-            dead = self._dead
-        for future in pending:
-            if not future.done():
-                with contextlib.suppress(Exception):
-                    future.set_exception(dead)
+        self._fail_pending(  # the cause is made under the lock, which guards _closing
+            lambda: EmbeddingWorkerError(
+                "the embedding stage (a thread of this process) stopped"
+                + ("" if self._closing else "; see the error logged above")
+            )
+        )

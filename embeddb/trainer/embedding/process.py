@@ -54,6 +54,7 @@ from embeddb.config import EmbeddingConfig
 from embeddb.errors import EmbeddbError
 from embeddb.trainer.embedding import protocol as msg
 from embeddb.trainer.embedding.channel import RingChannel, RingFiles
+from embeddb.trainer.embedding.front import StageFront
 from embeddb.trainer.embedding.metrics import WorkerMetrics
 from embeddb.trainer.embedding.plan import IdFeature
 from embeddb.trainer.embedding.spawn import (
@@ -64,7 +65,6 @@ from embeddb.trainer.embedding.spawn import (
 )
 from embeddb.trainer.embedding.worker import EmbeddingWorker, EmbeddingWorkerConfig
 from embeddb.trainer.errors import EmbeddingWorkerError, TrainerError
-from embeddb.trainer.pooling import Pooled
 from embeddb.transport.rpc.metrics_http import serve_metrics
 
 __all__ = ["EmbeddingWorkerProcess", "serve"]
@@ -76,7 +76,7 @@ _EXIT_WATCHDOG_S = 5.0
 _SOCKET_BUFFER = 4 << 20  # bytes a message may queue in the pipe before its sender blocks
 
 
-class EmbeddingWorkerProcess:
+class EmbeddingWorkerProcess(StageFront):
     """Start an embedding worker process and talk to it (the NN worker's side).
 
     Thread-safe. Returns once the worker has checked the cluster (every table served with its
@@ -102,6 +102,7 @@ class EmbeddingWorkerProcess:
         start_timeout: float = 120.0,
     ) -> None:
         check_main_guard()
+        super().__init__()
         self.config = config
         ctx = multiprocessing.get_context("spawn")
         self._conn, child = ctx.Pipe(duplex=True)
@@ -126,14 +127,8 @@ class EmbeddingWorkerProcess:
         child.close()
         self._send_lock = threading.Lock()
         self._join_lock = threading.Lock()  # one reaper at a time (waitpid races otherwise)
-        self._lock = threading.Lock()  # guards the maps below and _dead
-        self._lookups: dict[int, Future[list[Pooled]]] = {}
-        self._requests: dict[int, Future[dict[str, float]]] = {}
-        self._refs = itertools.count()
+        self._requests: dict[int, Future[dict[str, float]]] = {}  # under _lock
         self._request_ids = itertools.count()
-        self._failures: list[EmbeddbError] = []
-        self._dead: EmbeddingWorkerError | None = None
-        self._closing = False
         self._torn = False  # a send was interrupted (Ctrl-C): the pipe may hold half a message
         try:
             self.pid = self._await_ready(start_timeout)
@@ -181,21 +176,8 @@ class EmbeddingWorkerProcess:
         )
 
     # ------------------------------------------------------------------ calls
-    def lookup(
-        self, features: Sequence[IdFeature], train: bool
-    ) -> tuple[int, Future[list[Pooled]]]:
-        """Ask for a batch's pooled embeddings; returns its ``batch_ref`` and a future.
-
-        Raises:
-            EmbeddingWorkerError: the worker is gone.
-        """
-        batch_ref = next(self._refs)
-        future: Future[list[Pooled]] = Future()
-        with self._lock:
-            self._check_alive()
-            self._lookups[batch_ref] = future
-        self._send(msg.Lookup(batch_ref, train, tuple(features)))
-        return batch_ref, future
+    def _submit_lookup(self, batch_ref: int, features: tuple[IdFeature, ...], train: bool) -> None:
+        self._send(msg.Lookup(batch_ref, train, features))
 
     def push_gradients(
         self, batch_ref: int, grads: Sequence[F32 | None], nonfinite: int = 0
@@ -214,20 +196,6 @@ class EmbeddingWorkerProcess:
     def stats(self, timeout: float = 30.0) -> dict[str, float]:
         """The worker's metrics (see :mod:`embeddb.trainer.embedding.metrics`)."""
         return self._request(msg.Stats, timeout)
-
-    def raise_failure(self) -> None:
-        """Raise the first asynchronous failure reported since the last call, if any.
-
-        Raises:
-            GradientPushFailedError: a push failed after its retries.
-            EmbeddingWorkerError: the worker process is gone.
-        """
-        with self._lock:
-            if self._failures:
-                first = self._failures[0]
-                self._failures.clear()
-                raise first
-            self._check_alive()
 
     def close(self, timeout: float = 60.0) -> dict[str, float] | None:
         """Drain pending pushes, stop the worker, wait for its exit; returns its final metrics
@@ -295,10 +263,6 @@ class EmbeddingWorkerProcess:
                 self._torn = True
                 raise
 
-    def _check_alive(self) -> None:
-        if self._dead is not None:
-            raise self._dead
-
     def _receive(self) -> None:
         try:
             while True:
@@ -311,13 +275,11 @@ class EmbeddingWorkerProcess:
 
     def _dispatch(self, message: msg.FromWorker) -> None:
         if isinstance(message, msg.PooledEmbeddings):
-            with self._lock:
-                future = self._lookups.pop(message.batch_ref, None)
+            future = self._take_lookup(message.batch_ref)
             if future is not None:
                 future.set_result(message.pooled)
         elif isinstance(message, msg.LookupFailed):
-            with self._lock:
-                future = self._lookups.pop(message.batch_ref, None)
+            future = self._take_lookup(message.batch_ref)
             if future is not None:
                 future.set_exception(msg.error_from(message.error, message.message, message.cause))
         elif isinstance(message, msg.Reply):
@@ -326,31 +288,20 @@ class EmbeddingWorkerProcess:
             if request is not None:
                 request.set_result(message.payload)
         elif isinstance(message, msg.AsyncFailure):
-            error = msg.error_from(message.error, message.message, message.cause)
-            with self._lock:
-                self._failures.append(error)
+            self._add_failure(msg.error_from(message.error, message.message, message.cause))
         else:
             logger.error("unexpected message from the embedding worker: %r", message)
 
     def _mark_dead(self) -> None:
         self._exited(1.0 if self._closing else 5.0)
         code = self._process.exitcode
-        with self._lock:
-            if self._dead is None:
-                how = "exited" if code is not None else "stopped answering"
-                self._dead = EmbeddingWorkerError(
-                    f"the embedding worker (pid {self._process.pid}) {how}"
-                    + (f" with code {code}" if code is not None else "")
-                )
-                if not self._closing:
-                    logger.error("%s", self._dead)
-            pending: list[Future[Any]] = [*self._lookups.values(), *self._requests.values()]
-            self._lookups.clear()
-            self._requests.clear()
-            dead = self._dead
-        for future in pending:
-            if not future.done():
-                future.set_exception(dead)
+        how = "exited" if code is not None else "stopped answering"
+        cause = f"the embedding worker (pid {self._process.pid}) {how}" + (
+            f" with code {code}" if code is not None else ""
+        )
+        marked = self._fail_pending(lambda: EmbeddingWorkerError(cause), self._requests)
+        if marked and not self._closing:
+            logger.error("%s", self._dead)
 
     def _kill(self) -> None:
         if not self._exited(0):

@@ -24,6 +24,8 @@ Schema (every key optional except ``model``; relative paths are relative to the 
     in_memory: false               # true: each rank reads its part into memory first (baseline)
     mode: hybrid                   # hybrid | sync | async
     max_staleness: 4
+    embedding_stage: process       # process | thread: the embedding stage in its own process or
+                                   #   in a thread of the NN worker (no pickling; docs/training.md)
     epochs: 3
     batch_size: 256                # per NN worker
     eval_batch_size: 4096
@@ -146,6 +148,7 @@ class JobConfig:
     in_memory: bool = False
     mode: str = "hybrid"
     max_staleness: int = 4
+    embedding_stage: str = "process"
     epochs: int = 3
     batch_size: int = 256
     eval_batch_size: int = 4096
@@ -185,6 +188,13 @@ class JobConfig:
         if self.mode not in _MODES:
             raise ConfigError("mode", f"must be one of {', '.join(_MODES)}, got {self.mode!r}")
         self._check_model()
+        from embeddb.trainer.config import EMBEDDING_STAGES  # not at import: the CLI's start
+
+        if self.embedding_stage not in EMBEDDING_STAGES:
+            raise ConfigError(
+                "embedding_stage",
+                f"must be one of {', '.join(EMBEDDING_STAGES)}, got {self.embedding_stage!r}",
+            )
         for name in ("max_staleness", "epochs", "batch_size", "eval_batch_size"):
             _positive(name, getattr(self, name))
         if self.threads is not None:

@@ -188,6 +188,7 @@ def train(
     config = TrainerConfig(
         mode=job.mode,  # type: ignore[arg-type]
         torch_threads=job.threads,  # None: the core budget (OMP_NUM_THREADS from the launcher)
+        embedding_stage=job.embedding_stage,
         worker=EmbeddingWorkerConfig(
             max_staleness=job.max_staleness,
             metrics_port=job.metrics_port,
