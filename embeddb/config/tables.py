@@ -100,7 +100,11 @@ class OptimizerConfig:
         weight_decay: L2 coefficient added to the gradient, >= 0.
         initial_accumulator: Adagrad's starting accumulator value, >= 0 (PERSIA's 1e-2).
         eps: added to the denominator, > 0. The YAML parser uses 1e-8 for Adam when not given.
-        vectorwise_shared: Adagrad keeps one accumulator per row instead of one per float.
+        vectorwise_shared: row-wise Adagrad: one accumulator per row instead of one per float,
+            fed the mean of the squared gradient over the row (TorchRec/FBGEMM's
+            ``EXACT_ROWWISE_ADAGRAD``; PERSIA's name). A row is ``dim + 1`` floats (68 bytes
+            at dim 16, not 128) in RAM, on disk, in log records and snapshots. On in the
+            ``embedding_config: auto`` tables.
         beta1: Adam's first-moment decay, in [0, 1).
         beta2: Adam's second-moment decay, in [0, 1).
     """

@@ -146,8 +146,9 @@ def sgd_update(w, grads, lr, weight_decay, bound):
 def adagrad_update(w, acc, grads, lr, weight_decay, eps, bound):
     """``acc += g*g; w -= lr * g / (sqrt(acc) + eps)``.
 
-    ``acc`` has ``dim`` columns, or one (PERSIA's vector-wise shared Adagrad: the row's single
-    accumulator is fed with ``mean(g*g)``).
+    ``acc`` has ``dim`` columns, or one (row-wise Adagrad, PERSIA's ``vectorwise_shared``: the
+    row's single accumulator is fed with ``mean(g*g)`` over the row, as FBGEMM's
+    ``EXACT_ROWWISE_ADAGRAD``).
     """
     n, dim = grads.shape
     lr = np.float32(lr)
