@@ -78,8 +78,8 @@ AUTO_CAPACITY = 1_000_000  # RAM rows per table and shard; colder rows spill to 
 
 
 def auto_embedding_yaml(features: Sequence[str], dim: int) -> str:
-    """The ``embedding_config: auto`` YAML: one table per ID feature of width ``dim``, Adagrad
-    (lr 0.05), normal init (std 0.05), :data:`AUTO_CAPACITY` RAM rows per table."""
+    """The ``embedding_config: auto`` YAML: one table per ID feature of width ``dim``, row-wise
+    Adagrad (lr 0.05), normal init (std 0.05), :data:`AUTO_CAPACITY` RAM rows per table."""
     bits = max(8, (len(features) - 1).bit_length())
     doc = {
         "feature_index_prefix_bit": bits,
