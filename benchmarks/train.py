@@ -129,7 +129,12 @@ from _train_models import (
     dense_net,
     embedding_yaml,
 )
-from _train_public import TARGET_PUBLIC_SHAPE_VS_TORCH, run_public_shape
+from _train_public import (
+    TARGET_CHECKPOINT_RATIO,
+    TARGET_PUBLIC_SHAPE_VS_TORCH,
+    run_checkpoint_ratio,
+    run_public_shape,
+)
 from _train_runs import Run, labels_of, run_embeddb, run_inprocess, segments, write_curves
 from _train_startup import run_startup
 from _train_sweep import (
@@ -207,6 +212,7 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--layout-samples", type=int, default=0, help="samples per batch-128 layout run")
     add("--skip-startup", action="store_true", help="no embeddb train / PyTorch Adult walls")
     add("--skip-public", action="store_true", help="no public-shape embeddb train / PyTorch walls")
+    add("--skip-checkpoint", action="store_true", help="no checkpoint_ratio (public-shape job)")
     add("--staleness", type=int, default=4, help="hybrid's max_staleness")
     add("--async-staleness", type=int, default=32)
     add("--threads", type=int, default=os.cpu_count() or 1)
@@ -292,6 +298,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     small: dict[str, Run] = {}
     startup: dict[str, Any] = {}
     public: dict[str, Any] = {}
+    checkpoints: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="embeddb-train-bench-") as tmp:
         workdir = Path(tmp)
         if core:
@@ -333,6 +340,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             say()
             say("public shape: 22 fields, 9k rows, embeddb train (YAML) against plain PyTorch")
             public = run_public_shape(workdir, pairs=1 if args.quick else 2)
+        if core and not args.skip_checkpoint:
+            say()
+            say("checkpoints: the public-shape job with a checkpoint per epoch against without")
+            checkpoints = run_checkpoint_ratio(workdir, public.get("job"))
 
     curve_runs = [r for r in [*runs.values(), *small.values()] if r.curve]
     table_runs = [*runs.values(), *small.values()]
@@ -368,6 +379,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     layouts = layout_ratios(runs, args.layout)
     vs_inprocess_b128 = hybrid_vs_inprocess_b128(runs)
     public_ratio = public.get("public_shape_vs_torch")
+    checkpoint_ratio = checkpoints.get("checkpoint_ratio")
     wall_ratio = startup.get("adult_wall_vs_torch")
     small_steady = (
         ratio(
@@ -446,6 +458,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             if public
             else ""
         ),
+        target_line("checkpoint_ratio", checkpoint_ratio, TARGET_CHECKPOINT_RATIO)
+        + (
+            f"; {checkpoints['samples_per_s_with']:,.0f} samples/s with "
+            f"{checkpoints['checkpoints']} checkpoints ({checkpoints['checkpoint_s'] or 0:.2f} s) "
+            f"against {checkpoints['samples_per_s_without']:,.0f} without"
+            if checkpoints
+            else ""
+        ),
     ]
     if adult_run is not None:
         summary.append(f"adult AUC {adult_run.auc:.4f} at {adult_run.samples_per_s:,.0f} samples/s")
@@ -501,6 +521,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "startup": startup or None,
         "public_shape_vs_torch": public_ratio,
         "public_shape": public or None,
+        "checkpoint_ratio": checkpoint_ratio,
+        "checkpoints": checkpoints or None,
         "peers": peers_json(runs, BATCH, torchrec_missing()) if core else None,
         "cuda_note": cuda_note,
         "curves_csv": str(csv_path) if csv_path else None,
@@ -512,6 +534,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "hybrid_vs_inprocess": TARGET_VS_INPROCESS,
             "hybrid_vs_inprocess_b128": TARGET_VS_INPROCESS_B128,
             "public_shape_vs_torch": TARGET_PUBLIC_SHAPE_VS_TORCH,
+            "checkpoint_ratio": TARGET_CHECKPOINT_RATIO,
             "hybrid_vs_sync": TARGET_VS_SYNC,
             "auc_gap_hybrid_sync": TARGET_AUC_GAP,
             "hybrid_rtt_flatness": TARGET_RTT_FLATNESS,
@@ -525,6 +548,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "hybrid_vs_inprocess": _met(vs_inprocess, TARGET_VS_INPROCESS),
             "hybrid_vs_inprocess_b128": _met(vs_inprocess_b128, TARGET_VS_INPROCESS_B128),
             "public_shape_vs_torch": _met(public_ratio, TARGET_PUBLIC_SHAPE_VS_TORCH),
+            "checkpoint_ratio": _met(checkpoint_ratio, TARGET_CHECKPOINT_RATIO),
             "hybrid_vs_sync": _met(vs_sync, TARGET_VS_SYNC),
             "auc_gap_hybrid_sync": None if gap is None else gap <= TARGET_AUC_GAP,
             "async_below": None if async_drop is None else async_drop > TARGET_AUC_GAP,

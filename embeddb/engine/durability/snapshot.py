@@ -54,6 +54,7 @@ import json
 import os
 import shutil
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -149,19 +150,43 @@ class SnapshotWriter:
             CorruptDataError: ``name`` would put a file outside the snapshot (``..``, ``/``).
             StorageFullError, StorageFaultError: a write failed.
         """
+        self.write_table_parts(name, [(ids, rows, flags)])
+
+    def write_table_parts(
+        self,
+        name: str,
+        parts: Sequence[
+            tuple[npt.NDArray[np.uint64], npt.NDArray[np.float32], npt.NDArray[np.uint8]]
+        ],
+    ) -> None:
+        """Write one table's captured RAM tier given in parts (one per stripe): the files are
+        those of :meth:`write_table` with the parts' rows concatenated, written part by part
+        (no concatenated copy in memory).
+
+        Raises:
+            CorruptDataError: ``name`` would put a file outside the snapshot (``..``, ``/``).
+            StorageFullError, StorageFaultError: a write failed.
+        """
         root = confined_root(self.tmp, self._owner)
-        arrays = (ids.astype("<u8"), rows.astype("<f4"), flags.astype(np.uint8))
-        for entry, arr in zip(table_entries(name), arrays, strict=True):
-            data = np.ascontiguousarray(arr).reshape(-1).view(np.uint8).data
+        kinds = ("<u8", "<f4", np.uint8)
+        for k, entry in enumerate(table_entries(name)):
+            path = resolve_inside(root, entry, self._owner)
+            chunks = [
+                np.ascontiguousarray(part[k].astype(kinds[k], copy=False))
+                .reshape(-1)
+                .view(np.uint8)
+                for part in parts
+            ]
             try:
-                self._write(resolve_inside(root, entry, self._owner), data)
+                self._write(path, *(c.data for c in chunks))
             except OSError as exc:
                 raise storage_error(self._failed, exc) from exc
 
-    def _write(self, path: Path, data: bytes | memoryview) -> None:
+    def _write(self, path: Path, *chunks: bytes | memoryview) -> None:
         fd = create_private(path)
         try:
-            self._io.write_all(fd, data)
+            for data in chunks:
+                self._io.write_all(fd, data)
         finally:
             os.close(fd)
 
