@@ -46,6 +46,11 @@ click log (22 categorical fields, 9k rows, fixed seed) trained from YAML with ``
 (batch 256) against the plain PyTorch script of the same shape, timed as the Adult job:
 ``public_shape_vs_torch`` is the PyTorch wall over the warm embeddb wall.
 
+Checkpoints (``--skip-checkpoint`` leaves it out; ``_train_public.py``): the public-shape job
+once more with ``checkpoint_dir`` set (a checkpoint at each epoch's end, 22 ``auto`` tables of
+1M preallocated rows each): ``checkpoint_ratio`` is its samples/s (checkpoints included) over
+the warm public-shape job's without checkpoints (target >= 0.8).
+
 Peers (``peers``): the in-process PyTorch run (one fused ``nn.EmbeddingBag`` + Adagrad, one
 process) against hybrid, at batch 512 and (``inprocess_b128`` against ``hybrid_b128``:
 ``hybrid_vs_inprocess_b128``) 128, and TorchRec's reason to be skipped (fbgemm-gpu-cpu does not
@@ -84,7 +89,8 @@ Output: a table as the run goes, then, as the last line, one JSON object (keys i
 ``hybrid_vs_inprocess_b128`` >= 0.6, ``hybrid_vs_sync`` >= 2, |AUC hybrid - AUC sync| <= 0.001,
 async below, ``hybrid_rtt_flatness`` >= 0.9, ``hybrid_vs_sync_rtt20ms`` >= 2.5,
 ``small_hybrid_vs_inprocess`` >= 0.6, ``table_layout_ratio`` and ``table_layout_ratio_b128`` >=
-0.9, ``adult_wall_vs_torch`` <= 1.5, ``public_shape_vs_torch`` >= 0.6) are printed, never
+0.9, ``adult_wall_vs_torch`` <= 1.5, ``public_shape_vs_torch`` >= 0.6,
+``checkpoint_ratio`` >= 0.8) are printed, never
 enforced.
 
 Usage::
