@@ -140,6 +140,7 @@ def test_a_job_with_its_token_file_trains_checkpoints_and_predicts_on_shards_req
         token_file="rw.token",
         checkpoint_dir="ckpt",
         metrics_file="metrics.jsonl",
+        epochs=2,  # a checkpoint at the first epoch's end, within the timed training
     )
     proc = start(job, "--predict", "2")
     out = finish(proc, job)
@@ -148,7 +149,7 @@ def test_a_job_with_its_token_file_trains_checkpoints_and_predicts_on_shards_req
     assert latest_checkpoint(tmp_path / "ckpt") is not None  # the snapshot call sent it too
     # the samples/s it prints include its checkpoints, and it says so, with their seconds
     metrics = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
-    assert metrics["checkpoint_s"] > 0.0
+    assert metrics["checkpoint_s"] > 0.0 and metrics["final_checkpoint_s"] > 0.0
     assert f"checkpoints included: {metrics['checkpoint_s']:.1f} s" in out
 
 
