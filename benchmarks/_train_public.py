@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 import yaml
+from _report import say
 from _train_startup import compare_walls, last_json, timed
 
 TORCH_SCRIPT = Path(__file__).resolve().parent / "_train_public_torch.py"
@@ -125,6 +126,8 @@ def run_checkpoint_ratio(workdir: Path, without: dict[str, Any] | None = None) -
     included; the last one, the job's final checkpoint, follows training). ``without``: the
     metrics of a warm run of the job without checkpoints (:func:`run_public_shape`'s ``job``),
     else one is run here first."""
+    say()
+    say("checkpoints: the public-shape job with a checkpoint per epoch against without")
     command = [sys.executable, "-m", "embeddb.cli", "train"]
     if without is None:
         job, metrics = public_job(workdir / "public-shape")
@@ -147,3 +150,15 @@ def run_checkpoint_ratio(workdir: Path, without: dict[str, Any] | None = None) -
         "checkpoints": EPOCHS - 1,  # in the timed training; the last epoch's is the final one
         "job_wall_s": seconds,
     }
+
+
+def checkpoint_note(checkpoints: dict[str, Any]) -> str:
+    """The summary line's tail for ``checkpoint_ratio`` (empty when it was skipped)."""
+    if not checkpoints:
+        return ""
+    return (
+        f"; {checkpoints['samples_per_s_with']:,.0f} samples/s with {checkpoints['checkpoints']} "
+        f"checkpoints ({checkpoints['checkpoint_s'] or 0:.2f} s; the final one "
+        f"{checkpoints['final_checkpoint_s'] or 0:.2f} s) against "
+        f"{checkpoints['samples_per_s_without']:,.0f} without"
+    )
