@@ -19,7 +19,8 @@ from typing import Any
 
 import numpy as np
 import yaml
-from _train_startup import compare_walls
+from _report import say
+from _train_startup import compare_walls, last_json, timed
 
 TORCH_SCRIPT = Path(__file__).resolve().parent / "_train_public_torch.py"
 TARGET_PUBLIC_SHAPE_VS_TORCH = 0.6
@@ -113,3 +114,51 @@ def run_public_shape(workdir: Path, pairs: int = 1) -> dict[str, Any]:
         "epochs": EPOCHS,
         **walls,
     }
+
+
+TARGET_CHECKPOINT_RATIO = 0.8
+
+
+def run_checkpoint_ratio(workdir: Path, without: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``checkpoint_ratio``: the public-shape job with ``checkpoint_dir`` set (a checkpoint at
+    the end of every epoch: ``checkpoint_every: 0``) over the same job without, as the job's
+    own ``samples_per_s`` (training time, the checkpoints of the first two epochs' ends
+    included; the last one, the job's final checkpoint, follows training). ``without``: the
+    metrics of a warm run of the job without checkpoints (:func:`run_public_shape`'s ``job``),
+    else one is run here first."""
+    say()
+    say("checkpoints: the public-shape job with a checkpoint per epoch against without")
+    command = [sys.executable, "-m", "embeddb.cli", "train"]
+    if without is None:
+        job, metrics = public_job(workdir / "public-shape")
+        timed([*command, str(job)])
+        without = last_json(metrics.read_text())
+    directory = workdir / "public-checkpoint"
+    job, metrics = public_job(directory)
+    spec = yaml.safe_load(job.read_text())
+    spec["checkpoint_dir"] = str(directory / "checkpoints")
+    job.write_text(yaml.safe_dump(spec, sort_keys=False))
+    seconds, _ = timed([*command, str(job)])
+    with_ckpt = last_json(metrics.read_text())
+    ratio = with_ckpt["samples_per_s"] / without["samples_per_s"]
+    return {
+        "checkpoint_ratio": ratio,
+        "samples_per_s_with": with_ckpt["samples_per_s"],
+        "samples_per_s_without": without["samples_per_s"],
+        "checkpoint_s": with_ckpt.get("checkpoint_s"),
+        "final_checkpoint_s": with_ckpt.get("final_checkpoint_s"),
+        "checkpoints": EPOCHS - 1,  # in the timed training; the last epoch's is the final one
+        "job_wall_s": seconds,
+    }
+
+
+def checkpoint_note(checkpoints: dict[str, Any]) -> str:
+    """The summary line's tail for ``checkpoint_ratio`` (empty when it was skipped)."""
+    if not checkpoints:
+        return ""
+    return (
+        f"; {checkpoints['samples_per_s_with']:,.0f} samples/s with {checkpoints['checkpoints']} "
+        f"checkpoints ({checkpoints['checkpoint_s'] or 0:.2f} s; the final one "
+        f"{checkpoints['final_checkpoint_s'] or 0:.2f} s) against "
+        f"{checkpoints['samples_per_s_without']:,.0f} without"
+    )

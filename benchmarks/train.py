@@ -44,7 +44,8 @@ training step) and ``startup`` holds its timeline.
 Public shape (``--skip-public`` leaves it out; ``_train_public.py``): a synthetic Avazu-shaped
 click log (22 categorical fields, 9k rows, fixed seed) trained from YAML with ``embeddb train``
 (batch 256) against the plain PyTorch script of the same shape, timed as the Adult job:
-``public_shape_vs_torch`` is the PyTorch wall over the warm embeddb wall.
+``public_shape_vs_torch`` is the PyTorch wall over the warm embeddb wall. ``checkpoint_ratio``
+(``--skip-checkpoint``): the job's samples/s with a checkpoint per epoch over without's.
 
 Peers (``peers``): the in-process PyTorch run (one fused ``nn.EmbeddingBag`` + Adagrad, one
 process) against hybrid, at batch 512 and (``inprocess_b128`` against ``hybrid_b128``:
@@ -80,12 +81,11 @@ Small model (``--small-samples``): 10 ID features x dim 16, no numeric column, M
 batch 256, in-process against hybrid.
 
 Output: a table as the run goes, then, as the last line, one JSON object (keys in
-``benchmarks/README.md``). Targets (``hybrid_vs_inprocess`` >= 0.8,
-``hybrid_vs_inprocess_b128`` >= 0.6, ``hybrid_vs_sync`` >= 2, |AUC hybrid - AUC sync| <= 0.001,
-async below, ``hybrid_rtt_flatness`` >= 0.9, ``hybrid_vs_sync_rtt20ms`` >= 2.5,
-``small_hybrid_vs_inprocess`` >= 0.6, ``table_layout_ratio`` and ``table_layout_ratio_b128`` >=
-0.9, ``adult_wall_vs_torch`` <= 1.5, ``public_shape_vs_torch`` >= 0.6) are printed, never
-enforced.
+``benchmarks/README.md``). Targets (``hybrid_vs_inprocess`` >= 0.8, ``hybrid_vs_inprocess_b128``
+>= 0.6, ``hybrid_vs_sync`` >= 2, |AUC hybrid - AUC sync| <= 0.001, async below,
+``hybrid_rtt_flatness`` >= 0.9, ``hybrid_vs_sync_rtt20ms`` >= 2.5, ``small_hybrid_vs_inprocess``
+>= 0.6, ``table_layout_ratio(_b128)`` >= 0.9, ``adult_wall_vs_torch`` <= 1.5,
+``public_shape_vs_torch`` >= 0.6, ``checkpoint_ratio`` >= 0.8) are printed, never enforced.
 
 Usage::
 
@@ -107,6 +107,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import _train_public as bench_public
 import numpy as np
 import torch
 from _report import finish, say, verdict
@@ -207,6 +208,7 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--layout-samples", type=int, default=0, help="samples per batch-128 layout run")
     add("--skip-startup", action="store_true", help="no embeddb train / PyTorch Adult walls")
     add("--skip-public", action="store_true", help="no public-shape embeddb train / PyTorch walls")
+    add("--skip-checkpoint", action="store_true", help="no checkpoint_ratio (public-shape job)")
     add("--staleness", type=int, default=4, help="hybrid's max_staleness")
     add("--async-staleness", type=int, default=32)
     add("--threads", type=int, default=os.cpu_count() or 1)
@@ -292,6 +294,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     small: dict[str, Run] = {}
     startup: dict[str, Any] = {}
     public: dict[str, Any] = {}
+    checkpoints: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="embeddb-train-bench-") as tmp:
         workdir = Path(tmp)
         if core:
@@ -333,6 +336,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             say()
             say("public shape: 22 fields, 9k rows, embeddb train (YAML) against plain PyTorch")
             public = run_public_shape(workdir, pairs=1 if args.quick else 2)
+        if core and not args.skip_checkpoint:
+            checkpoints = bench_public.run_checkpoint_ratio(workdir, public.get("job"))
 
     curve_runs = [r for r in [*runs.values(), *small.values()] if r.curve]
     table_runs = [*runs.values(), *small.values()]
@@ -368,6 +373,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     layouts = layout_ratios(runs, args.layout)
     vs_inprocess_b128 = hybrid_vs_inprocess_b128(runs)
     public_ratio = public.get("public_shape_vs_torch")
+    checkpoint_ratio = checkpoints.get("checkpoint_ratio")
     wall_ratio = startup.get("adult_wall_vs_torch")
     small_steady = (
         ratio(
@@ -446,6 +452,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             if public
             else ""
         ),
+        target_line("checkpoint_ratio", checkpoint_ratio, bench_public.TARGET_CHECKPOINT_RATIO)
+        + bench_public.checkpoint_note(checkpoints),
     ]
     if adult_run is not None:
         summary.append(f"adult AUC {adult_run.auc:.4f} at {adult_run.samples_per_s:,.0f} samples/s")
@@ -501,6 +509,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "startup": startup or None,
         "public_shape_vs_torch": public_ratio,
         "public_shape": public or None,
+        "checkpoint_ratio": checkpoint_ratio,
+        "checkpoints": checkpoints or None,
         "peers": peers_json(runs, BATCH, torchrec_missing()) if core else None,
         "cuda_note": cuda_note,
         "curves_csv": str(csv_path) if csv_path else None,
@@ -512,6 +522,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "hybrid_vs_inprocess": TARGET_VS_INPROCESS,
             "hybrid_vs_inprocess_b128": TARGET_VS_INPROCESS_B128,
             "public_shape_vs_torch": TARGET_PUBLIC_SHAPE_VS_TORCH,
+            "checkpoint_ratio": bench_public.TARGET_CHECKPOINT_RATIO,
             "hybrid_vs_sync": TARGET_VS_SYNC,
             "auc_gap_hybrid_sync": TARGET_AUC_GAP,
             "hybrid_rtt_flatness": TARGET_RTT_FLATNESS,
@@ -525,6 +536,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "hybrid_vs_inprocess": _met(vs_inprocess, TARGET_VS_INPROCESS),
             "hybrid_vs_inprocess_b128": _met(vs_inprocess_b128, TARGET_VS_INPROCESS_B128),
             "public_shape_vs_torch": _met(public_ratio, TARGET_PUBLIC_SHAPE_VS_TORCH),
+            "checkpoint_ratio": _met(checkpoint_ratio, bench_public.TARGET_CHECKPOINT_RATIO),
             "hybrid_vs_sync": _met(vs_sync, TARGET_VS_SYNC),
             "auc_gap_hybrid_sync": None if gap is None else gap <= TARGET_AUC_GAP,
             "async_below": None if async_drop is None else async_drop > TARGET_AUC_GAP,

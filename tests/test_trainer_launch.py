@@ -135,13 +135,22 @@ def test_a_job_with_its_token_file_trains_checkpoints_and_predicts_on_shards_req
 ) -> None:
     private_file(tmp_path / "rw.token", RW_TOKEN + "\n")
     job = write_job(
-        tmp_path, addresses=f"[{token_shard}]", token_file="rw.token", checkpoint_dir="ckpt"
+        tmp_path,
+        addresses=f"[{token_shard}]",
+        token_file="rw.token",
+        checkpoint_dir="ckpt",
+        metrics_file="metrics.jsonl",
+        epochs=2,  # a checkpoint at the first epoch's end, within the timed training
     )
     proc = start(job, "--predict", "2")
     out = finish(proc, job)
     assert proc.returncode == 0, out
     assert "test AUC" in out and out.count("prediction ") == 2
     assert latest_checkpoint(tmp_path / "ckpt") is not None  # the snapshot call sent it too
+    # the samples/s it prints include its checkpoints, and it says so, with their seconds
+    metrics = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
+    assert metrics["checkpoint_s"] > 0.0 and metrics["final_checkpoint_s"] > 0.0
+    assert f"checkpoints included: {metrics['checkpoint_s']:.1f} s" in out
 
 
 @pytest.mark.slow
@@ -267,6 +276,7 @@ def test_a_job_trains_adult_predicts_and_leaves_no_process(tmp_path: Path) -> No
     assert auc > 0.85
     metrics = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
     assert metrics["test_auc"] == pytest.approx(auc, abs=1e-4)
+    assert metrics["checkpoint_s"] == 0.0 and "checkpoints included" not in out
     # start-up: from the launcher's own start to the first step, through every process
     phases = metrics["startup_phases_s"]
     order = list(phases)

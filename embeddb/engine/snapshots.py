@@ -112,11 +112,8 @@ class ShardSnapshots:
                 self._disk.purge_deleted()
                 self._disk.checkpoint(writer.disk_dir)
                 pause = time.perf_counter() - paused
-            captured = {n: capture.captured(b) for n, b in buffers.items()}
-            del buffers
-            for n, (ids, rows, flags) in captured.items():
-                writer.write_table(n, ids, rows, flags)
-            del captured
+            for n in list(buffers):  # each table's buffers go as soon as they are written
+                writer.write_table_parts(n, capture.captured_parts(buffers.pop(n)))
             meta = {
                 "shard_index": self._topology.shard_index,
                 "num_shards": self._topology.num_shards,

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -130,6 +131,7 @@ class TrainCtx(EmbeddingCtx):
         self.optimizer = optimizer
         self.step = 0  # backward() calls of this rank (restored by load_checkpoint)
         self.samples = 0  # training samples of this rank
+        self.checkpoint_s = 0.0  # seconds this rank spent in save_checkpoint
         self.model = model.to(device)
         self._owns_group = env.init_process_group(device)
         try:
@@ -264,7 +266,11 @@ class TrainCtx(EmbeddingCtx):
                 directory). EmbeddingWorkerError, GradientPushFailedError: see :meth:`forward`.
         """
         self._check_open()
-        info = checkpointing.save_checkpoint(self, directory, checkpoint_id, drain=self._drain)
+        began = time.perf_counter()
+        try:
+            info = checkpointing.save_checkpoint(self, directory, checkpoint_id, drain=self._drain)
+        finally:
+            self.checkpoint_s += time.perf_counter() - began
         self._last_checkpoint = info.checkpoint_id
         return info
 

@@ -54,6 +54,8 @@ import json
 import os
 import shutil
 import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -100,6 +102,8 @@ __all__ = [
     "table_files",
     "verify",
 ]
+
+_SYNC_THREADS = 8  # files checksummed and fsynced at once by a commit
 
 _manifest_crc = manifest_crc  # its former name, still used by tools and tests
 
@@ -149,19 +153,43 @@ class SnapshotWriter:
             CorruptDataError: ``name`` would put a file outside the snapshot (``..``, ``/``).
             StorageFullError, StorageFaultError: a write failed.
         """
+        self.write_table_parts(name, [(ids, rows, flags)])
+
+    def write_table_parts(
+        self,
+        name: str,
+        parts: Sequence[
+            tuple[npt.NDArray[np.uint64], npt.NDArray[np.float32], npt.NDArray[np.uint8]]
+        ],
+    ) -> None:
+        """Write one table's captured RAM tier given in parts (one per stripe): the files are
+        those of :meth:`write_table` with the parts' rows concatenated, written part by part
+        (no concatenated copy in memory).
+
+        Raises:
+            CorruptDataError: ``name`` would put a file outside the snapshot (``..``, ``/``).
+            StorageFullError, StorageFaultError: a write failed.
+        """
         root = confined_root(self.tmp, self._owner)
-        arrays = (ids.astype("<u8"), rows.astype("<f4"), flags.astype(np.uint8))
-        for entry, arr in zip(table_entries(name), arrays, strict=True):
-            data = np.ascontiguousarray(arr).reshape(-1).view(np.uint8).data
+        kinds = ("<u8", "<f4", np.uint8)
+        for k, entry in enumerate(table_entries(name)):
+            path = resolve_inside(root, entry, self._owner)
+            chunks = [
+                np.ascontiguousarray(part[k].astype(kinds[k], copy=False))
+                .reshape(-1)
+                .view(np.uint8)
+                for part in parts
+            ]
             try:
-                self._write(resolve_inside(root, entry, self._owner), data)
+                self._write(path, *(c.data for c in chunks))
             except OSError as exc:
                 raise storage_error(self._failed, exc) from exc
 
-    def _write(self, path: Path, data: bytes | memoryview) -> None:
+    def _write(self, path: Path, *chunks: bytes | memoryview) -> None:
         fd = create_private(path)
         try:
-            self._io.write_all(fd, data)
+            for data in chunks:
+                self._io.write_all(fd, data)
         finally:
             os.close(fd)
 
@@ -175,15 +203,16 @@ class SnapshotWriter:
         renamed = False
         try:
             make_private(self.disk_dir)  # hard links of the live files: those become 0600 too
-            files = {}
-            total = 0
-            for path in sorted(p for p in self.tmp.rglob("*") if p.is_file()):
-                rel = path.relative_to(self.tmp).as_posix()
-                with open(path, "rb") as f:
-                    size, crc = checksum(f)
-                    self._io.fsync(f.fileno())
-                files[rel] = {"size": size, "crc32": crc}
-                total += size
+            paths = sorted(p for p in self.tmp.rglob("*") if p.is_file())
+            # the files' fsyncs overlap (one per table file and SST: waited for one by one,
+            # they were most of a small snapshot's time); the first failure is raised
+            with ThreadPoolExecutor(max_workers=max(1, min(_SYNC_THREADS, len(paths)))) as pool:
+                sums = list(pool.map(self._checksum_and_sync, paths))
+            files = {
+                path.relative_to(self.tmp).as_posix(): {"size": size, "crc32": crc}
+                for path, (size, crc) in zip(paths, sums, strict=True)
+            }
+            total = sum(size for size, _ in sums)
             created = time.time()
             manifest = {
                 "format_version": FORMAT_VERSION,
@@ -212,6 +241,12 @@ class SnapshotWriter:
                 shutil.rmtree(self.final, ignore_errors=True)
             raise storage_error(self._failed, exc) from exc
         return SnapshotInfo(self.snapshot_id, seq, self.final, total + len(text), created)
+
+    def _checksum_and_sync(self, path: Path) -> tuple[int, int]:
+        with open(path, "rb") as f:
+            size, crc = checksum(f)
+            self._io.fsync(f.fileno())
+        return size, crc
 
     def abort(self) -> None:
         """Remove the temporary directory. Idempotent."""

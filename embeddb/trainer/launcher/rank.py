@@ -410,6 +410,7 @@ def _train(
     progress.close()
     ctx.flush()
     elapsed = time.perf_counter() - started
+    checkpoint_s = ctx.checkpoint_s  # the checkpoints taken while training: in ``elapsed``
     if job.checkpoint_dir is not None:
         last = latest_checkpoint(job.checkpoint_dir)
         if last is None or last.step < ctx.step:
@@ -425,10 +426,17 @@ def _train(
     startup = startup_s(marks)
     with ctx.eval_ctx() as ev:
         test_auc = _test_auc(ev, job, pipeline)
+        saving = (
+            f", checkpoints included: {checkpoint_s:.1f} s, "
+            f"{samples * env.world_size / max(elapsed - checkpoint_s, 1e-9):,.0f} samples/s "
+            "without"
+            if checkpoint_s
+            else ""
+        )
         print(
             f"test AUC {test_auc:.4f}  |  {rate:,.0f} samples/s  "
             f"({job.mode}, {env.world_size} NN workers, {ctx.step} steps of "
-            f"{job.batch_size} per worker)",
+            f"{job.batch_size} per worker{saving})",
             flush=True,
         )
         print(
@@ -444,7 +452,9 @@ def _train(
         "dataset": job.dataset_name,
         "mode": job.mode,
         "test_auc": test_auc,
-        "samples_per_s": rate,
+        "samples_per_s": rate,  # checkpoint time included
+        "checkpoint_s": checkpoint_s,  # in samples_per_s; the final one after it is not:
+        "final_checkpoint_s": ctx.checkpoint_s - checkpoint_s,
         "steady_samples_per_s": steady * env.world_size,
         "startup_s": startup,
         "startup_phases_s": phases(marks),
