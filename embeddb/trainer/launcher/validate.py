@@ -30,17 +30,16 @@ import argparse
 import importlib
 import importlib.util
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import yaml
 
 from embeddb.config import EmbeddingConfig
 from embeddb.errors import ConfigError, CorruptDataError, EmbeddbError
 from embeddb.features.batch import Batch
 from embeddb.features.pipeline import PIPELINE_FILE, FeaturePipeline, save_pipeline
+from embeddb.trainer.launcher.auto_embedding import auto_embedding_yaml, check_ahead
 from embeddb.trainer.launcher.job import CONFIG_ERROR, EMBEDDING_FILE, EXIT_CONFIG_ERROR, JobConfig
 from embeddb.trainer.launcher.label_check import check_label_classes
 
@@ -63,30 +62,6 @@ __all__ = [
 
 
 SAMPLE_ROWS = 64  # rows of the sample batch the model is run on
-
-# The auto embedding config's table settings (the Criteo example's, proven on CTR data).
-AUTO_OPTIMIZER = {"type": "adagrad", "lr": 0.05, "initial_accumulator": 0.01, "eps": 1e-10}
-AUTO_INITIALIZER = {"type": "normal", "mean": 0.0, "std": 0.05}
-AUTO_CAPACITY = 1_000_000  # RAM rows per table and shard; colder rows spill to the disk tier
-
-
-def auto_embedding_yaml(features: Sequence[str], dim: int) -> str:
-    """The ``embedding_config: auto`` YAML: one table per ID feature of width ``dim``, Adagrad
-    (lr 0.05), normal init (std 0.05), :data:`AUTO_CAPACITY` RAM rows per table."""
-    bits = max(8, (len(features) - 1).bit_length())
-    doc = {
-        "feature_index_prefix_bit": bits,
-        "seed": 0,
-        "slots_config": {name: {"dim": dim} for name in features},
-        "defaults": {
-            "optimizer": AUTO_OPTIMIZER,
-            "initializer": AUTO_INITIALIZER,
-            "capacity": AUTO_CAPACITY,
-        },
-        "store": {"stripes": 2},
-    }
-    header = "# Written by embeddb train (embedding_config: auto): one table per ID feature.\n"
-    return header + yaml.safe_dump(doc, sort_keys=False)
 
 
 def load_model(job: JobConfig) -> nn.Module:
@@ -210,8 +185,13 @@ def validate(job: JobConfig, run_dir: Path, *, model: bool = True) -> FeaturePip
     run_dir.mkdir(parents=True, exist_ok=True)
     save_pipeline(pipeline, run_dir / PIPELINE_FILE)
     if job.auto_embedding:
-        text = auto_embedding_yaml(pipeline.id_features, job.embedding_dim)
-        (run_dir / EMBEDDING_FILE).write_text(text, encoding="utf-8")
+        written = run_dir / EMBEDDING_FILE
+        if written.is_file():  # by the launcher, from the job file (launcher.auto_embedding)
+            ahead = written.read_text(encoding="utf-8")
+            check_ahead(ahead, pipeline.id_features, job.embedding_dim)
+        else:
+            text = auto_embedding_yaml(pipeline.id_features, job.embedding_dim)
+            written.write_text(text, encoding="utf-8")
     try:
         embedding_config = EmbeddingConfig.from_yaml(job.embedding_config_path(run_dir))
     except ConfigError as exc:
