@@ -155,7 +155,7 @@ def test_a_held_rank_whose_launcher_closes_its_stdin_exits_having_started_nothin
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("settings", [{}, {"embedding_config": "auto"}])
+@pytest.mark.parametrize("settings", [{}, {"embedding_config": "auto", "model": "builtin:dnn"}])
 def test_a_one_worker_job_trains_without_torchrun_its_rank_started_while_validating(
     tmp_path: Path, settings: dict[str, object]
 ) -> None:

@@ -9,15 +9,17 @@ here), each as early as it can::
       │                        environment, its own session; imports torch, then waits
       ├── validation step      python -m embeddb.trainer.launcher.validate JOB.yaml --run-dir RUN
       │                        (:mod:`.step`): fits the features (RUN/features.json,
-      │                        RUN/embedding.yaml when auto), builds the model, runs it on a
-      │                        sample batch
+      │                        RUN/embedding.yaml when auto, unless written already), builds
+      │                        the model, runs it on a sample batch (the held rank does,
+      │                        when its failure leaves no data directory: :mod:`.direct`)
       ├── embeddb cluster      S local shards (embeddb serve, supervised), unless the job
       │                        lists ``addresses``; rows under checkpoint_dir/shards when
       │                        the job checkpoints, else ephemeral; requiring the job's
       │                        token when it has a ``token_file``. Ephemeral shards start
-      │                        while the validation step runs (unless the job's
-      │                        embedding config is ``auto``: the step writes it); shards
-      │                        with a data directory once it passed
+      │                        while the validation step runs (an ``auto`` embedding config
+      │                        written first by the launcher when the job file names the ID
+      │                        features, :mod:`.auto_embedding`; else the step writes it and
+      │                        they wait for it); shards with a data directory once it passed
       └── the NN workers       once the job is valid and the shards are up: the held rank
             │                  released (the start-up marks on its stdin), or torchrun
             │                  (python -m torch.distributed.run --standalone

@@ -10,7 +10,10 @@ What it checks and writes (a job that passes has its data, features and model kn
                                           both label classes (else: the values seen)
       -> RUN/features.json                the fitted FeaturePipeline (every rank loads it)
       -> RUN/embedding.yaml               with ``embedding_config: auto``: one table per ID
-                                          feature, dim ``embedding_dim`` (auto_embedding_yaml)
+                                          feature, dim ``embedding_dim`` (auto_embedding_yaml);
+                                          written by the launcher already when the job file
+                                          names the features: then checked to be the fitted
+                                          pipeline's (launcher.auto_embedding.check_ahead)
     the model                             builtin:NAME built for the pipeline's widths, or
                                           FILE.py:NAME / module:NAME imported and called
     forward on a sample batch             random embeddings of the config's dims; the output
