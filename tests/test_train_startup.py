@@ -19,7 +19,8 @@ from embeddb.trainer.launcher.auto_embedding import auto_embedding_yaml, check_a
 from embeddb.trainer.launcher.direct import CHECK_FLAG, HOLD_FLAG, rank_command, rank_variables
 from embeddb.trainer.launcher.job import EMBEDDING_FILE, JobConfig
 from embeddb.trainer.launcher.launch import _Attempts, _shards_while_validating
-from embeddb.trainer.launcher.validate import validate
+from embeddb.trainer.launcher.loader import decode_batch
+from embeddb.trainer.launcher.validate import SAMPLE_FILE, sample_batch, validate
 from tests.test_trainer_launch import (
     MODEL,
     ROOT,
@@ -136,7 +137,14 @@ def test_the_validation_step_fails_when_the_fitted_features_are_not_those_writte
     ):
         validate(job, run_dir, model=False)
     (run_dir / EMBEDDING_FILE).write_text(config_ahead(job) or "")
-    assert validate(job, run_dir, model=False).id_features == ("a", "b")
+    pipeline = validate(job, run_dir, model=False)
+    assert pipeline.id_features == ("a", "b")
+    # the sample batch, for the held rank's check of the model (no data reading there)
+    written = decode_batch(bytearray((run_dir / SAMPLE_FILE).read_bytes()))
+    read = sample_batch(job, pipeline)
+    assert written.batch_size == read.batch_size > 0
+    for mine, theirs in zip(written.id_type_features, read.id_type_features, strict=True):
+        assert mine.name == theirs.name and mine.values.tolist() == theirs.values.tolist()
 
 
 @pytest.mark.slow

@@ -45,6 +45,7 @@ from embeddb.features.pipeline import PIPELINE_FILE, FeaturePipeline, save_pipel
 from embeddb.trainer.launcher.auto_embedding import auto_embedding_yaml, check_ahead
 from embeddb.trainer.launcher.job import CONFIG_ERROR, EMBEDDING_FILE, EXIT_CONFIG_ERROR, JobConfig
 from embeddb.trainer.launcher.label_check import check_label_classes
+from embeddb.trainer.launcher.loader import decode_batch, encode_batch
 
 if TYPE_CHECKING:
     from torch import nn
@@ -65,6 +66,7 @@ __all__ = [
 
 
 SAMPLE_ROWS = 64  # rows of the sample batch the model is run on
+SAMPLE_FILE = "sample-batch.bin"  # RUN/: the sample batch of a --no-model step (a loader frame)
 
 
 def load_model(job: JobConfig) -> nn.Module:
@@ -206,8 +208,9 @@ def validate(job: JobConfig, run_dir: Path, *, model: bool = True) -> FeaturePip
             f"has no feature {missing[0]!r} of the dataset's ID features "
             f"({', '.join(pipeline.id_features)}); use embedding_config: auto or add it",
         )
-    if not model:
-        sample_batch(job, pipeline)  # its data errors are the step's
+    if not model:  # its data errors are the step's; the rank's check reads it (no numba there)
+        batch = sample_batch(job, pipeline)
+        (run_dir / SAMPLE_FILE).write_bytes(b"".join(encode_batch(batch)))
         return pipeline
     built = build_job_model(job, pipeline, embedding_config)  # first: as check_model does
     sample_forward(built, sample_batch(job, pipeline), embedding_config)
@@ -231,16 +234,25 @@ def sample_batch(job: JobConfig, pipeline: FeaturePipeline) -> Batch:
 
 
 def check_model(
-    job: JobConfig, pipeline: FeaturePipeline, embedding_config: EmbeddingConfig
+    job: JobConfig,
+    pipeline: FeaturePipeline,
+    embedding_config: EmbeddingConfig,
+    run_dir: Path | None = None,
 ) -> None:
     """The model part of :func:`validate` (a held rank's, :mod:`embeddb.trainer.launcher.direct`,
-    when the validation step ran with ``--no-model``): build it, run it on the sample batch.
+    when the validation step ran with ``--no-model``): build it, run it on the sample batch
+    (the one the step wrote to ``RUN/sample-batch.bin``, else read here).
 
     Raises:
         ConfigError: naming ``model`` or ``model_args``.
     """
     built = build_job_model(job, pipeline, embedding_config)
-    sample_forward(built, sample_batch(job, pipeline), embedding_config)
+    written = None if run_dir is None else run_dir / SAMPLE_FILE
+    if written is not None and written.is_file():
+        batch = decode_batch(bytearray(written.read_bytes()))
+    else:
+        batch = sample_batch(job, pipeline)
+    sample_forward(built, batch, embedding_config)
 
 
 def error_line(job: JobConfig | None, exc: EmbeddbError) -> str:
