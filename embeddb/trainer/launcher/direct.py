@@ -18,7 +18,7 @@ nothing behind (shards with no data directory: ephemeral, or the job's ``address
 ``RUN/features.json`` and ``RUN/embedding.yaml``). The validation step then runs with
 ``--no-model`` and imports no torch (a second or more of a job's start-up), and the rank
 (``--check-model``), once released, before anything else, builds the model and runs it on the
-sample batch
+sample batch (the step's, ``RUN/sample-batch.bin``: the rank reads no data itself)
 (:func:`embeddb.trainer.launcher.validate.check_model`). A failure is the validation step's
 own error line, written to ``RUN/invalid-job.txt`` (:data:`INVALID_FILE`), and exit code 2;
 the launcher raises it as the job's :class:`~embeddb.errors.ConfigError`.

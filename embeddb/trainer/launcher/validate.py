@@ -22,9 +22,10 @@ What it checks and writes (a job that passes has its data, features and model kn
 Any failure exits with code 2 and ONE line on stderr, ``embeddb: CONFIG ERROR: <message>``
 (the message names the key and the job file's line, or the data file's line), which the
 launcher raises as :class:`~embeddb.errors.ConfigError`. Imports torch (the launcher does not),
-but for the model only: with ``--no-model`` (a one-worker job) it imports no torch, and the job's
-held rank checks the model (:func:`check_model`) before it trains, writing the same error line
-to ``RUN/invalid-job.txt`` (:mod:`embeddb.trainer.launcher.direct`).
+but for the model only: with ``--no-model`` (a one-worker job) it imports no torch and writes
+the sample batch to ``RUN/sample-batch.bin`` (:data:`SAMPLE_FILE`, a loader frame), and the
+job's held rank checks the model on it (:func:`check_model`) before it trains, writing the
+same error line to ``RUN/invalid-job.txt`` (:mod:`embeddb.trainer.launcher.direct`).
 """
 
 from __future__ import annotations
