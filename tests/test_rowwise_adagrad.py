@@ -11,7 +11,7 @@ import numpy as np
 from embeddb.config import EmbeddingConfig, OptimizerConfig, OptimizerKind
 from embeddb.engine.durability import records
 from embeddb.engine.shard import Shard
-from embeddb.trainer.launcher.validate import AUTO_OPTIMIZER, auto_embedding_yaml
+from embeddb.trainer.launcher.auto_embedding import AUTO_OPTIMIZER, auto_embedding_yaml
 from tests.conftest import one_table_config
 
 DIM = 16

@@ -185,6 +185,15 @@ class DatasetSpec:
         """The unfitted column spec (no standardize statistics)."""
         return self.parsed.columns
 
+    @property
+    def named_id_features(self) -> tuple[str, ...] | None:
+        """The ID features' names as the dataset names them, in batch order: those of the
+        pipeline :meth:`fit` returns; ``None`` when ``fit`` finds them in the data (a libSVM
+        dataset without ``ids`` or ``slots``)."""
+        if self.parsed.auto_slots:
+            return None
+        return tuple(c.feature for c in self.parsed.columns.ids)
+
     def train_files(self) -> list[Path]:
         """The training files (globs expanded, sorted; ``NAME`` or ``NAME.gz``).
 

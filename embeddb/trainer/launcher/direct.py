@@ -13,10 +13,12 @@ both are ready, and the rank trains; it closes the pipe instead (an invalid job,
 the rank exits 0 at once, having started nothing.
 
 The model is the held rank's to check, not the validation step's, when a failing check leaves
-nothing behind (the shards started during validation: ephemeral, or the job's ``addresses``).
-The validation step then runs with ``--no-model`` and imports no torch (a second or more of a
-job's start-up), and the rank (``--check-model``), once released, before anything else, builds
-the model and runs it on the sample batch
+nothing behind (shards with no data directory: ephemeral, or the job's ``addresses``), an
+``embedding_config: auto`` job's too (the rank is released after the step has written
+``RUN/features.json`` and ``RUN/embedding.yaml``). The validation step then runs with
+``--no-model`` and imports no torch (a second or more of a job's start-up), and the rank
+(``--check-model``), once released, before anything else, builds the model and runs it on the
+sample batch (the step's, ``RUN/sample-batch.bin``: the rank reads no data itself)
 (:func:`embeddb.trainer.launcher.validate.check_model`). A failure is the validation step's
 own error line, written to ``RUN/invalid-job.txt`` (:data:`INVALID_FILE`), and exit code 2;
 the launcher raises it as the job's :class:`~embeddb.errors.ConfigError`.

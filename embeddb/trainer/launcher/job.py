@@ -424,7 +424,7 @@ class JobConfig:
 
     def embedding_config_path(self, run_dir: Path | None = None) -> Path:
         """The embedding config's YAML file: a packaged preset, a path, or with ``auto``
-        ``RUN_DIR/embedding.yaml`` (written by the validation step).
+        ``RUN_DIR/embedding.yaml`` (written by the launcher or the validation step).
 
         Raises:
             ConfigError: no such preset or file; ``auto`` without a run directory.

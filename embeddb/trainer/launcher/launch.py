@@ -9,15 +9,17 @@ here), each as early as it can::
       │                        environment, its own session; imports torch, then waits
       ├── validation step      python -m embeddb.trainer.launcher.validate JOB.yaml --run-dir RUN
       │                        (:mod:`.step`): fits the features (RUN/features.json,
-      │                        RUN/embedding.yaml when auto), builds the model, runs it on a
-      │                        sample batch
+      │                        RUN/embedding.yaml when auto, unless written already), builds
+      │                        the model, runs it on a sample batch (the held rank does,
+      │                        when its failure leaves no data directory: :mod:`.direct`)
       ├── embeddb cluster      S local shards (embeddb serve, supervised), unless the job
       │                        lists ``addresses``; rows under checkpoint_dir/shards when
       │                        the job checkpoints, else ephemeral; requiring the job's
       │                        token when it has a ``token_file``. Ephemeral shards start
-      │                        while the validation step runs (unless the job's
-      │                        embedding config is ``auto``: the step writes it); shards
-      │                        with a data directory once it passed
+      │                        while the validation step runs (an ``auto`` embedding config
+      │                        written first by the launcher when the job file names the ID
+      │                        features, :mod:`.auto_embedding`; else the step writes it and
+      │                        they wait for it); shards with a data directory once it passed
       └── the NN workers       once the job is valid and the shards are up: the held rank
             │                  released (the start-up marks on its stdin), or torchrun
             │                  (python -m torch.distributed.run --standalone
@@ -90,6 +92,7 @@ from pathlib import Path
 from embeddb.errors import ConfigError, UnavailableError
 from embeddb.trainer.checkpoints.files import latest_checkpoint, restore_local_shards
 from embeddb.trainer.cores import CoreBudget, available_cpus, core_budget, local_addresses
+from embeddb.trainer.launcher.auto_embedding import config_ahead
 from embeddb.trainer.launcher.direct import INVALID_FILE, rank_command, rank_variables
 from embeddb.trainer.launcher.failures import (
     ATTEMPT_ENV,
@@ -99,7 +102,7 @@ from embeddb.trainer.launcher.failures import (
     first_failure,
     read_failures,
 )
-from embeddb.trainer.launcher.job import EXIT_CONFIG_ERROR, JobConfig
+from embeddb.trainer.launcher.job import EMBEDDING_FILE, EXIT_CONFIG_ERROR, JobConfig
 from embeddb.trainer.launcher.procs import (
     STOP_S,
     Relay,
@@ -232,6 +235,9 @@ def _run(
     with contextlib.ExitStack() as stack:
         stack.callback(attempts.close)
         held = attempts.hold(predict, finished=done)
+        ahead = config_ahead(job) if _shards_while_validating(job) else None
+        if ahead is not None:  # the shards' auto config, known from the job file: the step
+            (run_dir / EMBEDDING_FILE).write_text(ahead, encoding="utf-8")  # checks it
         marks["validating"] = time.time()
         step = ValidationStep(path, run_dir, relay, model=not (held and attempts.checks_model))
         stack.callback(step.stop)
@@ -255,11 +261,14 @@ def _run(
 
 def _shards_while_validating(job: JobConfig) -> bool:
     """Whether the shards may start while the validation step runs: they need nothing it
-    writes (no ``embedding_config: auto``) and write nothing that outlives the job (no data
-    directory: ephemeral shards, or the job's ``addresses``)."""
+    alone writes (an ``embedding_config: auto`` whose ID features the job file names is
+    written by the launcher first, :func:`config_ahead`) and write nothing that outlives the
+    job (no data directory: ephemeral shards, or the job's ``addresses``)."""
     if job.addresses is not None:
         return True
-    return not job.auto_embedding and job.shard_data_dir() is None
+    if job.shard_data_dir() is not None:
+        return False
+    return not job.auto_embedding or job.dataset_spec.named_id_features is not None
 
 
 def _missing_data(job: JobConfig) -> str | None:
@@ -323,9 +332,11 @@ class _Attempts:
 
     @property
     def checks_model(self) -> bool:
-        """Whether the held rank checks the model (not the validation step): when the shards
-        start during validation, so that its failure leaves no data directory behind."""
-        return _shards_while_validating(self.job)
+        """Whether the held rank checks the model (not the validation step): when its
+        failure leaves no data directory behind (ephemeral shards, or the job's
+        ``addresses``); it runs once the step has written ``RUN/features.json`` and the auto
+        ``RUN/embedding.yaml``."""
+        return self.job.addresses is not None or self.job.shard_data_dir() is None
 
     def close(self) -> None:
         """Stop the held rank, unless released (an invalid job, an interrupt)."""

@@ -299,7 +299,7 @@ def _model(
     :func:`train`)."""
     if check:  # before the seed: the trained model is the one it would be without the check
         try:
-            check_model(job, pipeline, embedding_config)
+            check_model(job, pipeline, embedding_config, run_dir)
         except ConfigError as exc:
             (run_dir / INVALID_FILE).write_text(error_line(job, exc), encoding="utf-8")
             raise SystemExit(EXIT_CONFIG_ERROR) from None

@@ -10,7 +10,10 @@ What it checks and writes (a job that passes has its data, features and model kn
                                           both label classes (else: the values seen)
       -> RUN/features.json                the fitted FeaturePipeline (every rank loads it)
       -> RUN/embedding.yaml               with ``embedding_config: auto``: one table per ID
-                                          feature, dim ``embedding_dim`` (auto_embedding_yaml)
+                                          feature, dim ``embedding_dim`` (auto_embedding_yaml);
+                                          written by the launcher already when the job file
+                                          names the features: then checked to be the fitted
+                                          pipeline's (launcher.auto_embedding.check_ahead)
     the model                             builtin:NAME built for the pipeline's widths, or
                                           FILE.py:NAME / module:NAME imported and called
     forward on a sample batch             random embeddings of the config's dims; the output
@@ -19,9 +22,10 @@ What it checks and writes (a job that passes has its data, features and model kn
 Any failure exits with code 2 and ONE line on stderr, ``embeddb: CONFIG ERROR: <message>``
 (the message names the key and the job file's line, or the data file's line), which the
 launcher raises as :class:`~embeddb.errors.ConfigError`. Imports torch (the launcher does not),
-but for the model only: with ``--no-model`` (a one-worker job) it imports no torch, and the job's
-held rank checks the model (:func:`check_model`) before it trains, writing the same error line
-to ``RUN/invalid-job.txt`` (:mod:`embeddb.trainer.launcher.direct`).
+but for the model only: with ``--no-model`` (a one-worker job) it imports no torch and writes
+the sample batch to ``RUN/sample-batch.bin`` (:data:`SAMPLE_FILE`, a loader frame), and the
+job's held rank checks the model on it (:func:`check_model`) before it trains, writing the
+same error line to ``RUN/invalid-job.txt`` (:mod:`embeddb.trainer.launcher.direct`).
 """
 
 from __future__ import annotations
@@ -30,19 +34,19 @@ import argparse
 import importlib
 import importlib.util
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import yaml
 
 from embeddb.config import EmbeddingConfig
 from embeddb.errors import ConfigError, CorruptDataError, EmbeddbError
 from embeddb.features.batch import Batch
 from embeddb.features.pipeline import PIPELINE_FILE, FeaturePipeline, save_pipeline
+from embeddb.trainer.launcher.auto_embedding import auto_embedding_yaml, check_ahead
 from embeddb.trainer.launcher.job import CONFIG_ERROR, EMBEDDING_FILE, EXIT_CONFIG_ERROR, JobConfig
 from embeddb.trainer.launcher.label_check import check_label_classes
+from embeddb.trainer.launcher.loader import decode_batch, encode_batch
 
 if TYPE_CHECKING:
     from torch import nn
@@ -63,37 +67,7 @@ __all__ = [
 
 
 SAMPLE_ROWS = 64  # rows of the sample batch the model is run on
-
-# The auto embedding config's table settings (the Criteo example's, proven on CTR data), with
-# row-wise Adagrad (one accumulator per row: dim + 1 floats a row; docs/performance.md).
-AUTO_OPTIMIZER = {
-    "type": "adagrad",
-    "lr": 0.05,
-    "initial_accumulator": 0.01,
-    "eps": 1e-10,
-    "vectorwise_shared": True,
-}
-AUTO_INITIALIZER = {"type": "normal", "mean": 0.0, "std": 0.05}
-AUTO_CAPACITY = 1_000_000  # RAM rows per table and shard; colder rows spill to the disk tier
-
-
-def auto_embedding_yaml(features: Sequence[str], dim: int) -> str:
-    """The ``embedding_config: auto`` YAML: one table per ID feature of width ``dim``, row-wise
-    Adagrad (lr 0.05), normal init (std 0.05), :data:`AUTO_CAPACITY` RAM rows per table."""
-    bits = max(8, (len(features) - 1).bit_length())
-    doc = {
-        "feature_index_prefix_bit": bits,
-        "seed": 0,
-        "slots_config": {name: {"dim": dim} for name in features},
-        "defaults": {
-            "optimizer": AUTO_OPTIMIZER,
-            "initializer": AUTO_INITIALIZER,
-            "capacity": AUTO_CAPACITY,
-        },
-        "store": {"stripes": 2},
-    }
-    header = "# Written by embeddb train (embedding_config: auto): one table per ID feature.\n"
-    return header + yaml.safe_dump(doc, sort_keys=False)
+SAMPLE_FILE = "sample-batch.bin"  # RUN/: the sample batch of a --no-model step (a loader frame)
 
 
 def load_model(job: JobConfig) -> nn.Module:
@@ -217,8 +191,13 @@ def validate(job: JobConfig, run_dir: Path, *, model: bool = True) -> FeaturePip
     run_dir.mkdir(parents=True, exist_ok=True)
     save_pipeline(pipeline, run_dir / PIPELINE_FILE)
     if job.auto_embedding:
-        text = auto_embedding_yaml(pipeline.id_features, job.embedding_dim)
-        (run_dir / EMBEDDING_FILE).write_text(text, encoding="utf-8")
+        written = run_dir / EMBEDDING_FILE
+        if written.is_file():  # by the launcher, from the job file (launcher.auto_embedding)
+            ahead = written.read_text(encoding="utf-8")
+            check_ahead(ahead, pipeline.id_features, job.embedding_dim)
+        else:
+            text = auto_embedding_yaml(pipeline.id_features, job.embedding_dim)
+            written.write_text(text, encoding="utf-8")
     try:
         embedding_config = EmbeddingConfig.from_yaml(job.embedding_config_path(run_dir))
     except ConfigError as exc:
@@ -230,8 +209,9 @@ def validate(job: JobConfig, run_dir: Path, *, model: bool = True) -> FeaturePip
             f"has no feature {missing[0]!r} of the dataset's ID features "
             f"({', '.join(pipeline.id_features)}); use embedding_config: auto or add it",
         )
-    if not model:
-        sample_batch(job, pipeline)  # its data errors are the step's
+    if not model:  # its data errors are the step's; the rank's check reads it (no numba there)
+        batch = sample_batch(job, pipeline)
+        (run_dir / SAMPLE_FILE).write_bytes(b"".join(encode_batch(batch)))
         return pipeline
     built = build_job_model(job, pipeline, embedding_config)  # first: as check_model does
     sample_forward(built, sample_batch(job, pipeline), embedding_config)
@@ -255,16 +235,25 @@ def sample_batch(job: JobConfig, pipeline: FeaturePipeline) -> Batch:
 
 
 def check_model(
-    job: JobConfig, pipeline: FeaturePipeline, embedding_config: EmbeddingConfig
+    job: JobConfig,
+    pipeline: FeaturePipeline,
+    embedding_config: EmbeddingConfig,
+    run_dir: Path | None = None,
 ) -> None:
     """The model part of :func:`validate` (a held rank's, :mod:`embeddb.trainer.launcher.direct`,
-    when the validation step ran with ``--no-model``): build it, run it on the sample batch.
+    when the validation step ran with ``--no-model``): build it, run it on the sample batch
+    (the one the step wrote to ``RUN/sample-batch.bin``, else read here).
 
     Raises:
         ConfigError: naming ``model`` or ``model_args``.
     """
     built = build_job_model(job, pipeline, embedding_config)
-    sample_forward(built, sample_batch(job, pipeline), embedding_config)
+    written = None if run_dir is None else run_dir / SAMPLE_FILE
+    if written is not None and written.is_file():
+        batch = decode_batch(bytearray(written.read_bytes()))
+    else:
+        batch = sample_batch(job, pipeline)
+    sample_forward(built, batch, embedding_config)
 
 
 def error_line(job: JobConfig | None, exc: EmbeddbError) -> str:
