@@ -162,14 +162,9 @@ def test_a_held_rank_whose_launcher_closes_its_stdin_exits_having_started_nothin
     assert list(run_dir.iterdir()) == []  # no failure record, no loader, no worker
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("settings", [{}, {"embedding_config": "auto", "model": "builtin:dnn"}])
-def test_a_one_worker_job_trains_without_torchrun_its_rank_started_while_validating(
-    tmp_path: Path, settings: dict[str, object]
-) -> None:
-    """The rank checks the model (``model_checked``), an ``auto`` job's too: the validation
-    step imports no torch."""
-    job = write_job(tmp_path, metrics_file="metrics.jsonl", **settings)
+def run_sampled(job: Path) -> tuple[str, set[bytes], set[int]]:
+    """Run ``embeddb train`` on ``job`` to its successful end; its output, the command lines
+    of the processes sampled under it while it ran, and their pids."""
     proc = start(job)
     seen: set[int] = set()
     commands: set[bytes] = set()
@@ -184,6 +179,18 @@ def test_a_one_worker_job_trains_without_torchrun_its_rank_started_while_validat
     out = job.with_suffix(".out").read_text()
     proc.wait(timeout=60)
     assert proc.returncode == 0, out
+    return out, commands, seen
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("settings", [{}, {"embedding_config": "auto", "model": "builtin:dnn"}])
+def test_a_one_worker_job_trains_without_torchrun_its_rank_started_while_validating(
+    tmp_path: Path, settings: dict[str, object]
+) -> None:
+    """The rank checks the model (``model_checked``), an ``auto`` job's too: the validation
+    step imports no torch."""
+    job = write_job(tmp_path, metrics_file="metrics.jsonl", **settings)
+    out, commands, seen = run_sampled(job)
     assert "NN worker: python -u -m embeddb.trainer.launcher.run " in out
     assert "torchrun" not in out and not [c for c in commands if b"torch.distributed.run" in c]
     assert [c for c in commands if b"embeddb.trainer.launcher.run" in c]  # sampled: the rank
@@ -298,20 +305,7 @@ def test_the_job_key_embedding_stage_picks_where_the_embedding_stage_runs(
     tmp_path: Path, stage: str
 ) -> None:
     job = write_job(tmp_path, embedding_stage=stage, metrics_file="metrics.jsonl")
-    proc = start(job)
-    seen: set[int] = set()
-    commands: set[bytes] = set()
-
-    def sample() -> bool:
-        for pid in descendants(proc.pid):
-            with contextlib.suppress(OSError):
-                commands.add(Path(f"/proc/{pid}/cmdline").read_bytes())
-        return False
-
-    watch(proc, seen, "the job to end", 300, sample)
-    out = job.with_suffix(".out").read_text()
-    proc.wait(timeout=60)
-    assert proc.returncode == 0, out
+    _, commands, seen = run_sampled(job)
     assert [c for c in commands if b"embeddb.trainer.launcher.run" in c]  # sampled: the rank
     spawned = [c for c in commands if b"spawn_main" in c]  # multiprocessing's spawn children
     assert bool(spawned) == (stage == "process"), commands
