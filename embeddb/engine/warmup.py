@@ -23,6 +23,8 @@ time::
                                    writable; several: a writable concatenation)
     initializers (3 kinds)         writable ids
     optim: finite_rows, apply_rows the summed gradients (writable), per optimizer kind
+    capture._gather                a stripe's rows, flags and ids, and writable buffers (a
+                                   snapshot's capture)
 
 Dims and values do not matter (numba specialises on types only), so one call per signature
 covers every table. ``tests/test_warmup.py`` checks that real shard and gRPC traffic after the
@@ -41,7 +43,7 @@ from embeddb.common.routing import first_foreign
 from embeddb.config import InitializerConfig, InitializerKind, OptimizerConfig, OptimizerKind
 from embeddb.engine.initializers import initial_vectors, table_key
 from embeddb.engine.optim import Optimizer
-from embeddb.engine.storage import creation, hash_index, many_kernels
+from embeddb.engine.storage import capture, creation, hash_index, many_kernels
 from embeddb.engine.storage.many import stripe_row
 from embeddb.engine.storage.ram_tier import DIRTY, ON_DISK, RamStripe
 
@@ -70,7 +72,16 @@ def warm_up_core() -> float:
         initial_vectors(_IDS, _DIM, InitializerConfig(kind=kind), table_key("warm-up", 0))
     for optimizer in _optimizers():
         _optimize(optimizer)
+    _capture()
     return time.perf_counter() - start
+
+
+def _capture() -> None:
+    """A snapshot's capture: the occupied slots of a stripe gathered into its buffers."""
+    rows, flags = np.zeros((4, _DIM + 1), dtype=np.float32), np.zeros(4, dtype=np.uint8)
+    flags[1] = DIRTY
+    buf = capture.StripeCapture.sized(2, _DIM + 1)
+    capture._gather(rows, flags, np.zeros(4, dtype=np.uint64), buf.rows, buf.flags, buf.ids)
 
 
 def _ids(readonly: bool) -> U64:
