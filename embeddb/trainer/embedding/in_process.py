@@ -46,7 +46,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, TypeVar
 
-from embeddb.client import AsyncClient, ClientOptions, warm_up_client
+from embeddb.client import AsyncClient, warm_up_client
 from embeddb.common.arrays import F32
 from embeddb.config import EmbeddingConfig
 from embeddb.trainer.embedding import protocol as msg
@@ -262,17 +262,7 @@ class EmbeddingWorkerThread(StageFront):
     def _client(self) -> AsyncClient:
         """The stage's client of the shards (its own options; a test or benchmark may give
         another transport)."""
-        cfg = self.config
-        return AsyncClient(
-            self._addresses,
-            ClientOptions(
-                timeout=cfg.shard_timeout,
-                retry=cfg.retry_policy,
-                fp16=cfg.fp16,
-                token=cfg.token,
-                network=cfg.network,
-            ),
-        )
+        return AsyncClient(self._addresses, self.config.client_options())
 
     async def _serve(self, ready: Future[None]) -> None:
         loop = asyncio.get_running_loop()

@@ -48,7 +48,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
-from embeddb.client import AsyncClient, ClientOptions, warm_up_client
+from embeddb.client import AsyncClient, warm_up_client
 from embeddb.common.arrays import F32
 from embeddb.config import EmbeddingConfig
 from embeddb.errors import EmbeddbError
@@ -378,16 +378,7 @@ class _Server:
             target=self._read, args=(loop, inbox), name="embeddb-worker-reader", daemon=True
         ).start()
         cfg = self._config
-        client = AsyncClient(
-            self._addresses,
-            ClientOptions(
-                timeout=cfg.shard_timeout,
-                retry=cfg.retry_policy,  # the worker's own: one policy for both layers
-                fp16=cfg.fp16,
-                token=cfg.token,
-                network=cfg.network,
-            ),
-        )
+        client = AsyncClient(self._addresses, cfg.client_options())
         metrics = WorkerMetrics(cfg.max_staleness)
         worker = EmbeddingWorker(
             client, self._embedding_config, cfg, metrics=metrics, on_failure=self._report

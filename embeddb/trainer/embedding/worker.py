@@ -62,7 +62,7 @@ from typing import TypeVar
 
 import numpy as np
 
-from embeddb.client import AsyncClient, PushResult, RetryPolicy
+from embeddb.client import AsyncClient, ClientOptions, PushResult, RetryPolicy
 from embeddb.client.batching import IdBatch
 from embeddb.client.options import SimulatedNetwork
 from embeddb.common.arrays import F32
@@ -167,6 +167,17 @@ class EmbeddingWorkerConfig:
         """The worker's and its client's one policy: ``retries + 1`` attempts, waits ``retry_backoff
         * 2**n`` (no cap, no jitter); retried: UNAVAILABLE, CANCELLED and DEADLINE_EXCEEDED."""
         return RetryPolicy.from_retries(self.retries, self.retry_backoff, jitter=0, timeouts=True)
+
+    def client_options(self) -> ClientOptions:
+        """The options of the worker's client of the shards (its retry policy: one policy for
+        both layers), whichever way the stage runs."""
+        return ClientOptions(
+            timeout=self.shard_timeout,
+            retry=self.retry_policy,
+            fp16=self.fp16,
+            token=self.token,
+            network=self.network,
+        )
 
 
 @dataclass
