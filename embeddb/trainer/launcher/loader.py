@@ -25,7 +25,7 @@ The NN worker reads the frames in a background thread into a bounded queue
 
 Memory, per rank, is bounded by settings, never by the file:
 
-* the loader: one text chunk being parsed (``chunk_bytes``, 4 MiB by default), the shuffle
+* the loader: one text chunk being parsed (``chunk_bytes``, 1 MiB by default), the shuffle
   buffer (``shuffle: {buffer_rows: N}`` of the dataset, in parsed columns: about
   ``N * (8 * ids + 4 * numeric)`` bytes) and one batch being written;
 * the pipe (the kernel's 64 KiB) and the rank's queue: ``depth`` (8) decoded batches.
