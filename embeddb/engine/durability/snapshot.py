@@ -196,9 +196,7 @@ class SnapshotWriter:
         finally:
             os.close(fd)
 
-    def commit(
-        self, seq: int, meta: dict[str, Any], previous: Path | None = None
-    ) -> SnapshotInfo:
+    def commit(self, seq: int, meta: dict[str, Any], previous: Path | None = None) -> SnapshotInfo:
         """Checksum every file, write the manifest (with ``seq`` and ``meta``), fsync, rename.
 
         An SST file of the disk checkpoint that is the very file (same device and inode: a
