@@ -38,7 +38,8 @@ from embeddb.trainer.launcher.auto_embedding import (
     auto_embedding_yaml,
     job_ram_budget,
 )
-from embeddb.trainer.launcher.job import JobConfig
+from embeddb.trainer.launcher.job import EMBEDDING_FILE, JobConfig
+from embeddb.trainer.launcher.validate import validate
 
 MiB = 1 << 20
 
@@ -277,3 +278,15 @@ def test_the_job_budget_is_for_auto_tables_only(tmp_path: Path) -> None:
     path.write_text(JOB + "ram_budget: lots\n")
     with pytest.raises(ConfigError, match=r"ram_budget: must be a byte count.*job.yaml:9"):
         JobConfig.from_yaml(path)
+
+
+@pytest.mark.slow  # a fit: about a second
+def test_the_validation_step_sizes_the_auto_tables_from_the_data(tmp_path: Path) -> None:
+    write_data(tmp_path, 2000)
+    (tmp_path / "job.yaml").write_text(JOB + "ram_budget: 64MiB\nshards: 2\n")
+    job = JobConfig.from_yaml(tmp_path / "job.yaml")
+    validate(job, tmp_path / "run", model=False)  # no config written ahead: the step writes it
+    config = EmbeddingConfig.from_yaml(tmp_path / "run" / EMBEDDING_FILE)
+    assert config.store.ram.budget == 64 * MiB
+    # 7 users: the least rows; 2000 items over 2 shards, 25% headroom: 1250 rows a shard
+    assert {n: t.capacity for n, t in config.tables.items()} == {"user": 1024, "item": 1250}
