@@ -30,6 +30,7 @@ BAD_VALUES: dict[str, tuple[str, str]] = {
     "stripes": ("3", "must be a power of two, got 3"),
     "eviction_chunk": ("0.75", "must be a finite number in (0, 0.5], got 0.75"),
     "min_stripe_rows": ("0", "must be an integer >= 1, got 0"),
+    "ram_budget": ("4 GiBs", "must be a byte count: an integer or a number with a unit"),
     "disk_cache_mb": ("0", "must be an integer >= 1, got 0"),
     "threads": ("257", "must be an integer in [0, 256], got 257"),
     "parallel_min_ids": ("0", "must be an integer >= 1, got 0"),

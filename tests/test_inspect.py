@@ -214,6 +214,9 @@ def test_tables_and_stats_commands(cluster: Cluster, tmp_path: Path) -> None:
         ["1", cluster.addresses[1], "t"],
     ]
     assert sum(int(r[3]) for r in table[1:]) == ids.size
+    column = table[0].index("ram_bytes")  # each shard's RAM tier in bytes (ram_budget)
+    ram_bytes = [s.stats().tables["t"].ram_bytes for s in cluster.shards]
+    assert [int(r[column]) for r in table[1:]] == ram_bytes and min(ram_bytes) > 0
 
     result = invoke("stats", *addresses(cluster), "--format", "json")
     shards = json.loads(result.stdout)

@@ -25,7 +25,7 @@ import click
 
 from embeddb.cli.logs import configure_logging
 from embeddb.common.secrets import read_token_file
-from embeddb.config import EmbeddingConfig, StoreConfig
+from embeddb.config import EmbeddingConfig, StoreConfig, schema
 from embeddb.errors import EmbeddbError
 
 if TYPE_CHECKING:
@@ -69,9 +69,23 @@ def packaged_config(name: str) -> EmbeddingConfig:
     return EmbeddingConfig.from_yaml_text(text, source=f"embeddb/presets/{name}")
 
 
-def load_config(path: Path | None) -> EmbeddingConfig:
-    """The config at ``path`` (``--config``), else the packaged ``default.yaml``."""
-    return EmbeddingConfig.from_yaml(path) if path else packaged_config("default.yaml")
+def load_config(path: Path | None, ram_budget: int | None = None) -> EmbeddingConfig:
+    """The config at ``path`` (``--config``), else the packaged ``default.yaml``; with
+    ``ram_budget`` (``--ram-budget``, bytes) its ``store.ram_budget`` replaced before the
+    tables are sized (the tables without a ``capacity`` share it)."""
+    if ram_budget is None:
+        return EmbeddingConfig.from_yaml(path) if path else packaged_config("default.yaml")
+    if path is None:
+        text = resources.files("embeddb.presets").joinpath("default.yaml").read_text()
+        source = "embeddb/presets/default.yaml"
+    else:
+        text, source = schema.read_yaml_file(path)
+    data = schema.load_yaml(text, source)
+    if isinstance(data, dict):
+        store = data.get("store")
+        data["store"] = {**(store if isinstance(store, dict) else {}), "ram_budget": ram_budget}
+    with schema.naming_source(source, text):
+        return EmbeddingConfig.from_dict(data)
 
 
 def with_threads(config: EmbeddingConfig, threads: int) -> EmbeddingConfig:

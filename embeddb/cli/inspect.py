@@ -30,7 +30,15 @@ from embeddb.common.arrays import F32, U64
 
 __all__ = ["peek", "scan", "stats", "tables"]
 
-_STATS_COLUMNS = ("rows", "ram_rows", "ram_capacity", "disk_rows", "lookup_ids", "data_loss")
+_STATS_COLUMNS = (
+    "rows",
+    "ram_rows",
+    "ram_capacity",
+    "ram_bytes",
+    "disk_rows",
+    "lookup_ids",
+    "data_loss",
+)
 _ROW_FORMATS = click.Choice(["csv", "jsonl"])
 
 

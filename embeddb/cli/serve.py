@@ -148,6 +148,11 @@ __all__ = ["serve", "serve_model"]
     "config's store.threads; default: the config's; 0 = every CPU). `embeddb train` sets it "
     "from the job's core budget.",
 )
+@store_option(
+    "ram_budget",
+    help="Bytes the RAM tiers of all tables may take (4GiB, 512MiB or an integer; overrides "
+    "the config's store.ram_budget): tables without a capacity share what the others leave.",
+)
 @click.option(
     "--grace",
     type=click.FloatRange(min=0),
@@ -215,6 +220,7 @@ def serve(
     max_idle: float,
     workers: int,
     threads: int | None,
+    ram_budget: int | None,
     grace: float,
     restore: str | None,
     fallback_snapshot: bool,
@@ -266,7 +272,13 @@ def serve(
     check_bindable(listen.metrics_host or listen.host, listen.metrics_port)
     with reported_errors():
         # a follower without --config serves its primary's tables (embeddb.server.follower)
-        config = None if follow is not None and config_path is None else load_config(config_path)
+        if follow is not None and config_path is None and ram_budget is not None:
+            raise click.UsageError("--ram-budget of a follower needs its --config")
+        config = (
+            None
+            if follow is not None and config_path is None
+            else load_config(config_path, ram_budget)
+        )
         if threads is not None and config is not None:
             config = with_threads(config, threads)
         server_config = ServerConfig(

@@ -25,6 +25,7 @@ __all__ = [
     "MAX_PREFIX_BITS",
     "KindT",
     "as_bool",
+    "as_bytes",
     "as_float",
     "as_int",
     "as_kind",
@@ -65,6 +66,49 @@ def did_you_mean(word: str, choices: Collection[str]) -> str:
 def detail(exc: ConfigError) -> str:
     """The message of ``exc`` without its ``"key: "`` prefix."""
     return str(exc).removeprefix(f"{exc.key}: ") if exc.key else str(exc)
+
+
+_BYTE_UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 1 << 10,
+    "mib": 1 << 20,
+    "gib": 1 << 30,
+    "tib": 1 << 40,
+}
+_SIZE_RE = re.compile(r"\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([A-Za-z]*)\s*")
+
+
+def as_bytes(value: object, key: str, *, minimum: int = 1) -> int:
+    """``value`` as a byte count >= ``minimum``: an integer, or a string of a number and a
+    unit (``"4GiB"``, ``"512 MiB"``, ``"1.5GB"``; B, KB/MB/GB/TB are powers of 1000,
+    KiB/MiB/GiB/TiB of 1024; case-insensitive), rounded down to whole bytes."""
+    if isinstance(value, str):
+        match = _SIZE_RE.fullmatch(value)
+        unit = match.group(2).lower() if match else None
+        if match is None or unit not in _BYTE_UNITS:
+            raise ConfigError(
+                key,
+                f"must be a byte count: an integer or a number with a unit (B, KB, MB, GB, TB, "
+                f"KiB, MiB, GiB, TiB) such as 4GiB, got {value!r}",
+            )
+        number = float(match.group(1)) * _BYTE_UNITS[unit]
+        if not math.isfinite(number):
+            raise ConfigError(key, f"must be a finite byte count, got {value!r}")
+        value = int(number)
+    elif isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ConfigError(
+            key,
+            f"must be a byte count (an integer or a string such as 4GiB), got {describe(value)}",
+        )
+    count = int(value)
+    if count < minimum:
+        raise ConfigError(key, f"must be at least {minimum} bytes, got {count}")
+    return count
 
 
 def as_int(value: object, key: str, *, minimum: int, maximum: int | None = None) -> int:

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from embeddb.config import schema
+from embeddb.config import ram_budget, schema
 from embeddb.config._checks import (
     MAX_PREFIX_BITS,
     as_int,
@@ -49,6 +49,8 @@ __all__ = [
     "OptimizerKind",
     "TableConfig",
 ]
+
+_BUDGET_KEY = "store.ram_budget"
 
 
 @dataclass(frozen=True)
@@ -106,6 +108,15 @@ class EmbeddingConfig:
         for feature in self.features.values():
             group = group_by_feature.get(feature.name, feature.name)
             self._check_feature(feature, group, index_of)
+        if self.store.ram.budget is not None:  # the capacities are all explicit by now
+            ram_budget.resolve_capacities(self.tables, frozenset(), self.store.ram, _BUDGET_KEY)
+
+    def ram_bytes(self) -> dict[str, int]:
+        """Bytes of each table's RAM tier on a shard (:mod:`embeddb.config.ram_budget`)."""
+        return {
+            n: ram_budget.table_ram_bytes(t.capacity, t.row_width, self.store.ram)
+            for n, t in self.tables.items()
+        }
 
     def _check_feature(
         self, feature: FeatureConfig, group: str, index_of: Mapping[str, int]

@@ -122,6 +122,7 @@ def _type_text(annotation: object) -> str:
     if text in enums:
         return " \\| ".join(f"`{member.value}`" for member in enums[text])
     text = text.replace("str | None", "string or null").replace("float | None", "float or null")
+    text = text.replace("int | None", "int, size string or null")
     return {"str": "string", "bool": "bool", "int": "int", "float": "float"}.get(text, text)
 
 
@@ -363,7 +364,8 @@ def render_reference() -> str:
             "`disk`, `parallel`, `log`, `snapshots`, `export`), and every error names the key "
             "as written here. A key given on the command line is `--` + the key with dashes "
             "(today `--threads` of `embeddb serve` and `embeddb cluster`, and its variable "
-            "`EMBEDDB_SERVE_THREADS` / `EMBEDDB_CLUSTER_THREADS`): its value is read as YAML "
+            "`EMBEDDB_SERVE_THREADS` / `EMBEDDB_CLUSTER_THREADS`, and `--ram-budget` of "
+            "`embeddb serve`): its value is read as YAML "
             "and checked by the same rule as in the file, with the same message.",
             _store_rows(),
         ),

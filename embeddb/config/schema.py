@@ -22,6 +22,7 @@ from typing import Any
 
 import yaml
 
+from embeddb.config import ram_budget
 from embeddb.config._checks import (
     MAX_PREFIX_BITS,
     KindT,
@@ -102,6 +103,7 @@ STORE_KEYS: Mapping[str, tuple[str, str]] = types.MappingProxyType(
         "stripes": ("ram", "stripes"),
         "eviction_chunk": ("ram", "eviction_chunk"),
         "min_stripe_rows": ("ram", "min_stripe_rows"),
+        "ram_budget": ("ram", "budget"),
         "disk_cache_mb": ("disk", "cache_mb"),
         "threads": ("parallel", "threads"),
         "parallel_min_ids": ("parallel", "min_ids"),
@@ -204,14 +206,36 @@ def parse(data: object) -> dict[str, Any]:
         )
     _check_shared_tables(features, slots_key)
     template = _parse_defaults(top.get("defaults"), seed)
+    entries = _section(top.get("tables"), "tables")
+    tables = _parse_tables(entries, features, template)
+    store = _parse_store(top.get("store"))
+    if store.ram.budget is not None:
+        tables = ram_budget.resolve_capacities(
+            tables, _shared_tables(top, entries, tables), store.ram, "store.ram_budget"
+        )
     return {
-        "tables": _parse_tables(_section(top.get("tables"), "tables"), features, template),
+        "tables": tables,
         "features": features,
         "feature_groups": {group: tuple(members) for group, members in groups.items()},
         "feature_index_prefix_bit": bits,
-        "store": _parse_store(top.get("store")),
+        "store": store,
         "seed": seed,
     }
+
+
+def _shared_tables(
+    top: Mapping[str, Any], entries: Mapping[str, Any], tables: Mapping[str, TableConfig]
+) -> frozenset[str]:
+    """The tables whose ``capacity`` neither ``defaults`` nor their ``tables`` entry gives:
+    they share the ``ram_budget`` (:func:`~embeddb.config.ram_budget.resolve_capacities`)."""
+    defaults = top.get("defaults")
+    if isinstance(defaults, Mapping) and "capacity" in defaults:
+        return frozenset()
+    return frozenset(
+        name
+        for name in tables
+        if not (isinstance(entries.get(name), Mapping) and "capacity" in entries[name])
+    )
 
 
 def _slots_section(top: Mapping[str, Any]) -> tuple[str, Mapping[str, Any]]:

@@ -4,7 +4,7 @@ In code the settings are grouped by what they tune; in YAML they stay one flat m
 (:data:`embeddb.config.schema.STORE_KEYS` maps each key to its group and field)::
 
     StoreConfig              YAML ``store:`` keys
-      ram: RamTierConfig       stripes, eviction_chunk, min_stripe_rows
+      ram: RamTierConfig       stripes, eviction_chunk, min_stripe_rows, ram_budget
       disk: DiskTierConfig     disk_cache_mb
       parallel: ParallelConfig threads, parallel_min_ids
       log: UpdateLogConfig     update_log, fsync, fsync_interval_ms, log_segment_mb,
@@ -22,7 +22,7 @@ import enum
 import os
 from dataclasses import dataclass, field
 
-from embeddb.config._checks import as_float, as_int, as_kind, describe, set_field
+from embeddb.config._checks import as_bytes, as_float, as_int, as_kind, describe, set_field
 from embeddb.errors import ConfigError
 
 __all__ = [
@@ -40,6 +40,7 @@ __all__ = [
     "check_log_lz4_min_bytes",
     "check_log_recovery",
     "check_log_segment_bytes",
+    "check_ram_budget",
 ]
 
 _MAX_STRIPES = 64
@@ -76,11 +77,17 @@ class RamTierConfig:
         eviction_chunk: least fraction of a table's capacity evicted per eviction, in (0, 0.5].
         min_stripe_rows: a table gets fewer stripes rather than stripes smaller than this (a
             small table is not worth striping, and a tiny stripe fills up on a few unlucky ids).
+        budget: YAML ``ram_budget``: bytes the RAM tiers of all the shard's tables may take
+            together (vectors, optimizer state, index and per-slot bookkeeping:
+            :mod:`embeddb.config.ram_budget`); an integer or a string such as ``"4GiB"``.
+            Tables without an explicit ``capacity`` share what the others leave; ``None``
+            (default): no budget, each table has its ``capacity``.
     """
 
     stripes: int = 4
     eviction_chunk: float = 1 / 64
     min_stripe_rows: int = 1024
+    budget: int | None = None
 
     def __post_init__(self) -> None:
         stripes = as_int(self.stripes, "stripes", minimum=1, maximum=_MAX_STRIPES)
@@ -92,6 +99,8 @@ class RamTierConfig:
         set_field(
             self, "min_stripe_rows", as_int(self.min_stripe_rows, "min_stripe_rows", minimum=1)
         )
+        if self.budget is not None:
+            set_field(self, "budget", check_ram_budget(self.budget))
 
 
 @dataclass(frozen=True)
@@ -165,6 +174,12 @@ class UpdateLogConfig:
         set_field(self, "segment_mb", as_int(self.segment_mb, "log_segment_mb", minimum=1))
         set_field(self, "lz4_min_bytes", check_log_lz4_min_bytes(self.lz4_min_bytes))
         set_field(self, "recovery", check_log_recovery(self.recovery))
+
+
+def check_ram_budget(value: object) -> int:
+    """``store.ram_budget`` (also ``embeddb serve --ram-budget``): a byte count >= 1 MiB, an
+    integer or a string such as ``4GiB`` (:func:`~embeddb.config._checks.as_bytes`)."""
+    return as_bytes(value, "ram_budget", minimum=1 << 20)
 
 
 # The one validator of each update-log setting, named by its YAML key: UpdateLogConfig (the

@@ -195,7 +195,9 @@ class TableConfig:
             (0, 1]; 1 admits every id.
         weight_bound: when set (> 0), every vector element is clamped to
             ``[-weight_bound, weight_bound]`` after each update.
-        capacity: RAM-tier rows per shard for this table, > 0.
+        capacity: RAM-tier rows per shard for this table, > 0. With ``store.ram_budget``, a
+            table whose YAML (``defaults`` or its ``tables`` entry) gives none gets a share of
+            the budget instead (docs/database.md, *RAM budget*).
         seed: initializer seed, >= 0.
     """
 

@@ -127,7 +127,8 @@ class ShardSnapshots:
                     for n, t in self._tables.items()
                 },
             }
-            info = writer.commit(seq, meta)
+            done = self.complete()  # the newest one's SST checksums are reused where they can be
+            info = writer.commit(seq, meta, done[-1].path if done else None)
         except BaseException:
             writer.abort()
             raise

@@ -1,11 +1,13 @@
 """Readers that wrap other readers for :class:`~embeddb.features.dataset.DatasetSpec`
-(striped, shuffled, empty, head-of-input), and the streamed moments of its standardize fit."""
+(striped, shuffled, empty, head-of-input), and the streamed moments of its standardize fit
+and the distinct ids of its ID features."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
 import numpy as np
+import numpy.typing as npt
 
 from embeddb.common.arrays import F64
 from embeddb.features import stream
@@ -13,7 +15,7 @@ from embeddb.features._block import Block
 from embeddb.features._parts import PartsReader
 from embeddb.features._reader import Reader
 
-__all__ = ["Empty", "Head", "Moments", "Shuffled", "Striped"]
+__all__ = ["DistinctIds", "Empty", "Head", "Moments", "Shuffled", "Striped"]
 
 
 class Moments:
@@ -98,3 +100,55 @@ class Head(Reader):
             # of the head: every later row is a test row
             if chunk.input_row is None or chunk.input_row + chunk.size >= self.head_rows:
                 return
+
+
+class DistinctIds:
+    """The distinct ids of each ID feature over the fitting sample, and whether the count is
+    the feature's whole cardinality (:meth:`result`).
+
+    Args:
+        names: the ID features.
+        sample_rows: the most rows the sample reads.
+    """
+
+    def __init__(self, names: tuple[str, ...], sample_rows: int) -> None:
+        self.names = names
+        self.sample_rows = sample_rows
+        self.seen: dict[str, npt.NDArray[np.uint64]] = {n: np.empty(0, np.uint64) for n in names}
+        self.rows = 0
+        self.at_half: dict[str, int] | None = None
+
+    def add(self, block: Block) -> None:
+        half = self.sample_rows // 2
+        split = half - self.rows if self.rows < half <= self.rows + block.size else None
+        for name in self.names:
+            if name not in block.ids:
+                continue
+            ids = block.ids[name]
+            if split is not None:  # the first half ends inside this block
+                end = split if ids.offsets is None else int(ids.offsets[split])
+                self._merge(name, ids.values[:end])
+                self._merge(name, ids.values[end:], at_half=True)
+            else:
+                self._merge(name, ids.values)
+        if split is not None and self.at_half is None:
+            self.at_half = {}
+        self.rows += block.size
+
+    def _merge(self, name: str, values: npt.NDArray[np.uint64], at_half: bool = False) -> None:
+        if at_half:
+            if self.at_half is None:
+                self.at_half = {}
+            self.at_half[name] = self.seen[name].size
+        self.seen[name] = np.union1d(self.seen[name], values).astype(np.uint64)
+
+    def result(self) -> dict[str, int]:
+        """Feature -> distinct ids, for the features whose count is their cardinality: all
+        when the sample read every training row (fewer than ``sample_rows``), else those
+        that met no new id in the second half of the sample (saturated); the others (their
+        count still growing) are left out."""
+        counts = {n: int(ids.size) for n, ids in self.seen.items()}
+        if self.rows < self.sample_rows:
+            return counts
+        half = self.at_half or {}
+        return {n: c for n, c in counts.items() if half.get(n) == c}

@@ -91,7 +91,7 @@ from embeddb.features import stream
 from embeddb.features._block import Block
 from embeddb.features._parts import PartsReader
 from embeddb.features._reader import Reader
-from embeddb.features._wrappers import Empty, Head, Moments, Shuffled, Striped
+from embeddb.features._wrappers import DistinctIds, Empty, Head, Moments, Shuffled, Striped
 from embeddb.features.dataset_yaml import Keys, ParsedDataset, SplitRule, parse_dataset
 from embeddb.features.delimited import CsvReader, header_names
 from embeddb.features.libsvm import LibsvmReader, field_column, sample_fields
@@ -260,9 +260,11 @@ class DatasetSpec:
             n if n.name in p.standardize else replace(n, log1p=False) for n in columns.numeric
         )
         rows = 0
+        distinct = DistinctIds(tuple(c.feature for c in columns.ids), sample_rows)
         try:
             for block in self._sample_blocks(train, replace(columns, numeric=raw), sample_rows):
                 stats.add(block)
+                distinct.add(block)
                 rows += block.size
         except CorruptDataError as exc:
             if "label column" in str(exc) and "is empty" in str(exc):
@@ -291,6 +293,7 @@ class DatasetSpec:
                 for n in columns.numeric
                 if (result := stats.result(n.name)) is not None
             },
+            distinct_ids=distinct.result(),
         )
 
     def _fit_movielens(self) -> FeaturePipeline:

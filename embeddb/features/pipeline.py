@@ -77,6 +77,10 @@ class FeaturePipeline:
             as training saw them), measured by ``fit``. Serving fills a missing value with
             it (:meth:`batch_from_records`). Pipelines saved before it was recorded have
             none: see :meth:`missing_fills` for what they fill.
+        distinct_ids: ID feature name -> distinct ids it has, as ``fit`` measured them on its
+            sample, for the features whose count is the whole data's (the sample read every
+            row, or met no new id in its second half); sizes the ``embedding_config: auto``
+            tables. Not saved (``to_json``): a loaded pipeline has none.
     """
 
     spec: ColumnSpec
@@ -85,6 +89,7 @@ class FeaturePipeline:
     strip: bool = False
     order_threshold: float | str | None = None
     means: Mapping[str, tuple[float, ...]] = field(default_factory=dict, hash=False)
+    distinct_ids: Mapping[str, int] = field(default_factory=dict, hash=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "na_values", check_na_values(self.na_values))

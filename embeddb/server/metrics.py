@@ -28,6 +28,7 @@ label ``table``; named after the fields of ``embeddb.engine.storage.TableStats``
     embeddb_rows                    gauge     rows stored in either tier
     embeddb_tier_rows{tier}         gauge     ram: resident rows; disk: rows with a disk copy
     embeddb_ram_capacity            gauge     RAM tier slots
+    embeddb_ram_bytes               gauge     bytes of the RAM tier's arrays (ram_budget)
     embeddb_lookup_ids_total        counter   ids looked up (training and evaluation)
     embeddb_tier_hits_total{tier}   counter   looked-up ids found in RAM / on disk
     embeddb_index_miss_count_total  counter   looked-up ids found in neither tier
@@ -189,6 +190,9 @@ class ShardStatsCollector(Collector):
             labels=["table", "tier"],
         )
         capacity = GaugeMetricFamily(f"{p}_ram_capacity", "RAM tier slots.", labels=["table"])
+        ram_bytes = GaugeMetricFamily(
+            f"{p}_ram_bytes", "Bytes of the RAM tier's preallocated arrays.", labels=["table"]
+        )
         hits = CounterMetricFamily(
             f"{p}_tier_hits", "Looked-up ids found in each tier.", labels=["table", "tier"]
         )
@@ -206,12 +210,13 @@ class ShardStatsCollector(Collector):
             tier_rows.add_metric([table, "ram"], s.ram_rows)
             tier_rows.add_metric([table, "disk"], s.disk_rows)
             capacity.add_metric([table], s.ram_capacity)
+            ram_bytes.add_metric([table], s.ram_bytes)
             hits.add_metric([table, "ram"], s.ram_hits)
             hits.add_metric([table, "disk"], s.disk_hits)
             ratio.add_metric([table], s.misses / s.lookup_ids if s.lookup_ids else 0.0)
             for field, family in counters.items():
                 family.add_metric([table], getattr(s, field))
-        yield from (rows, tier_rows, capacity, hits, ratio, *counters.values())
+        yield from (rows, tier_rows, capacity, ram_bytes, hits, ratio, *counters.values())
 
 
 class _ShardCollector(Collector):

@@ -53,6 +53,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -86,6 +87,7 @@ from embeddb.engine.durability.snapshot_dirs import (
 )
 from embeddb.engine.durability.snapshot_transfer import Chunk, SnapshotReceiver
 from embeddb.engine.storage.paths import confined_root, resolve_inside
+from embeddb.errors import CorruptDataError
 
 __all__ = [
     "FORMAT_VERSION",
@@ -99,6 +101,7 @@ __all__ = [
     "list_snapshots",
     "load_table",
     "read_manifest",
+    "reused_sums",
     "table_files",
     "verify",
 ]
@@ -193,8 +196,14 @@ class SnapshotWriter:
         finally:
             os.close(fd)
 
-    def commit(self, seq: int, meta: dict[str, Any]) -> SnapshotInfo:
+    def commit(self, seq: int, meta: dict[str, Any], previous: Path | None = None) -> SnapshotInfo:
         """Checksum every file, write the manifest (with ``seq`` and ``meta``), fsync, rename.
+
+        An SST file of the disk checkpoint that is the very file (same device and inode: a
+        hard link of the same live RocksDB file) an SST entry of the complete snapshot
+        ``previous`` lists, with the listed size, keeps that entry's CRC32 and is not read
+        again (:func:`reused_sums`): RocksDB never rewrites an SST file, so a snapshot reads
+        only the files new since the previous one. Loading checks every file as before.
 
         Raises:
             StorageFullError, StorageFaultError: a write, fsync or rename failed (nothing of
@@ -206,8 +215,12 @@ class SnapshotWriter:
             paths = sorted(p for p in self.tmp.rglob("*") if p.is_file())
             # the files' fsyncs overlap (one per table file and SST: waited for one by one,
             # they were most of a small snapshot's time); the first failure is raised
-            with ThreadPoolExecutor(max_workers=max(1, min(_SYNC_THREADS, len(paths)))) as pool:
-                sums = list(pool.map(self._checksum_and_sync, paths))
+            known = reused_sums(previous, self.disk_dir) if previous is not None else {}
+            fresh = [p for p in paths if p not in known]
+            with ThreadPoolExecutor(max_workers=max(1, min(_SYNC_THREADS, len(fresh)))) as pool:
+                computed = dict(zip(fresh, pool.map(self._checksum_and_sync, fresh), strict=True))
+            sums = [known[p] if p in known else computed[p] for p in paths]
+            self.reused = len(known)
             files = {
                 path.relative_to(self.tmp).as_posix(): {"size": size, "crc32": crc}
                 for path, (size, crc) in zip(paths, sums, strict=True)
@@ -242,6 +255,8 @@ class SnapshotWriter:
             raise storage_error(self._failed, exc) from exc
         return SnapshotInfo(self.snapshot_id, seq, self.final, total + len(text), created)
 
+    reused = 0  # files whose checksum the last commit took from the previous snapshot
+
     def _checksum_and_sync(self, path: Path) -> tuple[int, int]:
         with open(path, "rb") as f:
             size, crc = checksum(f)
@@ -258,3 +273,45 @@ class SnapshotWriter:
             self._io.fsync_dir(fd)
         finally:
             os.close(fd)
+
+
+def reused_sums(previous: Path, disk_dir: Path) -> dict[Path, tuple[int, int]]:
+    """``(size, CRC32)`` of the SST files under ``disk_dir`` (a new disk checkpoint) that are
+    the same files as SST entries of the complete snapshot ``previous``, from its manifest.
+
+    Conservative: only ``disk/*.sst`` entries (RocksDB's immutable files; its ``MANIFEST``,
+    ``CURRENT`` and ``OPTIONS`` files are copies and always read), matched by device and
+    inode of both paths stat'ed now (so both name one file) and by size (the manifest's, the
+    file's now). A previous snapshot that cannot be read, or an entry that cannot be
+    resolved inside it or stat'ed, gives nothing: those files are read. Were the shared file
+    changed after the previous snapshot checksummed it, the reused CRC32 is the one it had
+    then, so loading either snapshot reports it.
+    """
+    owner = f"previous snapshot {previous}"
+    try:
+        listed = read_manifest(previous)["files"]
+        root = confined_root(previous, owner)
+    except (CorruptDataError, OSError):
+        return {}
+    by_inode: dict[tuple[int, int], tuple[int, int]] = {}
+    for entry, want in listed.items():
+        if not (entry.startswith("disk/") and entry.endswith(".sst")):
+            continue
+        try:
+            st = os.lstat(resolve_inside(root, entry, owner))
+        except (CorruptDataError, OSError):
+            continue
+        if stat.S_ISREG(st.st_mode) and st.st_size == want["size"]:
+            by_inode[(st.st_dev, st.st_ino)] = (int(want["size"]), int(want["crc32"]))
+    found: dict[Path, tuple[int, int]] = {}
+    if not by_inode or not disk_dir.is_dir():
+        return found
+    for path in disk_dir.rglob("*.sst"):
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        sums = by_inode.get((st.st_dev, st.st_ino))
+        if sums is not None and stat.S_ISREG(st.st_mode) and st.st_size == sums[0]:
+            found[path] = sums
+    return found

@@ -21,6 +21,7 @@ import numpy as np
 
 from embeddb.common._routing_kernel import mix as _mix
 from embeddb.common.routing import STRIPE_SALT
+from embeddb.config.ram_budget import index_buckets
 
 __all__ = [
     "collect_victims",
@@ -41,8 +42,7 @@ _GATHER_BLOCK = 32  # ids per block of lookup_gather's passes
 
 def new_index(capacity: int) -> np.ndarray:
     """An empty index for ``capacity`` slots (buckets: next power of two ≥ 2 * capacity)."""
-    buckets = 1 << max(4, int(2 * max(capacity, 1) - 1).bit_length())
-    return np.zeros((buckets, 2), dtype=np.uint64)
+    return np.zeros((index_buckets(capacity), 2), dtype=np.uint64)
 
 
 @numba.njit(nogil=True, cache=True, inline="always")

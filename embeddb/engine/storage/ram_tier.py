@@ -92,6 +92,12 @@ class RamStripe:
         self.counters = Counters()
 
     @property
+    def nbytes(self) -> int:
+        """Bytes of the stripe's arrays (:func:`embeddb.config.ram_budget.table_ram_bytes`)."""
+        arrays = (self.index, self.rows, self.flags, self.ids, self._free, self.scratch)
+        return sum(a.nbytes for a in arrays)
+
+    @property
     def size(self) -> int:
         """Resident rows."""
         return self.capacity - self.n_free

@@ -29,6 +29,9 @@ class TableStats:
     the rows with a disk-tier copy (a resident row may have one too, see the module docstring).
     ``data_loss`` counts the disk-tier reads of this table that failed RocksDB's checks (each
     answered ``DATA_LOSS``; see :class:`~embeddb.engine.storage.disk_tier.DiskTier`).
+    ``ram_bytes`` is what the RAM tier's preallocated arrays take (vectors, optimizer state,
+    index, bookkeeping: :func:`embeddb.config.ram_budget.table_ram_bytes`); summed over tables
+    by :meth:`ShardStats.totals`, it is the shard's.
     """
 
     table: str
@@ -36,6 +39,7 @@ class TableStats:
     rows: int
     ram_rows: int
     ram_capacity: int
+    ram_bytes: int
     disk_rows: int
     lookup_ids: int
     ram_hits: int

@@ -42,6 +42,7 @@ import numpy.typing as npt
 
 from embeddb.common.arrays import F32, I64, U64
 from embeddb.config import RamTierConfig, TableConfig
+from embeddb.config.ram_budget import stripe_capacities
 from embeddb.engine.optim import Optimizer
 from embeddb.engine.storage import hash_index, writes
 from embeddb.engine.storage.changes import Change, Op
@@ -58,14 +59,6 @@ T = TypeVar("T")
 Call = tuple["TieredTable", list[threading.Lock], Callable[[], Prepared[T]]]
 
 __all__ = ["TieredTable"]
-
-
-def _stripe_count(requested: int, capacity: int, min_rows: int) -> int:
-    """Largest power of two ≤ ``requested`` that leaves every stripe ≥ ``min_rows`` slots."""
-    s = requested
-    while s > 1 and capacity // s < min_rows:
-        s //= 2
-    return s
 
 
 class TieredTable:
@@ -102,9 +95,8 @@ class TieredTable:
         self.width = config.dim + self.optimizer.state_dim
         self._disk = disk
         self._tiers = Tiers(disk, config.name)  # moves rows between the stripes and disk
-        n = _stripe_count(ram.stripes, config.capacity, ram.min_stripe_rows)
-        self._shift = np.uint64(64 - (n.bit_length() - 1))
-        caps = [config.capacity // n + (1 if i < config.capacity % n else 0) for i in range(n)]
+        caps = stripe_capacities(config.capacity, ram)
+        self._shift = np.uint64(64 - (len(caps).bit_length() - 1))
         self.stripes = [RamStripe(c, self.width, int(c * ram.eviction_chunk)) for c in caps]
         self.stripes[0].counters.disk_rows = disk_rows
         self._lookups = Lookups(
@@ -287,6 +279,7 @@ class TieredTable:
             rows=total.disk_rows + sum(s.ram_only_rows() for s in self.stripes),
             ram_rows=sum(s.size for s in self.stripes),
             ram_capacity=sum(s.capacity for s in self.stripes),
+            ram_bytes=sum(s.nbytes for s in self.stripes),
             data_loss=self._disk.data_loss(self.name),
             **counts,
         )

@@ -21,6 +21,7 @@ Schema (every key optional except ``model``; relative paths are relative to the 
                                    #   preset:NAME (embeddb/presets/NAME.yaml) or a YAML path
                                    #   (default: preset:adult for dataset adult, else auto)
     embedding_dim: 16              # the auto tables' dim
+    ram_budget: 1GiB               # auto: RAM bytes per shard, its tables sized from the data
     in_memory: false               # true: each rank reads its part into memory first (baseline)
     mode: hybrid                   # hybrid | sync | async
     max_staleness: 4
@@ -145,6 +146,7 @@ class JobConfig:
     model_args: dict[str, Any] = field(default_factory=dict)
     embedding_config: str | None = None
     embedding_dim: int = 16
+    ram_budget: int | str | None = None
     in_memory: bool = False
     mode: str = "hybrid"
     max_staleness: int = 4
@@ -182,6 +184,7 @@ class JobConfig:
                 f"must be auto, preset:NAME or a path: {self.embedding_config!r}",
             )
         _positive("embedding_dim", self.embedding_dim)
+        self._check_ram_budget()
         for flag in ("in_memory", "lenient_records"):
             if not isinstance(getattr(self, flag), bool):
                 raise ConfigError(flag, f"must be true or false, got {getattr(self, flag)!r}")
@@ -416,6 +419,24 @@ class JobConfig:
             if path.is_file() or path.with_name(name + ".gz").is_file():
                 return path
         return self.data_dir / _CRITEO_FILES[0]
+
+    def _check_ram_budget(self) -> None:
+        if self.ram_budget is None:
+            return
+        if self.embedding_config != AUTO:
+            raise ConfigError(
+                "ram_budget",
+                "sizes the embedding_config: auto tables; set store.ram_budget in the "
+                f"embedding config {self.embedding_config!r} instead",
+            )
+        from embeddb.config.store import check_ram_budget
+
+        object.__setattr__(self, "ram_budget", check_ram_budget(self.ram_budget))
+
+    @property
+    def shard_count(self) -> int:
+        """The shards the job's tables are split over (``addresses`` or ``shards``)."""
+        return len(self.addresses) if self.addresses is not None else self.shards
 
     @property
     def auto_embedding(self) -> bool:

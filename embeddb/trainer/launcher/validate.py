@@ -43,7 +43,11 @@ from embeddb.config import EmbeddingConfig
 from embeddb.errors import ConfigError, CorruptDataError, EmbeddbError
 from embeddb.features.batch import Batch
 from embeddb.features.pipeline import PIPELINE_FILE, FeaturePipeline, save_pipeline
-from embeddb.trainer.launcher.auto_embedding import auto_embedding_yaml, check_ahead
+from embeddb.trainer.launcher.auto_embedding import (
+    auto_embedding_yaml,
+    check_ahead,
+    job_ram_budget,
+)
 from embeddb.trainer.launcher.job import CONFIG_ERROR, EMBEDDING_FILE, EXIT_CONFIG_ERROR, JobConfig
 from embeddb.trainer.launcher.label_check import check_label_classes
 from embeddb.trainer.launcher.loader import decode_batch, encode_batch
@@ -194,9 +198,21 @@ def validate(job: JobConfig, run_dir: Path, *, model: bool = True) -> FeaturePip
         written = run_dir / EMBEDDING_FILE
         if written.is_file():  # by the launcher, from the job file (launcher.auto_embedding)
             ahead = written.read_text(encoding="utf-8")
-            check_ahead(ahead, pipeline.id_features, job.embedding_dim)
-        else:
-            text = auto_embedding_yaml(pipeline.id_features, job.embedding_dim)
+            check_ahead(
+                ahead,
+                pipeline.id_features,
+                job.embedding_dim,
+                ram_budget=job_ram_budget(job),
+                shards=job.shard_count,
+            )
+        else:  # the data seen: each table sized from its distinct ids where fit counted them
+            text = auto_embedding_yaml(
+                pipeline.id_features,
+                job.embedding_dim,
+                ram_budget=job_ram_budget(job),
+                shards=job.shard_count,
+                distinct=pipeline.distinct_ids,
+            )
             written.write_text(text, encoding="utf-8")
     try:
         embedding_config = EmbeddingConfig.from_yaml(job.embedding_config_path(run_dir))
