@@ -19,6 +19,7 @@ from _report import fmt_rate, say
 from embeddb.common.arrays import I64, U64
 from embeddb.config import (
     EmbeddingConfig,
+    Eviction,
     OptimizerConfig,
     OptimizerKind,
     StoreConfig,
@@ -247,10 +248,18 @@ def rng_for(seed: int, *keys: int) -> np.random.Generator:
 
 
 def make_config(
-    dim: int, capacity: int, kind: OptimizerKind, store: StoreConfig
+    dim: int,
+    capacity: int,
+    kind: OptimizerKind,
+    store: StoreConfig,
+    eviction: Eviction = Eviction.TINYLFU,
 ) -> EmbeddingConfig:
     table = TableConfig(
-        name=TABLE, dim=dim, capacity=capacity, optimizer=OptimizerConfig(kind=kind)
+        name=TABLE,
+        dim=dim,
+        capacity=capacity,
+        optimizer=OptimizerConfig(kind=kind),
+        eviction=eviction,
     )
     return EmbeddingConfig(tables={TABLE: table}, store=store)
 

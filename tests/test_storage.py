@@ -141,7 +141,7 @@ def test_eval_lookup_never_inserts_or_promotes(make_shard: MakeShard) -> None:
 
 
 def test_spill_and_promotion_preserve_vector_and_state_bit_for_bit(make_shard: MakeShard) -> None:
-    shard = make_shard(dim=6, capacity=8, stripes=1)
+    shard = make_shard(dim=6, capacity=8, stripes=1, eviction="lru")  # asserts LRU order
     hot = np.arange(8, dtype=np.uint64)
     shard.lookup("t", hot)
     rng = np.random.default_rng(1)
@@ -306,7 +306,7 @@ def test_stats_count_tier_hits(make_shard: MakeShard) -> None:
 
 
 def test_write_back_writes_only_dirty_rows(make_shard: MakeShard) -> None:
-    shard = make_shard(capacity=2, stripes=1)
+    shard = make_shard(capacity=2, stripes=1, eviction="lru")  # asserts LRU victims
     shard.lookup("t", ids(1, 2))  # new rows: dirty
     shard.lookup("t", ids(3, 4))  # evicts 1, 2: both written
     assert shard.stats().tables["t"].written_back == 2

@@ -41,7 +41,7 @@ import numpy as np
 import numpy.typing as npt
 
 from embeddb.common.arrays import F32, I64, U64
-from embeddb.config import RamTierConfig, TableConfig
+from embeddb.config import Eviction, RamTierConfig, TableConfig
 from embeddb.engine.optim import Optimizer
 from embeddb.engine.storage import hash_index, writes
 from embeddb.engine.storage.changes import Change, Op
@@ -105,7 +105,10 @@ class TieredTable:
         n = _stripe_count(ram.stripes, config.capacity, ram.min_stripe_rows)
         self._shift = np.uint64(64 - (n.bit_length() - 1))
         caps = [config.capacity // n + (1 if i < config.capacity % n else 0) for i in range(n)]
-        self.stripes = [RamStripe(c, self.width, int(c * ram.eviction_chunk)) for c in caps]
+        tinylfu = config.eviction is Eviction.TINYLFU
+        self.stripes = [
+            RamStripe(c, self.width, int(c * ram.eviction_chunk), tinylfu) for c in caps
+        ]
         self.stripes[0].counters.disk_rows = disk_rows
         self._lookups = Lookups(
             config, self.optimizer, self.stripes, disk, self._tiers, self._pool, self._split
@@ -339,8 +342,9 @@ class TieredTable:
                 for mask, is_dirty in ((~dirty[where], False), (dirty[where], True)):
                     rows_of = where[mask]
                     self._tiers.store(
-                        stripe, sub[mask], rows[rows_of], on_disk[rows_of], tick, is_dirty
-                    )
+                        stripe, sub[mask], rows[rows_of], on_disk[rows_of], tick, is_dirty,
+                        admit=False,
+                    )  # fmt: skip
             stripe.counters.promoted -= int(on_disk[where].sum())  # a restore, not promotions
 
     def set_disk_rows(self, n: int) -> None:
