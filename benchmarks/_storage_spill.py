@@ -19,12 +19,12 @@ from typing import Any
 from _report import fmt_rate, say, verdict
 from _storage_common import (
     MIN_BATCHES,
+    SPILL_FULL,
+    SPILL_QUICK,
     SPILL_TIMED_BATCHES,
     SPILL_WARMUP_MAX_BATCHES,
     SPILL_WARMUP_TOLERANCE,
     SPILL_WARMUP_WINDOW,
-    SPILL_FULL,
-    SPILL_QUICK,
     TABLE,
     TARGET_SPILL_IDS_PER_S,
     Budget,
@@ -181,7 +181,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     n_ids, capacity = SPILL_QUICK if args.quick else SPILL_FULL
-    result = run_spill(16, n_ids, capacity, None, Budget(quick=args.quick), args.seed, StoreConfig())
+    result = run_spill(
+        16, n_ids, capacity, None, Budget(quick=args.quick), args.seed, StoreConfig()
+    )
     print(json.dumps(result, indent=1))
 
 

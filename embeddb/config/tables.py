@@ -31,8 +31,8 @@ from embeddb.errors import ConfigError
 
 __all__ = [
     "INITIALIZER_PARAMS",
-    "Eviction",
     "OPTIMIZER_PARAMS",
+    "Eviction",
     "FeatureConfig",
     "InitializerConfig",
     "InitializerKind",
