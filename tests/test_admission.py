@@ -150,3 +150,18 @@ def test_eviction_is_a_table_setting_in_yaml() -> None:
     assert config.tables["b"].eviction is Eviction.TINYLFU
     with pytest.raises(ConfigError, match="eviction"):
         EmbeddingConfig.from_dict({**base, "tables": {"a": {"eviction": "random"}}})
+
+
+def test_a_lookup_spanning_tables_counts_its_resident_ids(make_shard: MakeShard) -> None:
+    """A fully resident part of ``lookup_many`` is served by the fused kernel, not the table's
+    lookup: it must still count, or tinylfu would see hot rows as cold."""
+    shard = make_shard(capacity=16, stripes=1)
+    shard.lookup("t", np.arange(20, dtype=U64))  # fills RAM: counting starts
+    stripe = shard._tables["t"].stripes[0]
+    assert stripe.sketch is not None and stripe.sketch.counting
+    resident = np.array(sorted(resident_ids(shard))[:4], dtype=U64)
+    before = stripe.sketch.frequencies(resident).astype(int)
+    for _ in range(3):
+        shard.lookup_many([("t", resident, True)])
+    after = stripe.sketch.frequencies(resident).astype(int)
+    assert (after - before >= 3).all()

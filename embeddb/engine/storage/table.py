@@ -279,6 +279,15 @@ class TieredTable:
             found[where[~hit]] = on_disk
         return found, rows
 
+    def count_lookups(self, ids: U64) -> None:
+        """Count a training lookup of ``ids`` served without :meth:`lookup` (a call spanning
+        tables) in the tinylfu sketches that count (the caller holds the stripes' locks)."""
+        if any(s.sketch is not None and s.sketch.counting for s in self.stripes):
+            for s, sub, _ in self._split(ids):
+                sketch = self.stripes[s].sketch
+                if sketch is not None:
+                    sketch.add(sub)
+
     def stats(self) -> TableStats:
         total = Counters()
         for stripe in self.stripes:
