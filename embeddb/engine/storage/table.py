@@ -1,4 +1,4 @@
-"""A table's tiered store on one shard: striped RAM tier (LRU) over the RocksDB disk tier.
+"""A table's tiered store on one shard: striped RAM tier over the RocksDB disk tier.
 
 Ids are split into ``stripes`` (a power of two) by ``mix64(id ^ STRIPE_SALT)``; each stripe has
 its own lock, slots, index and clock, so concurrent calls on different stripes run in parallel.
@@ -15,7 +15,10 @@ Life of a row:
   granularity of one call) leave RAM; the *dirty* ones — created, updated or assigned since they
   were last written — are written to RocksDB in one batch first. To amortise the
   ``O(capacity)`` victim search, at least ``eviction_chunk * capacity`` rows go at once, so a
-  full stripe runs between ``1 - eviction_chunk`` and 100% occupancy.
+  full stripe runs between ``1 - eviction_chunk`` and 100% occupancy. That is the table's
+  ``eviction: lru``; under ``tinylfu`` (the default) a full stripe evicts a row only for a row
+  looked up more often lately, and serves the others from disk without making them resident
+  (:mod:`embeddb.engine.storage.admission`).
 * **promoted** back to RAM by a training lookup or update that misses RAM. Its disk copy stays
   (clean): evicting it again unchanged costs no write.
 * If a single call touches more distinct ids than a stripe can hold, the excess rows
