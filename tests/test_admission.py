@@ -18,7 +18,7 @@ U64 = np.uint64
 
 # ------------------------------------------------------------------------------------ kernels
 def test_the_sketch_counts_each_lookup_and_halves_when_aged() -> None:
-    sketch = np.zeros((admission.DEPTH, 64), dtype=np.uint8)
+    sketch = np.zeros((4, admission.BLOCK), dtype=np.uint8)
     keys = np.array([7, 7, 7, 9], dtype=U64)
     added = admission.sketch_add(sketch, keys, 0, 1000)
     assert added == 4
@@ -32,7 +32,7 @@ def test_the_sketch_counts_each_lookup_and_halves_when_aged() -> None:
 
 
 def test_the_sketch_saturates_instead_of_wrapping() -> None:
-    sketch = np.zeros((admission.DEPTH, 16), dtype=np.uint8)
+    sketch = np.zeros((1, admission.BLOCK), dtype=np.uint8)
     admission.sketch_add(sketch, np.full(600, 3, dtype=U64), 0, 10**9)
     est = np.empty(1, dtype=np.uint8)
     admission.estimate(sketch, np.array([3], dtype=U64), est)

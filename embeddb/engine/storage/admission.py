@@ -5,11 +5,13 @@ one-off ids, or the long tail of a Zipf workload, pushes out rows that are looke
 often. With ``tinylfu`` a full stripe admits a candidate row (a disk row to promote, a created
 or assigned row) only if it is looked up more often than the row it would evict:
 
-* **frequency sketch** — a count-min sketch of recent training lookups per stripe: ``DEPTH`` (4)
-  rows of ``width`` uint8 counters (``width``: the power of two ≥ 4x the stripe's capacity),
-  so 16 to 32 bytes per RAM row (a dim-16 Adagrad row is 128 bytes, its index entry 32). Every
-  id of a training lookup adds one to its ``DEPTH`` counters (double hashing of one 64-bit mix;
-  the counters saturate at 255); the estimate is the least of them. After every
+* **frequency sketch** — a count-min sketch of recent training lookups per stripe: blocks of
+  ``BLOCK`` (64) uint8 counters, one cache line each, 16 counters per RAM slot (the block count
+  rounded up to a power of two), so 16 to 32 bytes per RAM row (a dim-16 Adagrad row is 128
+  bytes, its index entry 32). One 64-bit mix of an id picks its block and ``DEPTH`` (4)
+  counters in it, one per 16-counter segment (Caffeine's layout: one cache miss per id, not
+  four); a training lookup adds one to each (saturating at 255), and the estimate is the least
+  of them. After every
   ``AGING_FACTOR * capacity`` (100x) increments every counter is halved, so the sketch follows
   recent popularity. Both sizes were chosen on the spill benchmark (Zipf 1.05, 2M ids over
   200K rows): at 10x aging, or at 100x with a sketch 1x the capacity wide, the ids near the
@@ -48,6 +50,7 @@ from embeddb.engine.storage.hash_index import _home
 
 __all__ = [
     "AGING_FACTOR",
+    "BLOCK",
     "DEPTH",
     "WINDOW_FRACTION",
     "FrequencySketch",
@@ -58,6 +61,8 @@ __all__ = [
 ]
 
 DEPTH = 4
+BLOCK = 64  # counters per block: one cache line
+_SEGMENT = BLOCK // DEPTH  # counter d of an id lies in the d-th 16-counter segment of its block
 AGING_FACTOR = 100
 WINDOW_FRACTION = 0.01
 _SKETCH_SALT = np.uint64(0x9E3779B97F4A7C15)
@@ -68,41 +73,44 @@ _MAX = np.uint8(255)
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
-def _hashes(key):
+def _block(key, mask):
+    """The sketch block (row of ``BLOCK`` counters) of ``key`` and the hash that places its
+    ``DEPTH`` counters in it: counter ``d`` is ``d * 16 + (h >> 4 d) & 15``."""
     h = _mix(key ^ _SKETCH_SALT)
-    return h & _LOW32, (h >> _S32) | _ONE  # double hashing: column_d = lo + d * hi
+    return np.int64((h >> _S32) & mask), h
 
 
 @numba.njit(nogil=True, cache=True)
 def sketch_add(sketch, ids, added, sample):
     """Add one to the counters of every id of ``ids`` (duplicates count each time); after every
     ``sample`` increments (``added`` so far) halve every counter. Returns the new ``added``."""
-    mask = np.uint64(sketch.shape[1] - 1)
+    mask = np.uint64(sketch.shape[0] - 1)
     for i in range(ids.size):
-        lo, hi = _hashes(ids[i])
-        for d in range(sketch.shape[0]):
-            col = np.int64((lo + np.uint64(d) * hi) & mask)
-            v = sketch[d, col]
+        b, h = _block(ids[i], mask)
+        for d in range(DEPTH):
+            col = d * _SEGMENT + np.int64((h >> np.uint64(4 * d)) & np.uint64(_SEGMENT - 1))
+            v = sketch[b, col]
             if v < _MAX:
-                sketch[d, col] = v + np.uint8(1)
+                sketch[b, col] = v + np.uint8(1)
         added += 1
         if added >= sample:
             added = 0
-            for d in range(sketch.shape[0]):
+            for r in range(sketch.shape[0]):
                 for col in range(sketch.shape[1]):
-                    sketch[d, col] >>= np.uint8(1)
+                    sketch[r, col] >>= np.uint8(1)
     return added
 
 
 @numba.njit(nogil=True, cache=True)
 def estimate(sketch, ids, out):
     """``out[i]`` = the estimated recent lookups of ``ids[i]`` (the least of its counters)."""
-    mask = np.uint64(sketch.shape[1] - 1)
+    mask = np.uint64(sketch.shape[0] - 1)
     for i in range(ids.size):
-        lo, hi = _hashes(ids[i])
+        b, h = _block(ids[i], mask)
         best = _MAX
-        for d in range(sketch.shape[0]):
-            v = sketch[d, np.int64((lo + np.uint64(d) * hi) & mask)]
+        for d in range(DEPTH):
+            col = d * _SEGMENT + np.int64((h >> np.uint64(4 * d)) & np.uint64(_SEGMENT - 1))
+            v = sketch[b, col]
             if v < best:
                 best = v
         out[i] = best
@@ -173,12 +181,13 @@ class FrequencySketch:
     """The count-min sketch of one stripe (its lock held by every caller).
 
     Args:
-        capacity: the stripe's slots; sets the width (next power of two) and the aging sample.
+        capacity: the stripe's slots; sets the size (16 counters per slot, rounded up to a
+            power of two of blocks) and the aging sample.
     """
 
     def __init__(self, capacity: int) -> None:
-        width = 1 << max(4, (4 * max(capacity, 1) - 1).bit_length())
-        self.table: npt.NDArray[np.uint8] = np.zeros((DEPTH, width), dtype=np.uint8)
+        blocks = 1 << max(0, (16 * max(capacity, 1) // BLOCK - 1).bit_length())
+        self.table: npt.NDArray[np.uint8] = np.zeros((blocks, BLOCK), dtype=np.uint8)
         self.sample = AGING_FACTOR * max(capacity, 1)
         self.window = max(1, int(capacity * WINDOW_FRACTION))
         self.added = 0
