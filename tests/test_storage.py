@@ -63,7 +63,7 @@ def test_single_id_lookups_follow_exact_lru(
 ) -> None:
     """With one id per call and evictions of exactly what is needed, the resident set is the
     ``capacity`` most recently used ids, call after call."""
-    shard = make_shard(capacity=capacity, stripes=1, eviction_chunk=1e-6)
+    shard = make_shard(capacity=capacity, stripes=1, eviction_chunk=1e-6, eviction="lru")
     model: OrderedDict[int, None] = OrderedDict()
     for x in accesses:
         shard.lookup("t", ids(x))
