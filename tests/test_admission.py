@@ -8,7 +8,7 @@ import pytest
 
 from embeddb.config import EmbeddingConfig, Eviction, TableConfig
 from embeddb.engine.shard import Shard
-from embeddb.engine.storage import admission
+from embeddb.engine.storage import admission, hash_index
 from embeddb.errors import ConfigError
 from tests.conftest import MakeShard, sgd
 from tests.test_storage import resident_ids
@@ -64,6 +64,23 @@ def test_ties_are_rejected_and_no_victim_means_no_admission() -> None:
         np.array([4, 4], np.uint8), 0, np.empty(0, np.uint8), 5, keep, window, evict[:0]
     )
     assert n == 0 and not keep.any()
+
+
+def test_a_cached_proposal_stays_valid_only_while_untouched_and_resident() -> None:
+    index = hash_index.new_index(8)
+    keys = np.array([3, 4, 5], dtype=U64)
+    hash_index.insert(index, keys, np.arange(3, dtype=np.int64), 2)
+    words = np.empty(3, dtype=U64)
+    admission.bucket_words(index, keys, words)
+    ok = np.empty(3, dtype=bool)
+    admission.unchanged(index, keys, words, 3, ok)
+    assert ok.all()
+    admission.unchanged(index, keys, words, 2, ok)  # not older than the tick: not a victim
+    assert not ok.any()
+    hash_index.probe(index, keys[:1], 7, True, np.empty(1, np.int64))  # 3 looked up again
+    hash_index.remove(index, keys[1:2], np.empty(1, np.int64))  # 4 deleted
+    admission.unchanged(index, keys, words, 8, ok)
+    assert ok.tolist() == [False, False, True]
 
 
 # ------------------------------------------------------------------------------------ policy

@@ -54,10 +54,12 @@ __all__ = [
     "DEPTH",
     "WINDOW_FRACTION",
     "FrequencySketch",
+    "bucket_words",
     "choose",
     "estimate",
     "restamp",
     "sketch_add",
+    "unchanged",
 ]
 
 DEPTH = 4
@@ -177,6 +179,39 @@ def restamp(index, keys, tick):
             b = (b + _ONE) & mask
 
 
+@numba.njit(nogil=True, cache=True)
+def bucket_words(index, keys, out):
+    """``out[k]`` = the stamp-and-slot word of resident ``keys[k]`` (0 if absent)."""
+    mask = np.uint64(index.shape[0] - 1)
+    for k in range(keys.size):
+        key = keys[k]
+        b = _home(key, mask)
+        out[k] = 0
+        while index[b, 1] != 0:
+            if index[b, 0] == key:
+                out[k] = index[b, 1]
+                break
+            b = (b + _ONE) & mask
+
+
+@numba.njit(nogil=True, cache=True)
+def unchanged(index, keys, words, tick, out):
+    """``out[k]``: ``keys[k]`` is still resident in the same slot, untouched since its word was
+    ``words[k]``, and older than ``tick`` (a cached proposal that is still a valid victim)."""
+    mask = np.uint64(index.shape[0] - 1)
+    limit = np.uint64(tick)
+    for k in range(keys.size):
+        key = keys[k]
+        b = _home(key, mask)
+        out[k] = False
+        while index[b, 1] != 0:
+            if index[b, 0] == key:
+                v = index[b, 1]
+                out[k] = v == words[k] and (v >> _S32) < limit
+                break
+            b = (b + _ONE) & mask
+
+
 class FrequencySketch:
     """The count-min sketch of one stripe (its lock held by every caller).
 
@@ -192,6 +227,14 @@ class FrequencySketch:
         self.window = max(1, int(capacity * WINDOW_FRACTION))
         self.added = 0
         self.counting = False  # set when the stripe first fills
+        # Victims proposed by the last LRU search and not used yet, with their index words
+        # (stamp and slot): valid while unchanged, so one O(capacity) search serves several
+        # calls, as LRU's eviction chunk does.
+        self.proposals: tuple[U64, npt.NDArray[np.int64], U64] = (
+            np.empty(0, np.uint64),
+            np.empty(0, np.int64),
+            np.empty(0, np.uint64),
+        )
 
     @property
     def nbytes(self) -> int:

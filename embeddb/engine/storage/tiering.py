@@ -108,10 +108,8 @@ class Tiers:
         assert sketch is not None
         k = ids.size
         need = k - stripe.n_free
-        keys = np.empty(need, dtype=np.uint64)
-        slots = np.empty(need, dtype=np.int64)
-        n = hash_index.collect_victims(stripe.index, need, tick, keys, slots)
-        keys, slots = keys[:n], slots[:n]
+        keys, slots = self._proposals(stripe, need, tick)
+        n = keys.size
         room = sketch.window - int(np.count_nonzero(stripe.flags & WINDOW)) if n else 0
         stripe.flags[slots] &= ~WINDOW  # proposed: from now on they compete by frequency
         keep = np.empty(k, dtype=bool)
@@ -130,6 +128,30 @@ class Tiers:
         # free[n_free - 1 - m]; flagged once placed
         m = np.flatnonzero(window[keep])
         return keep, stripe.free_stack(m), need - n
+
+    @staticmethod
+    def _proposals(stripe: RamStripe, need: int, tick: int) -> tuple[U64, I64]:
+        """Up to ``need`` least recently used rows older than ``tick``: the still valid ones of
+        the last search first; a new search (at least ``eviction_chunk`` rows) when they are
+        too few."""
+        sketch = stripe.sketch
+        assert sketch is not None
+        keys, slots, words = sketch.proposals
+        if keys.size:
+            ok = np.empty(keys.size, dtype=bool)
+            admission.unchanged(stripe.index, keys, words, tick, ok)
+            keys, slots, words = keys[ok], slots[ok], words[ok]
+        if keys.size < need:
+            want = min(max(need, stripe.eviction_chunk), stripe.size)
+            keys = np.empty(want, dtype=np.uint64)
+            slots = np.empty(want, dtype=np.int64)
+            n = hash_index.collect_victims(stripe.index, want, tick, keys, slots)
+            keys, slots = keys[:n], slots[:n]
+            words = np.empty(n, dtype=np.uint64)
+            admission.bucket_words(stripe.index, keys, words)
+        take = min(need, keys.size)
+        sketch.proposals = (keys[take:], slots[take:], words[take:])
+        return keys[:take], slots[:take]
 
     def write_back(self, stripe: RamStripe, ids: U64, slots: I64) -> None:
         """Write the dirty rows among resident ``ids`` to the disk tier and mark them clean."""
