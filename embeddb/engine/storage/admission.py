@@ -24,7 +24,10 @@ or assigned row) only if it is looked up more often than the row it would evict:
   ``i``-th candidate is admitted, evicting its victim, only if its estimate is strictly higher.
   Victims that survive are re-stamped (the next search considers other rows: a CLOCK-like sweep
   over the LRU order), so a once-frequent row that is no longer looked up is reconsidered once
-  per sweep and leaves when aging has brought its count below a candidate's.
+  per sweep and leaves when aging has brought its count below a candidate's. One search
+  proposes at least ``eviction_chunk`` rows; the ones a call does not use serve the next calls
+  while their index word (stamp and slot) is unchanged (:func:`unchanged`), so the
+  ``O(capacity)`` search runs about as often as LRU's.
 * **window** — up to ``WINDOW_FRACTION`` (1%) of the stripe's capacity holds rows admitted
   without beating a victim (flag ``WINDOW``): the most frequent rejected candidates, each
   evicting the least frequent surviving victim. This gives a new id the chance to be looked up
