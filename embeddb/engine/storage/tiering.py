@@ -27,6 +27,7 @@ from embeddb.engine.storage.ram_tier import DIRTY, ON_DISK, WINDOW, RamStripe
 __all__ = ["Tiers"]
 
 _NO_SLOTS = np.empty(0, dtype=np.int64)
+PROPOSALS_PER_NEED = 4  # a tinylfu victim search proposes this many rows per one needed
 
 
 class Tiers:
@@ -131,9 +132,9 @@ class Tiers:
 
     @staticmethod
     def _proposals(stripe: RamStripe, need: int, tick: int) -> tuple[U64, I64]:
-        """Up to ``need`` least recently used rows older than ``tick``: the still valid ones of
-        the last search first; a new search (at least ``eviction_chunk`` rows) when they are
-        too few."""
+        """Up to ``need`` least recently used rows older than ``tick``, oldest first: the still
+        valid ones of the last search; a new search (of ``PROPOSALS_PER_NEED * need`` rows, at
+        least ``eviction_chunk``) when they are too few."""
         sketch = stripe.sketch
         assert sketch is not None
         keys, slots, words = sketch.proposals
@@ -141,14 +142,15 @@ class Tiers:
             ok = np.empty(keys.size, dtype=bool)
             admission.unchanged(stripe.index, keys, words, tick, ok)
             keys, slots, words = keys[ok], slots[ok], words[ok]
-        if keys.size < need:
-            want = min(max(need, stripe.eviction_chunk), stripe.size)
+        if keys.size < need:  # the search costs about the same whatever it returns
+            want = min(max(PROPOSALS_PER_NEED * need, stripe.eviction_chunk), stripe.size)
             keys = np.empty(want, dtype=np.uint64)
             slots = np.empty(want, dtype=np.int64)
             n = hash_index.collect_victims(stripe.index, want, tick, keys, slots)
-            keys, slots = keys[:n], slots[:n]
             words = np.empty(n, dtype=np.uint64)
-            admission.bucket_words(stripe.index, keys, words)
+            admission.bucket_words(stripe.index, keys[:n], words)
+            oldest = np.argsort(words)  # stamp first: the least recently used are used first
+            keys, slots, words = keys[:n][oldest], slots[:n][oldest], words[oldest]
         take = min(need, keys.size)
         sketch.proposals = (keys[take:], slots[take:], words[take:])
         return keys[:take], slots[:take]
