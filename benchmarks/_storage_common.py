@@ -252,14 +252,12 @@ def make_config(
     capacity: int,
     kind: OptimizerKind,
     store: StoreConfig,
-    eviction: Eviction = Eviction.TINYLFU,
+    eviction: Eviction | None = None,
 ) -> EmbeddingConfig:
+    """A one-table config; ``eviction``: the table's policy (None: TableConfig's default)."""
+    policy = {} if eviction is None else {"eviction": eviction}
     table = TableConfig(
-        name=TABLE,
-        dim=dim,
-        capacity=capacity,
-        optimizer=OptimizerConfig(kind=kind),
-        eviction=eviction,
+        name=TABLE, dim=dim, capacity=capacity, optimizer=OptimizerConfig(kind=kind), **policy
     )
     return EmbeddingConfig(tables={TABLE: table}, store=store)
 

@@ -153,8 +153,8 @@ def test_random_operations_keep_exact_values(make_shard: MakeShard, eviction: st
 
 # ------------------------------------------------------------------------------------ setting
 def test_eviction_is_validated_once_with_the_choices() -> None:
-    assert TableConfig(name="t", dim=4).eviction is Eviction.TINYLFU
-    assert TableConfig(name="t", dim=4, eviction="lru").eviction is Eviction.LRU
+    assert TableConfig(name="t", dim=4).eviction is Eviction.LRU
+    assert TableConfig(name="t", dim=4, eviction="tinylfu").eviction is Eviction.TINYLFU
     with pytest.raises(ConfigError, match=r"eviction.*'lfu'.*tinylfu, lru"):
         TableConfig(name="t", dim=4, eviction="lfu")
 
@@ -172,7 +172,7 @@ def test_eviction_is_a_table_setting_in_yaml() -> None:
 def test_a_lookup_spanning_tables_counts_its_resident_ids(make_shard: MakeShard) -> None:
     """A fully resident part of ``lookup_many`` is served by the fused kernel, not the table's
     lookup: it must still count, or tinylfu would see hot rows as cold."""
-    shard = make_shard(capacity=16, stripes=1)
+    shard = make_shard(capacity=16, stripes=1, eviction="tinylfu")
     shard.lookup("t", np.arange(20, dtype=U64))  # fills RAM: counting starts
     stripe = shard._tables["t"].stripes[0]
     assert stripe.sketch is not None and stripe.sketch.counting

@@ -88,13 +88,15 @@ def test_single_id_lookups_follow_exact_lru(
     capacity=st.integers(4, 64),
     stripes=st.sampled_from([1, 2, 4]),
 )
+@pytest.mark.parametrize("eviction", ["lru", "tinylfu"])
 def test_random_batches_keep_values_bounds_and_clean_copies(
-    make_shard: MakeShard, batches: list[list[int]], capacity: int, stripes: int
+    make_shard: MakeShard, batches: list[list[int]], capacity: int, stripes: int, eviction: str
 ) -> None:
     """Under random batch workloads (chunked eviction, several stripes, overflowing calls):
     every row keeps its value across any number of spills, RAM never exceeds capacity, every
-    row is in RAM or on disk, and a resident row's disk copy (kept clean by lookups) equals it."""
-    shard = make_shard(capacity=capacity, stripes=stripes, eviction_chunk=0.25)
+    row is in RAM or on disk, and a resident row's disk copy (kept clean by lookups) equals it.
+    Both eviction policies."""
+    shard = make_shard(capacity=capacity, stripes=stripes, eviction_chunk=0.25, eviction=eviction)
     seen: dict[int, np.ndarray] = {}
     for batch in batches:
         got = shard.lookup("t", np.array(batch, dtype=np.uint64))

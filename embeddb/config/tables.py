@@ -209,7 +209,9 @@ class TableConfig:
             recently used row it would evict, apart from a window of 1% of the capacity for new
             rows, and serves the others from disk; ``lru`` always evicts the least recently used
             rows. Residency only: values are the same either way. ``admit_probability`` still
-            decides whether a new id gets a row at all.
+            decides whether a new id gets a row at all. tinylfu reads less from disk on skewed
+            (Zipf) lookups once warm, but its disk reads are colder (see docs/architecture.md
+            §8).
         seed: initializer seed, >= 0.
     """
 
@@ -220,7 +222,7 @@ class TableConfig:
     admit_probability: float = 1.0
     weight_bound: float | None = None
     capacity: int = 1_000_000
-    eviction: Eviction = Eviction.TINYLFU
+    eviction: Eviction = Eviction.LRU
     seed: int = 0
 
     def __post_init__(self) -> None:

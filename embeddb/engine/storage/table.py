@@ -16,7 +16,7 @@ Life of a row:
   were last written — are written to RocksDB in one batch first. To amortise the
   ``O(capacity)`` victim search, at least ``eviction_chunk * capacity`` rows go at once, so a
   full stripe runs between ``1 - eviction_chunk`` and 100% occupancy. That is the table's
-  ``eviction: lru``; under ``tinylfu`` (the default) a full stripe evicts a row only for a row
+  ``eviction: lru``; under ``tinylfu`` a full stripe evicts a row only for a row
   looked up more often lately, and serves the others from disk without making them resident
   (:mod:`embeddb.engine.storage.admission`).
 * **promoted** back to RAM by a training lookup or update that misses RAM. Its disk copy stays
