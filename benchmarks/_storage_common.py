@@ -19,6 +19,7 @@ from _report import fmt_rate, say
 from embeddb.common.arrays import I64, U64
 from embeddb.config import (
     EmbeddingConfig,
+    Eviction,
     OptimizerConfig,
     OptimizerKind,
     StoreConfig,
@@ -247,10 +248,16 @@ def rng_for(seed: int, *keys: int) -> np.random.Generator:
 
 
 def make_config(
-    dim: int, capacity: int, kind: OptimizerKind, store: StoreConfig
+    dim: int,
+    capacity: int,
+    kind: OptimizerKind,
+    store: StoreConfig,
+    eviction: Eviction | None = None,
 ) -> EmbeddingConfig:
+    """A one-table config; ``eviction``: the table's policy (None: TableConfig's default)."""
+    policy = {} if eviction is None else {"eviction": eviction}
     table = TableConfig(
-        name=TABLE, dim=dim, capacity=capacity, optimizer=OptimizerConfig(kind=kind)
+        name=TABLE, dim=dim, capacity=capacity, optimizer=OptimizerConfig(kind=kind), **policy
     )
     return EmbeddingConfig(tables={TABLE: table}, store=store)
 

@@ -15,6 +15,7 @@ import pytest
 from embeddb.cli.common import load_config
 from embeddb.config import (
     EmbeddingConfig,
+    Eviction,
     OptimizerConfig,
     OptimizerKind,
     RamTierConfig,
@@ -47,14 +48,17 @@ MiB = 1 << 20
 def arrays_nbytes(shard: Shard, table: str) -> int:
     """Every numpy array a table's stripes hold, summed (whatever the formula counts)."""
     stripes = shard._tables[table].stripes
-    return sum(
+    arrays = sum(
         value.nbytes
         for stripe in stripes
         for value in vars(stripe).values()
         if isinstance(value, np.ndarray)
     )
+    sketches = sum(s.sketch.table.nbytes for s in stripes if s.sketch is not None)
+    return arrays + sketches
 
 
+@pytest.mark.parametrize("eviction", list(Eviction))
 @pytest.mark.parametrize(
     ("capacity", "dim", "kind", "stripes"),
     [
@@ -65,15 +69,23 @@ def arrays_nbytes(shard: Shard, table: str) -> int:
     ],
 )
 def test_the_byte_cost_is_the_real_arrays_nbytes(
-    capacity: int, dim: int, kind: OptimizerKind, stripes: int, tmp_path: Path
+    capacity: int,
+    dim: int,
+    kind: OptimizerKind,
+    stripes: int,
+    eviction: Eviction,
+    tmp_path: Path,
 ) -> None:
-    table = TableConfig("t", dim, optimizer=OptimizerConfig(kind=kind), capacity=capacity)
+    table = TableConfig(
+        "t", dim, optimizer=OptimizerConfig(kind=kind), capacity=capacity, eviction=eviction
+    )
     ram = RamTierConfig(stripes=stripes)
     config = EmbeddingConfig({"t": table}, store=StoreConfig(ram=ram))
     with Shard(config, tmp_path / "s") as shard:
         real = arrays_nbytes(shard, "t")
         stats = shard.stats()
-    assert table_ram_bytes(capacity, table.row_width, ram) == real
+    sketch = eviction is Eviction.TINYLFU
+    assert table_ram_bytes(capacity, table.row_width, ram, sketch) == real
     assert config.ram_bytes() == {"t": real}
     assert stats.tables["t"].ram_bytes == real  # before: no ram_bytes in the stats
     assert stats.totals()["ram_bytes"] == real

@@ -63,7 +63,7 @@ def test_single_id_lookups_follow_exact_lru(
 ) -> None:
     """With one id per call and evictions of exactly what is needed, the resident set is the
     ``capacity`` most recently used ids, call after call."""
-    shard = make_shard(capacity=capacity, stripes=1, eviction_chunk=1e-6)
+    shard = make_shard(capacity=capacity, stripes=1, eviction_chunk=1e-6, eviction="lru")
     model: OrderedDict[int, None] = OrderedDict()
     for x in accesses:
         shard.lookup("t", ids(x))
@@ -88,13 +88,15 @@ def test_single_id_lookups_follow_exact_lru(
     capacity=st.integers(4, 64),
     stripes=st.sampled_from([1, 2, 4]),
 )
+@pytest.mark.parametrize("eviction", ["lru", "tinylfu"])
 def test_random_batches_keep_values_bounds_and_clean_copies(
-    make_shard: MakeShard, batches: list[list[int]], capacity: int, stripes: int
+    make_shard: MakeShard, batches: list[list[int]], capacity: int, stripes: int, eviction: str
 ) -> None:
     """Under random batch workloads (chunked eviction, several stripes, overflowing calls):
     every row keeps its value across any number of spills, RAM never exceeds capacity, every
-    row is in RAM or on disk, and a resident row's disk copy (kept clean by lookups) equals it."""
-    shard = make_shard(capacity=capacity, stripes=stripes, eviction_chunk=0.25)
+    row is in RAM or on disk, and a resident row's disk copy (kept clean by lookups) equals it.
+    Both eviction policies."""
+    shard = make_shard(capacity=capacity, stripes=stripes, eviction_chunk=0.25, eviction=eviction)
     seen: dict[int, np.ndarray] = {}
     for batch in batches:
         got = shard.lookup("t", np.array(batch, dtype=np.uint64))
@@ -141,7 +143,7 @@ def test_eval_lookup_never_inserts_or_promotes(make_shard: MakeShard) -> None:
 
 
 def test_spill_and_promotion_preserve_vector_and_state_bit_for_bit(make_shard: MakeShard) -> None:
-    shard = make_shard(dim=6, capacity=8, stripes=1)
+    shard = make_shard(dim=6, capacity=8, stripes=1, eviction="lru")  # asserts LRU order
     hot = np.arange(8, dtype=np.uint64)
     shard.lookup("t", hot)
     rng = np.random.default_rng(1)
@@ -306,7 +308,7 @@ def test_stats_count_tier_hits(make_shard: MakeShard) -> None:
 
 
 def test_write_back_writes_only_dirty_rows(make_shard: MakeShard) -> None:
-    shard = make_shard(capacity=2, stripes=1)
+    shard = make_shard(capacity=2, stripes=1, eviction="lru")  # asserts LRU victims
     shard.lookup("t", ids(1, 2))  # new rows: dirty
     shard.lookup("t", ids(3, 4))  # evicts 1, 2: both written
     assert shard.stats().tables["t"].written_back == 2

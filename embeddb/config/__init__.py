@@ -76,6 +76,7 @@ from embeddb.config.store import (
     UpdateLogConfig,
 )
 from embeddb.config.tables import (
+    Eviction,
     FeatureConfig,
     InitializerConfig,
     InitializerKind,
@@ -87,6 +88,7 @@ from embeddb.config.tables import (
 __all__ = [
     "DiskTierConfig",
     "EmbeddingConfig",
+    "Eviction",
     "ExportConfig",
     "FeatureConfig",
     "FsyncPolicy",

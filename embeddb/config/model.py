@@ -114,7 +114,9 @@ class EmbeddingConfig:
     def ram_bytes(self) -> dict[str, int]:
         """Bytes of each table's RAM tier on a shard (:mod:`embeddb.config.ram_budget`)."""
         return {
-            n: ram_budget.table_ram_bytes(t.capacity, t.row_width, self.store.ram)
+            n: ram_budget.table_ram_bytes(
+                t.capacity, t.row_width, self.store.ram, ram_budget.has_sketch(t)
+            )
             for n, t in self.tables.items()
         }
 

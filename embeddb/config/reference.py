@@ -29,6 +29,7 @@ from embeddb.config.store import FsyncPolicy, LogRecovery, StoreConfig
 from embeddb.config.tables import (
     INITIALIZER_PARAMS,
     OPTIMIZER_PARAMS,
+    Eviction,
     FeatureConfig,
     InitializerConfig,
     InitializerKind,
@@ -118,6 +119,7 @@ def _type_text(annotation: object) -> str:
         "InitializerKind": InitializerKind,
         "LogRecovery": LogRecovery,
         "FsyncPolicy": FsyncPolicy,
+        "Eviction": Eviction,
     }
     if text in enums:
         return " \\| ".join(f"`{member.value}`" for member in enums[text])

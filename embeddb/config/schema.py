@@ -94,7 +94,7 @@ SLOT_KEYS = frozenset(
 )
 _SLOT_SETTINGS = ("embedding_summation", "sqrt_scaling", "sample_fixed_size")
 HASH_STACK_KEYS = frozenset({"hash_stack_rounds", "embedding_size"})
-TABLE_SETTINGS = ("admit_probability", "weight_bound", "capacity")
+TABLE_SETTINGS = ("admit_probability", "weight_bound", "capacity", "eviction")
 _DEFAULTS_KEYS = frozenset({"optimizer", "initializer", *TABLE_SETTINGS})
 TABLE_KEYS = _DEFAULTS_KEYS | {"dim", "seed"}
 # The flat ``store:`` keys of the YAML → (group, field) of StoreConfig, in the documented order.
@@ -470,6 +470,7 @@ def table_to_dict(table: TableConfig) -> dict[str, Any]:
         "admit_probability": table.admit_probability,
         "weight_bound": table.weight_bound,
         "capacity": table.capacity,
+        "eviction": table.eviction.value,
         "seed": table.seed,
     }
 

@@ -74,7 +74,9 @@ class RamTierConfig:
 
     Attributes:
         stripes: lock stripes per table, a power of two in [1, 64].
-        eviction_chunk: least fraction of a table's capacity evicted per eviction, in (0, 0.5].
+        eviction_chunk: least fraction of a table's capacity evicted per eviction, in (0, 0.5]
+            (``eviction: lru`` tables; a full ``tinylfu`` table evicts a row only for a row it
+            admits).
         min_stripe_rows: a table gets fewer stripes rather than stripes smaller than this (a
             small table is not worth striping, and a tiny stripe fills up on a few unlucky ids).
         budget: YAML ``ram_budget``: bytes the RAM tiers of all the shard's tables may take

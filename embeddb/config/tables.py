@@ -32,6 +32,7 @@ from embeddb.errors import ConfigError
 __all__ = [
     "INITIALIZER_PARAMS",
     "OPTIMIZER_PARAMS",
+    "Eviction",
     "FeatureConfig",
     "InitializerConfig",
     "InitializerKind",
@@ -62,6 +63,13 @@ class InitializerKind(str, enum.Enum):
     UNIFORM = "uniform"
     NORMAL = "normal"
     ZEROS = "zeros"
+
+
+class Eviction(str, enum.Enum):
+    """Which rows a full RAM tier keeps (YAML ``eviction``)."""
+
+    TINYLFU = "tinylfu"
+    LRU = "lru"
 
 
 # The parameters each kind takes; YAML keys of other kinds are rejected.
@@ -198,6 +206,14 @@ class TableConfig:
         capacity: RAM-tier rows per shard for this table, > 0. With ``store.ram_budget``, a
             table whose YAML (``defaults`` or its ``tables`` entry) gives none gets a share of
             the budget instead (docs/database.md, *RAM budget*).
+        eviction: which rows a full RAM tier keeps: ``tinylfu`` admits a row (promoted,
+            created or assigned) only if it was looked up more often lately than the least
+            recently used row it would evict, apart from a window of 1% of the capacity for new
+            rows, and serves the others from disk; ``lru`` always evicts the least recently used
+            rows. Residency only: values are the same either way. ``admit_probability`` still
+            decides whether a new id gets a row at all. tinylfu reads less from disk on skewed
+            (Zipf) lookups once warm, but its disk reads are colder (see docs/architecture.md
+            §8).
         seed: initializer seed, >= 0.
     """
 
@@ -208,6 +224,7 @@ class TableConfig:
     admit_probability: float = 1.0
     weight_bound: float | None = None
     capacity: int = 1_000_000
+    eviction: Eviction = Eviction.LRU
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -230,6 +247,7 @@ class TableConfig:
             bound = as_float(self.weight_bound, "weight_bound", low=0.0, low_open=True)
             set_field(self, "weight_bound", bound)
         set_field(self, "capacity", as_int(self.capacity, "capacity", minimum=1))
+        set_field(self, "eviction", as_kind(Eviction, self.eviction, "eviction", "eviction policy"))
         set_field(self, "seed", as_int(self.seed, "seed", minimum=0))
 
     @property

@@ -39,6 +39,7 @@ label ``table``; named after the fields of ``embeddb.engine.storage.TableStats``
     embeddb_written_back_total      counter   dirty rows written to disk on eviction
     embeddb_promoted_total          counter   disk rows moved back into RAM
     embeddb_overflow_total          counter   rows served beyond a stripe's capacity
+    embeddb_not_admitted_total      counter   rows a full tinylfu RAM tier kept on disk
     embeddb_update_ids_total        counter   ids in gradient updates
     embeddb_updated_rows_total      counter   rows updated by the optimizer
     embeddb_nan_grad_skipped_total  counter   rows whose gradient had NaN/Inf (skipped)
@@ -149,6 +150,10 @@ _COUNTERS: dict[str, tuple[str, str]] = {
     "written_back": ("written_back", "Dirty rows written to the disk tier on eviction."),
     "promoted": ("promoted", "Disk-tier rows moved back into the RAM tier."),
     "overflow": ("overflow", "Rows served beyond a stripe's capacity and kept on disk."),
+    "not_admitted": (
+        "not_admitted",
+        "Rows a full tinylfu RAM tier turned away (less frequent than its victims), kept on disk.",
+    ),
     "update_ids": ("update_ids", "Ids in gradient updates."),
     "updated_rows": ("updated_rows", "Rows updated by the optimizer."),
     "nan_skipped": ("nan_grad_skipped", "Rows whose summed gradient had NaN/Inf (skipped)."),

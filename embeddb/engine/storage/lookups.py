@@ -222,6 +222,8 @@ class Lookups:
         )
         c.lookup_ids += ids.size
         c.ram_hits += ids.size - n_miss
+        if train and stripe.sketch is not None:
+            stripe.sketch.add(ids)  # recent lookups, for tinylfu admission
         if n_miss == 0:
             return None
         miss = miss[:n_miss]

@@ -166,6 +166,7 @@ class StripeSet:
                     c = tables[j].stripes[0].counters
                     c.lookup_ids += n
                     c.ram_hits += n
+                    tables[j].count_lookups(parts[k][1])  # tinylfu's frequencies
                     out[k] = vectors[bounds[j] : bounds[j + 1]]
         return out
 

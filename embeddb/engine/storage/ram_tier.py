@@ -22,12 +22,14 @@ import numpy as np
 import numpy.typing as npt
 
 from embeddb.engine.storage import creation, hash_index
+from embeddb.engine.storage.admission import FrequencySketch
 
-__all__ = ["DIRTY", "ON_DISK", "Counters", "RamStripe"]
+__all__ = ["DIRTY", "ON_DISK", "WINDOW", "Counters", "RamStripe"]
 
 _MAX_TICK = (1 << 32) - 2
 DIRTY = np.uint8(1)  # the RAM copy differs from the disk copy (or there is none)
 ON_DISK = np.uint8(2)  # the disk tier holds a copy of this row (possibly older)
+WINDOW = np.uint8(4)  # tinylfu: admitted into the window, not yet compared (admission module)
 
 
 @dataclass
@@ -48,6 +50,7 @@ class Counters:
     written_back: int = 0
     promoted: int = 0
     overflow: int = 0
+    not_admitted: int = 0
     update_ids: int = 0
     updated_rows: int = 0
     nan_skipped: int = 0
@@ -67,10 +70,14 @@ class RamStripe:
     Args:
         capacity: number of slots (rows) this stripe holds.
         width: floats per row (``dim + state_dim``).
-        eviction_chunk: least number of rows evicted at once when the stripe is full.
+        eviction_chunk: least number of rows evicted at once when the stripe is full (LRU).
+        tinylfu: admit rows by frequency (:mod:`embeddb.engine.storage.admission`) rather
+            than evicting the least recently used rows for every miss.
     """
 
-    def __init__(self, capacity: int, width: int, eviction_chunk: int = 1) -> None:
+    def __init__(
+        self, capacity: int, width: int, eviction_chunk: int = 1, tinylfu: bool = False
+    ) -> None:
         self.capacity = capacity
         self.width = width
         self.eviction_chunk = max(1, eviction_chunk)
@@ -90,12 +97,14 @@ class RamStripe:
         self.placed = 0
         self.lock = threading.Lock()
         self.counters = Counters()
+        self.sketch = FrequencySketch(capacity) if tinylfu else None
 
     @property
     def nbytes(self) -> int:
         """Bytes of the stripe's arrays (:func:`embeddb.config.ram_budget.table_ram_bytes`)."""
         arrays = (self.index, self.rows, self.flags, self.ids, self._free, self.scratch)
-        return sum(a.nbytes for a in arrays)
+        sketch = 0 if self.sketch is None else self.sketch.nbytes
+        return sum(a.nbytes for a in arrays) + sketch
 
     @property
     def size(self) -> int:
@@ -114,6 +123,11 @@ class RamStripe:
         start = self.n_free - n
         slots: npt.NDArray[np.int64] = self._free[start : self.n_free][::-1].copy()
         self.n_free = start
+        return slots
+
+    def free_stack(self, m: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        """The slots the ``m``-th ids of the next :meth:`place` will take."""
+        slots: npt.NDArray[np.int64] = self._free[self.n_free - 1 - m]
         return slots
 
     def place(

@@ -51,6 +51,7 @@ class TableStats:
     written_back: int
     promoted: int
     overflow: int
+    not_admitted: int
     update_ids: int
     updated_rows: int
     nan_skipped: int

@@ -1,4 +1,4 @@
-"""A table's tiered store on one shard: striped RAM tier (LRU) over the RocksDB disk tier.
+"""A table's tiered store on one shard: striped RAM tier over the RocksDB disk tier.
 
 Ids are split into ``stripes`` (a power of two) by ``mix64(id ^ STRIPE_SALT)``; each stripe has
 its own lock, slots, index and clock, so concurrent calls on different stripes run in parallel.
@@ -15,7 +15,10 @@ Life of a row:
   granularity of one call) leave RAM; the *dirty* ones — created, updated or assigned since they
   were last written — are written to RocksDB in one batch first. To amortise the
   ``O(capacity)`` victim search, at least ``eviction_chunk * capacity`` rows go at once, so a
-  full stripe runs between ``1 - eviction_chunk`` and 100% occupancy.
+  full stripe runs between ``1 - eviction_chunk`` and 100% occupancy. That is the table's
+  ``eviction: lru``; under ``tinylfu`` a full stripe evicts a row only for a row
+  looked up more often lately, and serves the others from disk without making them resident
+  (:mod:`embeddb.engine.storage.admission`).
 * **promoted** back to RAM by a training lookup or update that misses RAM. Its disk copy stays
   (clean): evicting it again unchanged costs no write.
 * If a single call touches more distinct ids than a stripe can hold, the excess rows
@@ -41,7 +44,7 @@ import numpy as np
 import numpy.typing as npt
 
 from embeddb.common.arrays import F32, I64, U64
-from embeddb.config import RamTierConfig, TableConfig
+from embeddb.config import Eviction, RamTierConfig, TableConfig
 from embeddb.config.ram_budget import stripe_capacities
 from embeddb.engine.optim import Optimizer
 from embeddb.engine.storage import hash_index, writes
@@ -97,7 +100,10 @@ class TieredTable:
         self._tiers = Tiers(disk, config.name)  # moves rows between the stripes and disk
         caps = stripe_capacities(config.capacity, ram)
         self._shift = np.uint64(64 - (len(caps).bit_length() - 1))
-        self.stripes = [RamStripe(c, self.width, int(c * ram.eviction_chunk)) for c in caps]
+        tinylfu = config.eviction is Eviction.TINYLFU
+        self.stripes = [
+            RamStripe(c, self.width, int(c * ram.eviction_chunk), tinylfu) for c in caps
+        ]
         self.stripes[0].counters.disk_rows = disk_rows
         self._lookups = Lookups(
             config, self.optimizer, self.stripes, disk, self._tiers, self._pool, self._split
@@ -268,6 +274,15 @@ class TieredTable:
             found[where[~hit]] = on_disk
         return found, rows
 
+    def count_lookups(self, ids: U64) -> None:
+        """Count a training lookup of ``ids`` served without :meth:`lookup` (a call spanning
+        tables) in the tinylfu sketches that count (the caller holds the stripes' locks)."""
+        if any(s.sketch is not None and s.sketch.counting for s in self.stripes):
+            for s, sub, _ in self._split(ids):
+                sketch = self.stripes[s].sketch
+                if sketch is not None:
+                    sketch.add(sub)
+
     def stats(self) -> TableStats:
         total = Counters()
         for stripe in self.stripes:
@@ -332,8 +347,9 @@ class TieredTable:
                 for mask, is_dirty in ((~dirty[where], False), (dirty[where], True)):
                     rows_of = where[mask]
                     self._tiers.store(
-                        stripe, sub[mask], rows[rows_of], on_disk[rows_of], tick, is_dirty
-                    )
+                        stripe, sub[mask], rows[rows_of], on_disk[rows_of], tick, is_dirty,
+                        admit=False,
+                    )  # fmt: skip
             stripe.counters.promoted -= int(on_disk[where].sum())  # a restore, not promotions
 
     def set_disk_rows(self, n: int) -> None:
