@@ -49,13 +49,18 @@ class StripePool:
             else None
         )
 
-    def map(self, fn: Callable[[T], R], items: Sequence[T], ids: int) -> list[R]:
-        """``[fn(x) for x in items]``, spread over threads when ``ids >= min_ids``.
+    def map(
+        self, fn: Callable[[T], R], items: Sequence[T], ids: int, min_ids: int | None = None
+    ) -> list[R]:
+        """``[fn(x) for x in items]``, spread over threads when ``ids >= min_ids`` (the
+        pool's own ``min_ids`` unless given: a caller whose work costs more per id, such as a
+        RocksDB multi-get, passes a lower threshold).
 
         Every ``fn`` call has finished when this returns or raises (the first error is raised).
         """
         executor = self._executor
-        if executor is None or len(items) < 2 or ids < self.min_ids:
+        threshold = self.min_ids if min_ids is None else min_ids
+        if executor is None or len(items) < 2 or ids < threshold:
             return [fn(x) for x in items]
         results: list[R | None] = [None] * len(items)
         errors: list[BaseException] = []
