@@ -112,7 +112,7 @@ class Tuning:
     """
 
     block_size: int = 4096
-    bloom_bits: float = 10.0
+    bloom_bits: int = 10
     partitioned: bool = False
     optimize_filters_for_hits: bool = False
     cache_index_and_filter: bool = False
@@ -337,10 +337,10 @@ class DiskTier:
 
         def read(k: int) -> tuple[npt.NDArray[np.bool_], bytes]:
             chunk = keys[bounds[k] : bounds[k + 1]]
-            values = view.get(chunk.view("V8").tolist())  # type: ignore[arg-type]
+            values: list[bytes | None] = view.get(chunk.view("V8").tolist())  # type: ignore[assignment]
             # map/filter iterate in C: found where RocksDB returned bytes rather than None
-            found = np.fromiter(map(bool, values), dtype=bool, count=chunk.size)  # type: ignore[arg-type]
-            return found, b"".join(filter(None, values))  # type: ignore[arg-type]
+            found = np.fromiter(map(bool, values), dtype=np.bool_, count=chunk.size)
+            return found, b"".join(filter(None, values))
 
         try:
             if parts == 1:
