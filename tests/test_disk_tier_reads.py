@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,10 +13,12 @@ import numpy as np
 import pytest
 import rocksdict
 
+from embeddb.config.store import ParallelConfig
 from embeddb.engine.storage import disk_tier
 from embeddb.engine.storage.disk_tier import DiskTier
 from embeddb.engine.storage.parallel import StripePool
 from embeddb.errors import CorruptDataError
+from tests.conftest import MakeShard, one_table_config
 from tests.test_disk_data_loss import damage_the_middle
 
 WIDTH = 8
@@ -199,3 +202,20 @@ def test_the_default_tuning_writes_uncompressed_files(tmp_path: Path) -> None:
     size = sum(p.stat().st_size for p in (tmp_path / "disk").glob("*.sst"))
     assert size > ids.size * 4 * WIDTH  # stored as is: the rows' bytes at least
     assert disk_tier.Tuning().compression == "none"
+
+
+def test_a_shard_reads_a_large_miss_through_its_pool_with_exact_rows(
+    make_shard: MakeShard,
+) -> None:
+    config = one_table_config(capacity=500)
+    config = dataclasses.replace(
+        config, store=dataclasses.replace(config.store, parallel=ParallelConfig(threads=2))
+    )
+    shard = make_shard(config)
+    keys = np.arange(1, 9001, dtype=np.uint64)
+    created = shard.lookup("t", keys, train=True)  # all but 500 rows go to disk
+    view = CountingView(shard._disk._views["t"])  # type: ignore[union-attr]
+    shard._disk._views["t"] = view  # type: ignore[union-attr]
+    again = shard.lookup("t", keys, train=False)
+    np.testing.assert_array_equal(again, created)
+    assert len(view.calls) == 2 and sum(view.calls) >= 8000  # one miss read in two chunks
