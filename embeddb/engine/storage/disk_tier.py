@@ -91,17 +91,18 @@ def _storage_error(what: str, exc: Exception) -> StorageError:
 @dataclass(frozen=True)
 class Tuning:
     """RocksDB settings of the disk tier (``benchmarks/disk_tier.py`` measures each one on
-    Zipf point reads; benchmarks/README.md has the table). The defaults are the chosen ones:
+    Zipf point reads; benchmarks/README.md has the table). The defaults are the chosen ones,
 
-    Measured on 10M rows (µs per key, ratio to these defaults):
+    measured on 10M rows (ratio of µs per key to these defaults; same-settings runs spread by
+    about ±20% on the shared benchmark machine, so only larger differences count):
 
-    * ``block_size`` 4 KiB: a point read decodes one data block; 16 KiB blocks: 2.6x.
+    * ``block_size`` 4 KiB: a point read decodes one data block; 16 KiB blocks: 1.4x.
     * ``bloom_bits`` 10 (full filters): a read of an absent id rarely touches a data block
-      (no filter: 1.8x; 16 bits: no gain).
+      (on found ids no filter is within noise, 0.92x; 16 bits: 1.1x).
       (rocksdict 0.3.29 offers neither ribbon filters nor a whole-key-filtering switch; whole-key
       filtering is RocksDB's default.)
     * ``partitioned`` off: two-level index and filter partitions only pay when index and
-      filters do not fit in memory; they add a block read per lookup otherwise (1.9x).
+      filters do not fit in memory (measured within noise, 0.90x).
     * ``optimize_filters_for_hits`` off: it drops the bottom level's filters, which the reads
       of absent (first-seen) ids inside a table's span need.
     * ``cache_index_and_filter`` off (and so no L0 pinning): index and filter blocks stay in the
@@ -111,9 +112,10 @@ class Tuning:
     * ``compression`` none: rows are float32 values that do not compress; trying costs CPU on
       every write. Files written with another compression still open (each block records its
       own).
-    * ``hyper_clock`` off: RocksDB's lock-free HyperClockCache instead of the LRU cache: 1.2x.
-    * ``mmap_reads`` off: 1.4x; ``direct_reads``: 3.9x; lz4: 1.6x; a 1 GiB cache instead of
-      256 MiB: within noise (0.97x).
+    * ``hyper_clock`` off: RocksDB's lock-free HyperClockCache instead of the LRU cache: within
+      noise (0.88x-1.20x over three runs); so is caching index and filter blocks with L0
+      pinned (0.91x-0.93x) and a 1 GiB cache (1.02x).
+    * Measured against: no mmap 1.25x-1.44x, direct reads 3.4x, lz4 1.0x (and write CPU).
     """
 
     block_size: int = 4096
