@@ -6,7 +6,8 @@ for calls of at least ``min_ids`` ids: the calling thread and up to ``threads - 
 threads take stripes from a shared counter until none is left. Smaller calls stay on the
 calling thread (a hand-off costs tens of microseconds), and so does everything when the pool
 is busy with other calls: the caller never waits for a pool thread to become free, only for
-the stripes a pool thread has already taken.
+the stripes a pool thread has already taken (so a pool thread may map again: the disk tier
+splits a multi-get over the same pool from inside a stripe's work).
 """
 
 from __future__ import annotations
@@ -88,7 +89,10 @@ class StripePool:
                 helpers.append(executor.submit(work))
         work()
         for helper in helpers:
-            helper.result()
+            # A helper still queued has no item left to take: drop it rather than wait for a
+            # pool thread (a call made from a pool thread would wait for itself).
+            if not helper.cancel():
+                helper.result()
         if errors:
             raise errors[0]
         return results  # type: ignore[return-value]
