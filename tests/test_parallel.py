@@ -56,6 +56,31 @@ def test_an_error_is_raised_after_every_stripe_finished() -> None:
         pool.close()
 
 
+def test_a_call_made_from_a_pool_thread_does_not_wait_for_that_thread() -> None:
+    """A pool thread that maps again (a stripe's work reading the disk tier, which splits its
+    multi-get over the same pool) finds no free pool thread: it must do the work itself rather
+    than wait for a helper that only it could run."""
+    pool = StripePool(threads=2, min_ids=1)
+    barrier = threading.Barrier(2, timeout=10)  # both outer items run at once, one per thread
+    outcome: list[object] = []
+
+    def outer(x: int) -> list[int]:
+        barrier.wait()
+        return pool.map(lambda y: x * 10 + y, [1, 2], ids=1)
+
+    def run() -> None:
+        outcome.append(pool.map(outer, [1, 2], ids=1))
+
+    caller = threading.Thread(target=run, daemon=True)
+    try:
+        caller.start()
+        caller.join(30)  # a liveness bound, not a timing: it deadlocks or finishes in ms
+        assert outcome == [[[11, 12], [21, 22]]]
+    finally:
+        if not caller.is_alive():
+            pool.close()
+
+
 def test_a_closed_pool_still_answers_on_the_calling_thread() -> None:
     pool = StripePool(threads=2, min_ids=1)
     pool.close()
@@ -90,3 +115,39 @@ def test_parallel_shards_match_serial_ones_exactly(tmp_path: Path, kind: Optimiz
     finally:
         for s in shards:
             s.close()
+
+
+def test_stripes_reading_large_disk_batches_on_pool_threads_match_serial(tmp_path: Path) -> None:
+    """Each stripe's share of a gradient push reads more than the disk tier's parallel
+    threshold from disk, on a pool thread: the nested split neither deadlocks nor changes a
+    value."""
+    base = one_table_config(dim=4, capacity=1000, stripes=2)
+    shards = [
+        Shard(
+            replace(base, store=replace(base.store, parallel=ParallelConfig(threads=t, min_ids=1))),
+            tmp_path / f"s{t}",
+        )
+        for t in (1, 2)
+    ]
+    batch = np.arange(20_000, dtype=np.uint64)
+    grads = np.full((batch.size, 4), 0.5, dtype=np.float32)
+    outcome: list[object] = []
+
+    def run() -> None:
+        for s in shards:
+            s.lookup("t", batch, train=True)  # all but 1000 rows go to disk
+        outcome.append([s.apply_gradients("t", batch, grads) for s in shards])
+        outcome.append([s.peek("t", batch)[1] for s in shards])
+
+    caller = threading.Thread(target=run, daemon=True)
+    try:
+        caller.start()
+        caller.join(60)  # a liveness bound: a nested wait deadlocks forever
+        assert len(outcome) == 2
+        results, rows = outcome
+        assert results[0] == results[1]  # type: ignore[index]
+        np.testing.assert_array_equal(rows[0], rows[1])  # type: ignore[index]
+    finally:
+        if not caller.is_alive():
+            for s in shards:
+                s.close()

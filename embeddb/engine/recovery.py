@@ -468,7 +468,9 @@ class ShardOpener:
 
     def _start_tables(self, disk_rows: dict[str, int] | None) -> None:
         store = self._config.store
-        self.disk = DiskTier(self._data_dir / "disk", self._widths, store.disk.cache_mb)
+        self.disk = DiskTier(
+            self._data_dir / "disk", self._widths, store.disk.cache_mb, pool=self._pool
+        )
         self.tables = {
             name: TieredTable(t, store.ram, self.disk, 0, self._pool)
             for name, t in self._config.tables.items()

@@ -45,27 +45,40 @@ import shutil
 import tempfile
 import threading
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
 import rocksdict
 
+from embeddb.engine.storage.parallel import StripePool
 from embeddb.engine.storage.paths import confined_root, resolve_inside
 from embeddb.errors import CorruptDataError, StorageError
 
-__all__ = ["DiskTier"]
+__all__ = ["DiskTier", "Tuning"]
 
 logger = logging.getLogger(__name__)
 
 _CF_PREFIX = "table."
 _ROCKSDICT_CONFIG = "rocksdict-config.json"  # written by rocksdict on every open
 _EVERY_ID = (0, (1 << 64) - 1)
+# Multi-gets of at least this many keys are split over the pool's threads: a key costs about
+# 2 us of RocksDB work, a hand-off to a pool thread tens of microseconds.
+_PARALLEL_MIN_KEYS = 4096
 
 
 def _keys(ids: npt.NDArray[np.uint64]) -> list[bytes]:
     keys: list[bytes] = ids.astype(">u8").view("V8").tolist()
     return keys
+
+
+def _key_order(ids: npt.NDArray[np.uint64]) -> npt.NDArray[np.intp] | None:
+    """The stable order that sorts ``ids`` (the last of equal ids stays last, so a write batch
+    keeps "last write wins"); ``None`` when they are sorted already."""
+    if ids.size < 2 or bool((ids[1:] >= ids[:-1]).all()):
+        return None
+    return np.argsort(ids, kind="stable")
 
 
 def _storage_error(what: str, exc: Exception) -> StorageError:
@@ -75,7 +88,54 @@ def _storage_error(what: str, exc: Exception) -> StorageError:
     return kind(f"{what}: {exc}")
 
 
-def _options(cache_mb: int = 256, write_buffer_mb: int | None = None) -> rocksdict.Options:
+@dataclass(frozen=True)
+class Tuning:
+    """RocksDB settings of the disk tier (``benchmarks/disk_tier.py`` measures each one on
+    Zipf point reads; benchmarks/README.md has the table). The defaults are the chosen ones,
+
+    measured on 10M rows (ratio of µs per key to these defaults; same-settings runs spread by
+    about ±20% on the shared benchmark machine, so only larger differences count):
+
+    * ``block_size`` 4 KiB: a point read decodes one data block; 16 KiB blocks: 1.4x.
+    * ``bloom_bits`` 10 (full filters): a read of an absent id rarely touches a data block
+      (on found ids no filter is within noise, 0.92x; 16 bits: 1.1x).
+      (rocksdict 0.3.29 offers neither ribbon filters nor a whole-key-filtering switch; whole-key
+      filtering is RocksDB's default.)
+    * ``partitioned`` off: two-level index and filter partitions only pay when index and
+      filters do not fit in memory (measured within noise, 0.90x).
+    * ``optimize_filters_for_hits`` off: it drops the bottom level's filters, which the reads
+      of absent (first-seen) ids inside a table's span need.
+    * ``cache_index_and_filter`` off (and so no L0 pinning): index and filter blocks stay in the
+      table readers' memory instead of competing with data blocks in the block cache.
+    * ``mmap_reads`` on, ``direct_reads`` off: reading SST files through mmap saves a pread and
+      a copy per block when the files are in the page cache; direct reads bypass that cache.
+    * ``compression`` none: rows are float32 values that do not compress; trying costs CPU on
+      every write. Files written with another compression still open (each block records its
+      own).
+    * ``hyper_clock`` off: RocksDB's lock-free HyperClockCache instead of the LRU cache: within
+      noise (0.88x-1.20x over three runs); so is caching index and filter blocks with L0
+      pinned (0.91x-0.93x) and a 1 GiB cache (1.02x).
+    * Measured against: no mmap 1.25x-1.44x, direct reads 3.4x, lz4 1.0x (and write CPU).
+    """
+
+    block_size: int = 4096
+    bloom_bits: int = 10
+    partitioned: bool = False
+    optimize_filters_for_hits: bool = False
+    cache_index_and_filter: bool = False
+    pin_l0: bool = False
+    mmap_reads: bool = True
+    direct_reads: bool = False
+    compression: str = "none"
+    hyper_clock: bool = False
+
+
+def _options(
+    cache: rocksdict.Cache | None = None,
+    write_buffer_mb: int | None = None,
+    tuning: Tuning = Tuning(),
+) -> rocksdict.Options:
+    """Options of the database and of each column family; every table shares ``cache``."""
     opt = rocksdict.Options(raw_mode=True)
     opt.create_if_missing(True)
     if write_buffer_mb is not None:
@@ -83,15 +143,31 @@ def _options(cache_mb: int = 256, write_buffer_mb: int | None = None) -> rocksdi
         opt.set_db_write_buffer_size(write_buffer_mb << 20)
     opt.set_max_background_jobs(2)
     table = rocksdict.BlockBasedOptions()
-    table.set_bloom_filter(10, False)  # misses (new ids) rarely touch data blocks
-    table.set_block_cache(rocksdict.Cache(cache_mb << 20))
+    table.set_block_size(tuning.block_size)
+    if tuning.bloom_bits > 0:
+        table.set_bloom_filter(tuning.bloom_bits, False)
+    if cache is not None:
+        table.set_block_cache(cache)
+    if tuning.partitioned:
+        table.set_index_type(rocksdict.BlockBasedIndexType.two_level_index_search())
+        table.set_partition_filters(True)
+    table.set_cache_index_and_filter_blocks(tuning.cache_index_and_filter)
+    table.set_pin_l0_filter_and_index_blocks_in_cache(tuning.pin_l0)
     # Point lookups only: a hash index inside each data block skips the binary search.
     table.set_data_block_index_type(rocksdict.DataBlockIndexType.binary_and_hash())
     opt.set_block_based_table_factory(table)
-    # Reading SST files through mmap saves a pread and a copy per block (about 40% of a
-    # multi-get's cost when the files are in the page cache). Block checksums stay on.
-    opt.set_allow_mmap_reads(True)
+    opt.set_optimize_filters_for_hits(tuning.optimize_filters_for_hits)
+    opt.set_allow_mmap_reads(tuning.mmap_reads)
+    opt.set_use_direct_reads(tuning.direct_reads)
+    opt.set_compression_type(getattr(rocksdict.DBCompressionType, tuning.compression)())
     return opt
+
+
+def _cache(cache_mb: int, tuning: Tuning) -> rocksdict.Cache:
+    """One block cache for the whole database (every table's column family shares it)."""
+    if tuning.hyper_clock:
+        return rocksdict.Cache.new_hyper_clock_cache(cache_mb << 20, 0)
+    return rocksdict.Cache(cache_mb << 20)
 
 
 class DiskTier:
@@ -107,6 +183,9 @@ class DiskTier:
         write_buffer_mb: cap the memtables of the whole database at about this many MiB
             (default: RocksDB's, 64 MiB per table); bulk writers opening many tiers at once
             set it to bound their memory.
+        pool: threads that read the chunks of a large multi-get at once (default: none; the
+            shard passes its :class:`StripePool`).
+        tuning: RocksDB settings (the defaults are the measured choice, see :class:`Tuning`).
 
     Raises:
         StorageError: RocksDB cannot open the directory (locked, unwritable, corrupt).
@@ -122,8 +201,11 @@ class DiskTier:
         *,
         read_only: bool = False,
         write_buffer_mb: int | None = None,
+        pool: StripePool | None = None,
+        tuning: Tuning = Tuning(),
     ) -> None:
         self.path = Path(path)
+        self._pool = pool or StripePool(1, 0)
         self.read_only = read_only
         self._widths = dict(widths)
         self._write_opts = rocksdict.WriteOptions()
@@ -141,18 +223,20 @@ class DiskTier:
         self._spans_lock = threading.Lock()
         try:
             if read_only:
-                self._db = self._open_read_only(cache_mb)
+                self._db = self._open_read_only(cache_mb, tuning)
                 self._spans = {name: self._stored_span(name) for name in self._widths}
                 return
             self.path.mkdir(parents=True, exist_ok=True)
-            self._db = rocksdict.Rdict(str(self.path), _options(cache_mb, write_buffer_mb))
+            cache = _cache(cache_mb, tuning)
+            options = _options(cache, write_buffer_mb, tuning)
+            self._db = rocksdict.Rdict(str(self.path), options)
             existing = set(rocksdict.Rdict.list_cf(str(self.path), _options()))
             # Per table: an Rdict view of its column family (multi-get, iteration) and a handle
             # (write batches).
             for name in self._widths:
                 cf_name = _CF_PREFIX + name
                 if cf_name not in existing:
-                    self._db.create_column_family(cf_name, _options(256, write_buffer_mb))
+                    self._db.create_column_family(cf_name, options)
                 self._views[name] = self._db.get_column_family(cf_name)
                 self._cfs[name] = self._db.get_column_family_handle(cf_name)
                 self._spans[name] = self._stored_span(name)
@@ -186,7 +270,7 @@ class DiskTier:
             span = self._spans[table]
             self._spans[table] = (lo, hi) if span is None else (min(lo, span[0]), max(hi, span[1]))
 
-    def _open_read_only(self, cache_mb: int) -> rocksdict.Rdict:
+    def _open_read_only(self, cache_mb: int, tuning: Tuning) -> rocksdict.Rdict:
         if not (self.path / "CURRENT").is_file():
             raise StorageError(f"{self.path} holds no RocksDB database (no CURRENT file)")
         shadow = Path(tempfile.mkdtemp(prefix="embeddb-readonly-"))
@@ -199,7 +283,7 @@ class DiskTier:
             for name in sorted(os.listdir(root)):
                 if name != _ROCKSDICT_CONFIG:
                     os.symlink(resolve_inside(root, name, owner), shadow / name)
-            opt = _options(cache_mb)
+            opt = _options(_cache(cache_mb, tuning), None, tuning)
             opt.create_if_missing(False)
             db = rocksdict.Rdict(str(shadow), opt, access_type=rocksdict.AccessType.read_only())
             existing = set(rocksdict.Rdict.list_cf(str(shadow), _options()))
@@ -241,16 +325,37 @@ class DiskTier:
                 found = np.zeros(ids.size, dtype=bool)
                 found[inside], rows = self.get(table, ids[inside])
                 return found, rows
-        try:
-            values = self._views[table].get(_keys(ids))  # type: ignore[arg-type]
-        except Exception as exc:
-            raise self._read_error(table, exc) from exc
-        found = np.array(values, dtype=object) != None  # noqa: E711 (element-wise, in C)
-        blob = b"".join(filter(None, values))  # type: ignore[arg-type]
+        found, blob = self._multi_get(table, ids)
         rows = np.frombuffer(blob, dtype=np.float32).reshape(-1, width).copy()
         if rows.shape[0] != int(found.sum()):
             raise StorageError(f"disk tier of table {table!r} holds rows of the wrong width")
         return found, rows
+
+    def _multi_get(
+        self, table: str, ids: npt.NDArray[np.uint64]
+    ) -> tuple[npt.NDArray[np.bool_], bytes]:
+        """Which of ``ids`` are stored, and their values joined in order. A large call is split
+        into contiguous chunks that the pool's threads read at once (rocksdict releases the GIL
+        while RocksDB reads; ``benchmarks/disk_tier.py`` measures it)."""
+        view = self._views[table]
+        keys = ids.astype(">u8")
+        parts = self._pool.threads if ids.size >= _PARALLEL_MIN_KEYS else 1
+        bounds = [ids.size * k // parts for k in range(parts + 1)]
+
+        def read(k: int) -> tuple[npt.NDArray[np.bool_], bytes]:
+            chunk = keys[bounds[k] : bounds[k + 1]]
+            values: list[bytes | None] = view.get(chunk.view("V8").tolist())  # type: ignore[assignment]
+            # map/filter iterate in C: found where RocksDB returned bytes rather than None
+            found = np.fromiter(map(bool, values), dtype=np.bool_, count=chunk.size)
+            return found, b"".join(filter(None, values))
+
+        try:
+            if parts == 1:
+                return read(0)
+            chunks = self._pool.map(read, range(parts), ids.size, _PARALLEL_MIN_KEYS)
+        except Exception as exc:
+            raise self._read_error(table, exc) from exc
+        return np.concatenate([f for f, _ in chunks]), b"".join(v for _, v in chunks)
 
     def data_loss(self, table: str) -> int:
         """Reads of ``table`` that failed RocksDB's checks since the tier opened."""
@@ -267,7 +372,11 @@ class DiskTier:
             return
         width = self._widths[table]
         self._widen(table, ids)
-        values = np.ascontiguousarray(rows, dtype=np.float32).view(f"V{4 * width}").ravel().tolist()
+        order = _key_order(ids)  # a memtable takes keys in order about twice as fast
+        rows = np.ascontiguousarray(rows, dtype=np.float32)
+        if order is not None:
+            ids, rows = ids[order], rows[order]
+        values = rows.view(f"V{4 * width}").ravel().tolist()
         batch = rocksdict.WriteBatch(raw_mode=True)
         cf = self._cfs[table]
         for key, value in zip(_keys(ids), values, strict=True):
@@ -280,7 +389,8 @@ class DiskTier:
             return
         batch = rocksdict.WriteBatch(raw_mode=True)
         cf = self._cfs[table]
-        for key in _keys(ids):
+        order = _key_order(ids)
+        for key in _keys(ids if order is None else ids[order]):
             batch.delete(key, cf)
         self._write(batch, table)
         lo, hi = int(ids.min()), int(ids.max())

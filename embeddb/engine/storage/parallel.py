@@ -6,7 +6,8 @@ for calls of at least ``min_ids`` ids: the calling thread and up to ``threads - 
 threads take stripes from a shared counter until none is left. Smaller calls stay on the
 calling thread (a hand-off costs tens of microseconds), and so does everything when the pool
 is busy with other calls: the caller never waits for a pool thread to become free, only for
-the stripes a pool thread has already taken.
+the stripes a pool thread has already taken (so a pool thread may map again: the disk tier
+splits a multi-get over the same pool from inside a stripe's work).
 """
 
 from __future__ import annotations
@@ -49,13 +50,18 @@ class StripePool:
             else None
         )
 
-    def map(self, fn: Callable[[T], R], items: Sequence[T], ids: int) -> list[R]:
-        """``[fn(x) for x in items]``, spread over threads when ``ids >= min_ids``.
+    def map(
+        self, fn: Callable[[T], R], items: Sequence[T], ids: int, min_ids: int | None = None
+    ) -> list[R]:
+        """``[fn(x) for x in items]``, spread over threads when ``ids >= min_ids`` (the
+        pool's own ``min_ids`` unless given: a caller whose work costs more per id, such as a
+        RocksDB multi-get, passes a lower threshold).
 
         Every ``fn`` call has finished when this returns or raises (the first error is raised).
         """
         executor = self._executor
-        if executor is None or len(items) < 2 or ids < self.min_ids:
+        threshold = self.min_ids if min_ids is None else min_ids
+        if executor is None or len(items) < 2 or ids < threshold:
             return [fn(x) for x in items]
         results: list[R | None] = [None] * len(items)
         errors: list[BaseException] = []
@@ -83,7 +89,10 @@ class StripePool:
                 helpers.append(executor.submit(work))
         work()
         for helper in helpers:
-            helper.result()
+            # A helper still queued has no item left to take: drop it rather than wait for a
+            # pool thread (a call made from a pool thread would wait for itself).
+            if not helper.cancel():
+                helper.result()
         if errors:
             raise errors[0]
         return results  # type: ignore[return-value]
