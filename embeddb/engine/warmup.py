@@ -25,6 +25,8 @@ time::
     optim: finite_rows, apply_rows the summed gradients (writable), per optimizer kind
     capture._gather                a stripe's rows, flags and ids, and writable buffers (a
                                    snapshot's capture)
+    admission (6 kernels)          a tinylfu stripe's sketch and index; writable ids, keys,
+                                   frequencies and outputs (the admission of a full stripe)
 
 Dims and values do not matter (numba specialises on types only), so one call per signature
 covers every table. ``tests/test_warmup.py`` checks that real shard and gRPC traffic after the
@@ -43,7 +45,7 @@ from embeddb.common.routing import first_foreign
 from embeddb.config import InitializerConfig, InitializerKind, OptimizerConfig, OptimizerKind
 from embeddb.engine.initializers import initial_vectors, table_key
 from embeddb.engine.optim import Optimizer
-from embeddb.engine.storage import capture, creation, hash_index, many_kernels
+from embeddb.engine.storage import admission, capture, creation, hash_index, many_kernels
 from embeddb.engine.storage.many import stripe_row
 from embeddb.engine.storage.ram_tier import DIRTY, ON_DISK, RamStripe
 
@@ -73,7 +75,26 @@ def warm_up_core() -> float:
     for optimizer in _optimizers():
         _optimize(optimizer)
     _capture()
+    _admission()
     return time.perf_counter() - start
+
+
+def _admission() -> None:
+    """A full tinylfu stripe admitting rows: count, estimate, choose, restamp, check proposals."""
+    index = hash_index.new_index(8)
+    keys = np.unique(_IDS)
+    hash_index.insert(index, keys, np.arange(keys.size, dtype=np.int64), 1)
+    sketch = admission.FrequencySketch(8)
+    sketch.counting = True
+    for readonly in (False, True):  # a one-stripe table counts the request's own ids
+        sketch.add(_ids(readonly))
+    freq = sketch.frequencies(keys)
+    keep, window, evict = (np.empty(n, dtype=bool) for n in (keys.size, keys.size, keys.size))
+    admission.choose(freq, 0, freq, 1, keep, window, evict)
+    admission.restamp(index, keys, 2)
+    words = np.empty(keys.size, dtype=np.uint64)
+    admission.bucket_words(index, keys, words)
+    admission.unchanged(index, keys, words, 3, np.empty(keys.size, dtype=bool))
 
 
 def _capture() -> None:
