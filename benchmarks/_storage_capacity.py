@@ -465,16 +465,13 @@ def run_capacity(
         populated = 0
         for n_ids in sizes:
             previous = points[-1] if points else None
-            reason = disk_skip_reason(
-                n_ids,
-                estimate_after(previous),
-                shutil.disk_usage(series.work).free,
-                unique_bytes(series.work),
-                where,
-            )
-            if reason is not None:
-                skipped += [{"distinct_ids": n, "reason": reason} for n in sizes if n >= n_ids]
-                say(f"{n_ids:>13,} skipped: {reason}")
+            estimate = estimate_after(previous)
+            free, held = shutil.disk_usage(series.work).free, unique_bytes(series.work)
+            if disk_skip_reason(n_ids, estimate, free, held, where) is not None:
+                for n in (n for n in sizes if n >= n_ids):  # each larger size, with its numbers
+                    reason = disk_skip_reason(n, estimate, free, held, where)
+                    skipped.append({"distinct_ids": n, "reason": reason})
+                    say(f"{n:>13,} skipped: {reason}")
                 break
             shard = Shard(grow, series.shard_dir)
             try:

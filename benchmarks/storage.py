@@ -29,12 +29,14 @@ for tables of dim 16 and 64. Four measurements:
     timed. The measured disk share (``disk_hits / lookup_ids`` over the timed phase, from the
     stats delta) is reported as it is: an LRU tier keeps fewer hot rows than an ideal top-k
     cache, so it comes out above the ~10% that the Zipf mass outside the top ranks suggests.
-(iii) **Capacity** (full mode only). One SGD table of dim 16 (no optimizer state, to keep the
-    disk small) with 1M RAM rows grows to 1M, 10M and 100M distinct ids (``--max-ids`` caps the
-    series; it stops at 10M when less than 20 GB of disk is free); after each growth step Zipf
-    lookups over the current table size are timed. This is the single-machine analogue of the
-    paper's capacity test. The populate rate (rows created per second, evictions to RocksDB
-    included) is reported too.
+(iii) **Capacity** (full mode only; ``benchmarks/_storage_capacity.py``). One SGD table of dim
+    16 with a fixed RAM tier (``--capacity-ram-rows``, default 1M rows) grows in place to 1M,
+    10M, 100M and 1B distinct ids (``--max-ids`` caps the series, default 1e8). At each size:
+    the populate rate, Zipf training lookups over the current size (ids/s, disk share against
+    the ideal hottest-N share), the disk bytes, then, with the shard reopened as a primary,
+    the snapshot time, the bootstrap time of a real follower served from it and the time of
+    ``reshard`` of that snapshot into 2 shards. Sizes the free disk cannot hold are skipped,
+    with the numbers, in the output and the JSON.
 (iv) **Creation.** Training lookups of ids never seen before (every id is created: initializer,
     optimizer state, hash-index insert) against training lookups of resident ids (the shard's
     gather) and numpy's gather, alternating, for SGD and Adagrad tables of dim 16 with room for
@@ -64,6 +66,7 @@ Usage::
 
     PYTHONPATH=. python benchmarks/storage.py --quick
     PYTHONPATH=. python benchmarks/storage.py --json-out storage.json
+    PYTHONPATH=. python benchmarks/storage.py --max-ids 1e9   # the capacity series to 10^9 ids
 """
 
 from __future__ import annotations
