@@ -436,10 +436,14 @@ def series_row(point: dict[str, Any]) -> str:
 
 
 def estimate_after(point: dict[str, Any] | None) -> DiskEstimate:
-    if point is None or not point.get("disk_copies"):
+    """The disk estimate for the size after ``point`` (None: before the first size); the
+    copies fall back to ``FIRST_COPIES`` where the follower and the reshard were skipped."""
+    if point is None:
         return DiskEstimate(FIRST_BYTES_PER_ROW, FIRST_COPIES, None)
     return DiskEstimate(
-        point["disk_bytes_per_row_closed"], point["disk_copies"], point["distinct_ids"]
+        point["disk_bytes_per_row_closed"],
+        point["disk_copies"] or FIRST_COPIES,
+        point["distinct_ids"],
     )
 
 

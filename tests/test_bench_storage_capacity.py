@@ -121,6 +121,20 @@ def test_the_skip_decision_follows_the_free_bytes(capacity: ModuleType, tmp_path
     assert reason is not None and "estimated before any size was measured" in reason
 
 
+def test_the_next_sizes_estimate_comes_from_the_last_measured_size(capacity: ModuleType) -> None:
+    first = capacity.estimate_after(None)
+    assert (first.bytes_per_row, first.copies, first.measured_at) == (
+        capacity.FIRST_BYTES_PER_ROW,
+        capacity.FIRST_COPIES,
+        None,
+    )
+    point = {"distinct_ids": 10**7, "disk_bytes_per_row_closed": 78.6, "disk_copies": 2.5}
+    assert capacity.estimate_after(point) == capacity.DiskEstimate(78.6, 2.5, 10**7)
+    assert capacity.estimate_after(point).needed(10**9) == pytest.approx(196.5 * GB)
+    no_copies = {**point, "disk_copies": None}  # follower and reshard skipped at that size
+    assert capacity.estimate_after(no_copies).copies == capacity.FIRST_COPIES
+
+
 def test_a_step_projected_beyond_its_budget_is_skipped_and_says_why(capacity: ModuleType) -> None:
     assert capacity.step_skip_reason("reshard", 10**8, 500_000.0, "rows", 600.0) is None
     reason = capacity.step_skip_reason("reshard", 10**8, 100_000.0, "rows", 600.0)
