@@ -499,9 +499,13 @@ def run_capacity(
 
 
 def capacity_keys(
-    points: Sequence[dict[str, Any]], skipped: Sequence[dict[str, Any]], max_ids: int
+    points: Sequence[dict[str, Any]],
+    skipped: Sequence[dict[str, Any]],
+    max_ids: int,
+    not_run: str | None = None,
 ) -> dict[str, Any]:
-    """The top-level JSON keys computed from the series (None where a size is missing)."""
+    """The top-level JSON keys computed from the series (None where a size is missing);
+    ``not_run`` is why the whole series did not run (``--quick``)."""
     by_size = {p["distinct_ids"]: p for p in points}
 
     def lookup(n: int) -> float | None:
@@ -517,7 +521,11 @@ def capacity_keys(
     reason_1b = None
     if at_1b is None:
         reasons = [s["reason"] for s in skipped if s["distinct_ids"] == 10**9]
-        reason_1b = reasons[0] if reasons else f"--max-ids {max_ids:,} is below {10**9:,} (not run)"
+        reason_1b = (
+            not_run
+            or (reasons[0] if reasons else None)
+            or f"--max-ids {max_ids:,} is below {10**9:,} (not run)"
+        )
     return {
         "spill_flatness": at_100m / at_10m if at_10m and at_100m is not None else None,
         "spill_lookup_ids_per_s_100m": at_100m,

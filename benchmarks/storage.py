@@ -455,7 +455,12 @@ def build_result(args: argparse.Namespace, phases: dict[str, Any]) -> dict[str, 
         "gather_ids_per_s": create_head["gather_ids_per_s"],
         "create_vs_gather": create_head["create_vs_gather"],
         "create_vs_raw_gather": create_head["create_vs_raw_gather"],
-        **capacity_keys(phases["capacity"], phases["capacity_skipped"], args.max_ids),
+        **capacity_keys(
+            phases["capacity"],
+            phases["capacity_skipped"],
+            args.max_ids,
+            "the capacity series does not run in --quick mode" if args.quick else None,
+        ),
         **phases,
         "targets": {
             **CAPACITY_TARGETS,

@@ -208,6 +208,8 @@ def test_a_series_capped_below_1b_says_so_and_has_no_flatness_without_100m(
     assert keys["spill_1b_skipped"] == "--max-ids 10,000,000 is below 1,000,000,000 (not run)"
     assert keys["capacity_disk_share_vs_ideal"] == 1.45
     assert keys["populate_rows_per_s_min"] == 0.4e6
+    quick = capacity.capacity_keys([], [], 10**8, "not in --quick mode")
+    assert quick["spill_1b_skipped"] == "not in --quick mode"
     empty = capacity.capacity_keys([], [], 10**6)
     assert empty["populate_rows_per_s_min"] is None
     assert empty["capacity_disk_share_vs_ideal"] is None
