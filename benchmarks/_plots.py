@@ -206,8 +206,15 @@ def line_chart(
     *,
     xlabel: str,
     ylabel: str,
+    logx: bool = False,
+    logy: bool = False,
+    markers: bool = False,
+    reference: tuple[float, str] | None = None,
 ) -> PlotResult:
-    """Draw one line per series from ``(xs, ys)`` pairs (a value over time).
+    """Draw one line per series from ``(xs, ys)`` pairs (a value over time, or against size).
+
+    ``logx`` and ``logy`` put an axis on a log scale, ``markers`` marks each point (for a few
+    measured sizes), ``reference`` is ``(value, label)`` of a dashed horizontal line (a target).
 
     Returns:
         ``(path, None)``, or ``(None, note)`` when matplotlib is absent or every series is empty.
@@ -220,7 +227,13 @@ def line_chart(
         return None, f"{path.name}: no values to draw"
     fig, ax = plt.subplots(figsize=FIGSIZE)
     for name, (xs, ys) in usable.items():
-        ax.plot(list(xs), list(ys), label=name)
+        ax.plot(list(xs), list(ys), label=name, marker="o" if markers else None)
+    if reference is not None:
+        ax.axhline(reference[0], color="black", linestyle="--", linewidth=1, label=reference[1])
+    if logx:
+        ax.set_xscale("log")
+    if logy:
+        ax.set_yscale("log")
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title)

@@ -53,11 +53,7 @@ SPILL_WARMUP_WINDOW = 5  # batches per window of the steady-state check
 SPILL_WARMUP_TOLERANCE = 0.002  # the disk share may fall by this much per window and count as flat
 SPILL_WARMUP_MAX_BATCHES = 300
 
-CAPACITY_SIZES = (1_000_000, 10_000_000, 100_000_000)
-CAPACITY_RAM_ROWS = 1_000_000
-CAPACITY_DIM = 16
-CAPACITY_FALLBACK_MAX_IDS = 10_000_000
-MIN_FREE_DISK_BYTES = 20 * 10**9
+# the capacity series' settings: benchmarks/_storage_capacity.py
 
 PERMUTATION_MAX_IDS = 20_000_000
 AFFINE_MULTIPLIER = 2_654_435_761  # a prime, so coprime with every id count below it

@@ -29,12 +29,14 @@ for tables of dim 16 and 64. Four measurements:
     timed. The measured disk share (``disk_hits / lookup_ids`` over the timed phase, from the
     stats delta) is reported as it is: an LRU tier keeps fewer hot rows than an ideal top-k
     cache, so it comes out above the ~10% that the Zipf mass outside the top ranks suggests.
-(iii) **Capacity** (full mode only). One SGD table of dim 16 (no optimizer state, to keep the
-    disk small) with 1M RAM rows grows to 1M, 10M and 100M distinct ids (``--max-ids`` caps the
-    series; it stops at 10M when less than 20 GB of disk is free); after each growth step Zipf
-    lookups over the current table size are timed. This is the single-machine analogue of the
-    paper's capacity test. The populate rate (rows created per second, evictions to RocksDB
-    included) is reported too.
+(iii) **Capacity** (full mode only; ``benchmarks/_storage_capacity.py``). One SGD table of dim
+    16 with a fixed RAM tier (``--capacity-ram-rows``, default 1M rows) grows in place to 1M,
+    10M, 100M and 1B distinct ids (``--max-ids`` caps the series, default 1e8). At each size:
+    the populate rate, Zipf training lookups over the current size (ids/s, disk share against
+    the ideal hottest-N share), the disk bytes, then, with the shard reopened as a primary,
+    the snapshot time, the bootstrap time of a real follower served from it and the time of
+    ``reshard`` of that snapshot into 2 shards. Sizes the free disk cannot hold are skipped,
+    with the numbers, in the output and the JSON.
 (iv) **Creation.** Training lookups of ids never seen before (every id is created: initializer,
     optimizer state, hash-index insert) against training lookups of resident ids (the shard's
     gather) and numpy's gather, alternating, for SGD and Adagrad tables of dim 16 with room for
@@ -64,6 +66,7 @@ Usage::
 
     PYTHONPATH=. python benchmarks/storage.py --quick
     PYTHONPATH=. python benchmarks/storage.py --json-out storage.json
+    PYTHONPATH=. python benchmarks/storage.py --max-ids 1e9   # the capacity series to 10^9 ids
 """
 
 from __future__ import annotations
@@ -71,9 +74,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import shutil
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -85,18 +86,23 @@ import ownership
 from _figures import draw
 from _plots import add_out_dir_argument
 from _report import finish, fmt_rate, say, verdict
+from _storage_capacity import (
+    CAPACITY_DIM,
+    CAPACITY_TARGETS,
+    add_capacity_arguments,
+    capacity_keys,
+    capacity_met,
+    capacity_summary,
+    check_capacity_arguments,
+    run_capacity,
+)
 from _storage_common import (
     BATCH,
-    CAPACITY_DIM,
-    CAPACITY_FALLBACK_MAX_IDS,
-    CAPACITY_RAM_ROWS,
-    CAPACITY_SIZES,
     DIMS,
     DISTRIBUTIONS,
     GRAD_POOL,
     LR,
     MIN_BATCHES,
-    MIN_FREE_DISK_BYTES,
     MIN_SECONDS,
     RAM_CAPACITY,
     RAM_IDS,
@@ -104,7 +110,6 @@ from _storage_common import (
     SPILL_DIMS_QUICK,
     SPILL_FULL,
     SPILL_QUICK,
-    SPILL_WARMUP_MAX_BATCHES,
     TABLE,
     TARGET_RATIO,
     TARGET_SPILL_DISK_SHARE,
@@ -114,7 +119,6 @@ from _storage_common import (
     Budget,
     IdSampler,
     as_table_ids,
-    dir_bytes,
     disk_share,
     make_config,
     open_shard,
@@ -125,10 +129,7 @@ from _storage_common import (
     warm_up,
 )
 from _storage_create import TARGET_CREATE_VS_GATHER, create_summary, run_create
-from _storage_spill import (
-    run_spill,
-    timed_zipf_lookups,
-)
+from _storage_spill import run_spill
 
 from embeddb.common.arrays import F32, I64, U64
 from embeddb.config import (
@@ -275,59 +276,6 @@ def run_ram(
     return results
 
 
-# ------------------------------------------------------------------------------------ (iii)
-
-
-def capacity_sizes(max_ids: int | None, root: Path | None) -> tuple[list[int], str | None]:
-    """The table sizes of the series and, when the disk forces a cap, why."""
-    sizes = [n for n in CAPACITY_SIZES if max_ids is None or n <= max_ids]
-    root = Path(tempfile.gettempdir()) if root is None else root
-    free = shutil.disk_usage(root).free
-    if free < MIN_FREE_DISK_BYTES and any(n > CAPACITY_FALLBACK_MAX_IDS for n in sizes):
-        sizes = [n for n in sizes if n <= CAPACITY_FALLBACK_MAX_IDS]
-        return sizes, (
-            f"only {free / 1e9:.1f} GB free under {root} (< "
-            f"{MIN_FREE_DISK_BYTES / 1e9:.0f} GB): capped at "
-            f"{CAPACITY_FALLBACK_MAX_IDS:,} ids"
-        )
-    return sizes, None
-
-
-def run_capacity(
-    sizes: Sequence[int], root: Path | None, budget: Budget, seed: int, store: StoreConfig
-) -> list[dict[str, Any]]:
-    """Phase (iii): grow one SGD table and time Zipf lookups at each size."""
-    config = make_config(CAPACITY_DIM, CAPACITY_RAM_ROWS, OptimizerKind.SGD, store)
-    rng = rng_for(seed, 3)
-    series: list[dict[str, Any]] = []
-    say(
-        f"{'distinct ids':>12} {'populate/s':>10} {'populate s':>10} {'lookup/s':>9} "
-        f"{'disk share':>10} {'warm-up':>7} {'disk GB':>7}"
-    )
-    with open_shard(config, root, "capacity") as shard:
-        populated = 0
-        for size in sizes:
-            filled = populate(shard, populated, size)
-            populated = size
-            sampler = IdSampler(size, "zipf", rng)
-            point = timed_zipf_lookups(shard, sampler, budget, SPILL_WARMUP_MAX_BATCHES)
-            del sampler
-            point.update(
-                distinct_ids=size,
-                populate_rows=filled.rows,
-                populate_rows_per_s=filled.rows_per_s,
-                populate_seconds=filled.seconds,
-                disk_bytes=dir_bytes(shard.data_dir),
-            )
-            series.append(point)
-            say(
-                f"{size:>12,} {fmt_rate(filled.rows_per_s):>10} {filled.seconds:>10.1f} "
-                f"{fmt_rate(point['lookup_ids_per_s']):>9} {point['disk_share']:>10.1%} "
-                f"{point['warmup_batches']:>7} {point['disk_bytes'] / 1e9:>7.2f}"
-            )
-    return series
-
-
 # ------------------------------------------------------------------------------------ main
 
 
@@ -341,12 +289,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="short run (< 60 s): spill scaled to 2M ids / 200K RAM rows and dim 16, "
         "no capacity series, each measurement >= 1 s or >= 20 batches",
     )
-    parser.add_argument(
-        "--max-ids",
-        type=int,
-        default=None,
-        help="largest table of the capacity series (default 100M)",
-    )
+    add_capacity_arguments(parser)
     parser.add_argument(
         "--data-dir",
         type=Path,
@@ -374,8 +317,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--json-out", type=Path, default=None, help="also write the final JSON object to this file"
     )
     args = parser.parse_args(argv)
-    if args.max_ids is not None and args.max_ids < CAPACITY_SIZES[0]:
-        parser.error(f"--max-ids must be at least {CAPACITY_SIZES[0]:,}")
+    check_capacity_arguments(parser, args)
     try:
         ram = RamTierConfig() if args.stripes is None else RamTierConfig(stripes=args.stripes)
         args.store = StoreConfig(ram=ram, parallel=ParallelConfig(threads=args.threads))
@@ -410,6 +352,8 @@ def summary(result: dict[str, Any]) -> list[str]:
         f"{verdict(result['spill_lookup_ids_per_s'] >= TARGET_SPILL_IDS_PER_S)}]",
         create_summary(result),
     ]
+    if not result["quick"]:
+        lines += ["== capacity series (iii) ==", *capacity_summary(result)]
     return lines
 
 
@@ -453,19 +397,30 @@ def run_all(args: argparse.Namespace, budget: Budget, root: Path | None) -> dict
     say(f"  ({time.perf_counter() - phase_start:.1f} s)")
 
     capacity: list[dict[str, Any]] = []
-    capacity_note: str | None = "skipped in --quick mode" if args.quick else None
+    skipped: list[dict[str, Any]] = []
     if not args.quick:
         phase_start = time.perf_counter()
-        sizes, capacity_note = capacity_sizes(args.max_ids, root)
         say(
-            f"\n(iii) capacity: SGD dim {CAPACITY_DIM}, {CAPACITY_RAM_ROWS:,} RAM rows, "
-            f"Zipf({ZIPF_S}) training lookups over the current table size; sizes "
-            f"{', '.join(f'{n:,}' for n in sizes)}"
+            f"\n(iii) capacity: SGD dim {CAPACITY_DIM}, {args.capacity_ram_rows:,} RAM rows, "
+            f"Zipf({ZIPF_S}) training lookups over the current table size, then snapshot, "
+            f"follower bootstrap and reshard to 2 shards; sizes "
+            f"{', '.join(f'{n:,}' for n in args.capacity_series)}"
         )
-        if capacity_note:
-            say(f"  note: {capacity_note}")
-        capacity = run_capacity(sizes, root, budget, args.seed, args.store)
+        capacity, skipped = run_capacity(
+            args.capacity_series,
+            args.capacity_ram_rows,
+            root,
+            budget,
+            args.seed,
+            args.store,
+            args.capacity_step_budget_s,
+        )
         say(f"  ({time.perf_counter() - phase_start:.1f} s)")
+    capacity_note = (
+        "skipped in --quick mode"
+        if args.quick
+        else "; ".join(f"{s['distinct_ids']:,} ids skipped: {s['reason']}" for s in skipped) or None
+    )
     return {
         "ram": ram,
         "spill": spill,
@@ -473,6 +428,7 @@ def run_all(args: argparse.Namespace, budget: Budget, root: Path | None) -> dict
         "spill_ram_capacity": spill_capacity,
         "create": create,
         "capacity": capacity,
+        "capacity_skipped": skipped,
         "capacity_note": capacity_note,
     }
 
@@ -502,8 +458,15 @@ def build_result(args: argparse.Namespace, phases: dict[str, Any]) -> dict[str, 
         "gather_ids_per_s": create_head["gather_ids_per_s"],
         "create_vs_gather": create_head["create_vs_gather"],
         "create_vs_raw_gather": create_head["create_vs_raw_gather"],
+        **capacity_keys(
+            phases["capacity"],
+            phases["capacity_skipped"],
+            args.max_ids,
+            "the capacity series does not run in --quick mode" if args.quick else None,
+        ),
         **phases,
         "targets": {
+            **CAPACITY_TARGETS,
             "lookup_ratio": TARGET_RATIO,
             "update_ratio": TARGET_RATIO,
             "spill_lookup_ids_per_s": TARGET_SPILL_IDS_PER_S,
@@ -518,6 +481,9 @@ def build_result(args: argparse.Namespace, phases: dict[str, Any]) -> dict[str, 
             "stripes": args.store.ram.stripes,
             "threads": args.store.parallel.threads or default_threads(),
             "seed": args.seed,
+            "capacity_ram_rows": args.capacity_ram_rows,
+            "capacity_sizes": args.capacity_series,
+            "max_ids": args.max_ids,
             "timing": TIMING_METHOD,
             "min_seconds": MIN_SECONDS,
             "min_batches": MIN_BATCHES,
@@ -534,6 +500,7 @@ def build_result(args: argparse.Namespace, phases: dict[str, Any]) -> dict[str, 
         "update_ratio": result["update_ratio"] >= TARGET_RATIO,
         "spill_lookup_ids_per_s": result["spill_lookup_ids_per_s"] >= TARGET_SPILL_IDS_PER_S,
         "create_vs_gather": result["create_vs_gather"] >= TARGET_CREATE_VS_GATHER,
+        **capacity_met(result),
     }
     return result
 

@@ -170,3 +170,40 @@ def test_a_failing_figure_becomes_the_note(figures: ModuleType, tmp_path: Path) 
     assert result["plot_note"] == "drawing failed: KeyError: 'missing'"
     unknown = figures.draw({"bench": "nope"}, tmp_path)
     assert unknown["plot_note"] == "no figures defined for bench 'nope'"
+
+
+def test_the_capacity_series_is_drawn_against_distinct_ids(
+    figures: ModuleType, tmp_path: Path
+) -> None:
+    pytest.importorskip("matplotlib")
+
+    def point(n: int, lookup: float, share: float, ideal: float) -> dict[str, Any]:
+        return {
+            "distinct_ids": n,
+            "ram_capacity": 1_000_000,
+            "lookup_ids_per_s": lookup,
+            "populate_rows_per_s": 3.0e5,
+            "disk_share": share,
+            "ideal_disk_share": ideal,
+        }
+
+    result: dict[str, Any] = {
+        "bench": "storage",
+        "capacity": [
+            point(10**6, 1.1e7, 0.001, 0.0),
+            point(10**7, 1.1e6, 0.141, 0.094),
+            point(10**8, 3.45e5, 0.215, 0.166),
+        ],
+        "capacity_skipped": [{"distinct_ids": 10**9, "reason": "no room"}],
+        "targets": {"spill_lookup_ids_per_s_100m": 1e6},
+    }
+    drawn = figures.capacity_figures(result, tmp_path)
+    assert [(png.name, note) for png, note in drawn] == [
+        ("storage_capacity.png", None),
+        ("storage_capacity_disk.png", None),
+    ]
+    for png, _ in drawn:
+        assert_png(png)
+    assert figures.capacity_figures({"capacity": []}, tmp_path) == []
+    skipped_only = {"capacity": [{"distinct_ids": 10**9, "skipped": "no room"}]}
+    assert figures.capacity_figures(skipped_only, tmp_path) == []
