@@ -246,6 +246,19 @@ def rss_bytes() -> int | None:
     return pages * os.sysconf("SC_PAGE_SIZE")
 
 
+def rss_anon_bytes() -> int | None:
+    """The anonymous part of the resident set (Linux ``RssAnon``): the process's own memory,
+    without file pages it maps (RocksDB reads SST files through mmap, and those resident
+    pages count in the RSS although they are the page cache's), else None."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, IndexError, ValueError):
+        return None
+    return None
+
+
 # ------------------------------------------------------------------------------------ series
 
 
@@ -373,6 +386,7 @@ def one_size(
         disk_bytes=disk_bytes,
         disk_bytes_per_row=disk_bytes / n_ids,
         rss_bytes=rss_bytes(),
+        rss_anon_bytes=rss_anon_bytes(),
     )
     began = time.perf_counter()
     shard.close()
