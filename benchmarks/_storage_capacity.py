@@ -57,7 +57,7 @@ from _storage_common import (
 )
 from _storage_spill import timed_zipf_lookups
 
-from embeddb.config import EmbeddingConfig, OptimizerKind, StoreConfig
+from embeddb.config import EmbeddingConfig, Eviction, OptimizerKind, StoreConfig, TableConfig
 from embeddb.engine.durability.reshard import reshard
 from embeddb.engine.shard import Shard
 from embeddb.server import ServerConfig, build_server
@@ -125,6 +125,13 @@ def add_capacity_arguments(parser: argparse.ArgumentParser) -> None:
         default=CAPACITY_DEFAULT_MAX_IDS,
         help="largest table of the capacity series: 1e6, 1e7, 1e8 or 1e9 (also 100000000; "
         f"default {CAPACITY_DEFAULT_MAX_IDS:.0e}); sizes the free disk cannot hold are skipped",
+    )
+    parser.add_argument(
+        "--capacity-eviction",
+        choices=[e.value for e in Eviction],
+        default=TableConfig.eviction.value,
+        help="RAM-tier eviction of the capacity table (default: the table default, "
+        f"{TableConfig.eviction.value})",
     )
     parser.add_argument(
         "--capacity-ram-rows",
@@ -275,7 +282,9 @@ class Series:
         return self.work / "shard-0"
 
 
-def series_configs(store: StoreConfig, ram_rows: int) -> tuple[EmbeddingConfig, EmbeddingConfig]:
+def series_configs(
+    store: StoreConfig, ram_rows: int, eviction: Eviction | None = None
+) -> tuple[EmbeddingConfig, EmbeddingConfig]:
     grow = dataclasses.replace(store, log=dataclasses.replace(store.log, enabled=False))
     primary = dataclasses.replace(
         store,
@@ -283,8 +292,8 @@ def series_configs(store: StoreConfig, ram_rows: int) -> tuple[EmbeddingConfig, 
         snapshots=dataclasses.replace(store.snapshots, retention=1),
     )
     return (
-        make_config(CAPACITY_DIM, ram_rows, OptimizerKind.SGD, grow),
-        make_config(CAPACITY_DIM, ram_rows, OptimizerKind.SGD, primary),
+        make_config(CAPACITY_DIM, ram_rows, OptimizerKind.SGD, grow, eviction),
+        make_config(CAPACITY_DIM, ram_rows, OptimizerKind.SGD, primary, eviction),
     )
 
 
@@ -469,11 +478,12 @@ def run_capacity(
     seed: int,
     store: StoreConfig,
     step_budget: float = STEP_BUDGET_S,
+    eviction: Eviction | None = None,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Phase (iii): returns the measured points and the skipped sizes (``distinct_ids``,
-    ``reason``)."""
+    """Phase (iii) (the table's RAM tier evicting by ``eviction``, None: the default): returns
+    the measured points and the skipped sizes (``distinct_ids``, ``reason``)."""
     rng = rng_for(seed, 3)
-    grow, primary = series_configs(store, ram_rows)
+    grow, primary = series_configs(store, ram_rows, eviction)
     where = Path(tempfile.gettempdir()) if root is None else root
     series = Series(Path(tempfile.mkdtemp(prefix="capacity-", dir=where)), grow, primary)
     points: list[dict[str, Any]] = []

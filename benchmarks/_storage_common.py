@@ -251,9 +251,12 @@ def make_config(
     eviction: Eviction | None = None,
 ) -> EmbeddingConfig:
     """A one-table config; ``eviction``: the table's policy (None: TableConfig's default)."""
-    policy = {} if eviction is None else {"eviction": eviction}
     table = TableConfig(
-        name=TABLE, dim=dim, capacity=capacity, optimizer=OptimizerConfig(kind=kind), **policy
+        name=TABLE,
+        dim=dim,
+        capacity=capacity,
+        optimizer=OptimizerConfig(kind=kind),
+        eviction=TableConfig.eviction if eviction is None else eviction,
     )
     return EmbeddingConfig(tables={TABLE: table}, store=store)
 

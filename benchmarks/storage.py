@@ -133,6 +133,7 @@ from _storage_spill import run_spill
 
 from embeddb.common.arrays import F32, I64, U64
 from embeddb.config import (
+    Eviction,
     OptimizerKind,
     ParallelConfig,
     RamTierConfig,
@@ -401,7 +402,8 @@ def run_all(args: argparse.Namespace, budget: Budget, root: Path | None) -> dict
     if not args.quick:
         phase_start = time.perf_counter()
         say(
-            f"\n(iii) capacity: SGD dim {CAPACITY_DIM}, {args.capacity_ram_rows:,} RAM rows, "
+            f"\n(iii) capacity: SGD dim {CAPACITY_DIM}, {args.capacity_ram_rows:,} RAM rows "
+            f"({args.capacity_eviction}), "
             f"Zipf({ZIPF_S}) training lookups over the current table size, then snapshot, "
             f"follower bootstrap and reshard to 2 shards; sizes "
             f"{', '.join(f'{n:,}' for n in args.capacity_series)}"
@@ -414,6 +416,7 @@ def run_all(args: argparse.Namespace, budget: Budget, root: Path | None) -> dict
             args.seed,
             args.store,
             args.capacity_step_budget_s,
+            Eviction(args.capacity_eviction),
         )
         say(f"  ({time.perf_counter() - phase_start:.1f} s)")
     capacity_note = (
@@ -482,6 +485,7 @@ def build_result(args: argparse.Namespace, phases: dict[str, Any]) -> dict[str, 
             "threads": args.store.parallel.threads or default_threads(),
             "seed": args.seed,
             "capacity_ram_rows": args.capacity_ram_rows,
+            "capacity_eviction": args.capacity_eviction,
             "capacity_sizes": args.capacity_series,
             "max_ids": args.max_ids,
             "timing": TIMING_METHOD,
