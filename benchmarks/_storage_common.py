@@ -318,7 +318,3 @@ def populate(shard: Shard, start: int, stop: int) -> Populate:
             )
             last_report = now
     return Populate(stop - start, time.perf_counter() - began)
-
-
-def dir_bytes(path: Path) -> int:
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
